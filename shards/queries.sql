@@ -1,0 +1,46 @@
+-- The shard layer's own bookkeeping: which migrations ran, and which map the
+-- shard belongs to. Every other table is the queue store's (queue/queries.sql).
+
+-- name: take_migration_lock
+SELECT pg_advisory_lock(%(key)s)
+
+-- name: release_migration_lock
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: create_bookkeeping
+CREATE SCHEMA IF NOT EXISTS shardq;
+CREATE TABLE IF NOT EXISTS shardq.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS shardq.shard_identity (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    shard_name  text NOT NULL,
+    fingerprint text NOT NULL,
+    layout      jsonb NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: applied_migrations
+SELECT version, name, checksum FROM shardq.schema_migrations ORDER BY version
+
+-- name: record_migration
+INSERT INTO shardq.schema_migrations (version, name, checksum)
+VALUES (%(version)s, %(name)s, %(checksum)s)
+
+-- name: read_identity
+SELECT shard_name, fingerprint, layout::text AS layout FROM shardq.shard_identity
+
+-- name: record_identity
+INSERT INTO shardq.shard_identity (shard_name, fingerprint, layout)
+VALUES (%(shard_name)s, %(fingerprint)s, %(layout)s::jsonb)
+
+-- name: shard_status
+SELECT
+    to_regclass('shardq.schema_migrations') IS NOT NULL AS has_bookkeeping,
+    current_setting('server_version') AS server_version
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM shardq.schema_migrations

@@ -1,0 +1,121 @@
+"""Real PostgreSQL for every test: uniquely named shard databases, dropped at the end.
+
+The server is, in order: $SHARDQ_TEST_DSN; the local server on 127.0.0.1:5432;
+an embedded throw-away server started for this session when neither answers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from shardq.shards.config import ShardMap
+from shardq.shards.migrations import migrate
+
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
+
+
+def _answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+class Server:
+    """A PostgreSQL server the session may create and drop databases on."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.prefix = f"shardq_t{os.getpid()}_{secrets.token_hex(3)}"
+        self.created: list[str] = []
+
+    def url(self, dbname: str) -> str:
+        params = conninfo_to_dict(self.admin_dsn)
+        params["dbname"] = dbname
+        host = params.pop("host", None)
+        port = params.pop("port", None)
+        user = params.pop("user", None)
+        base = f"postgresql://{user + '@' if user else ''}"
+        if host and not str(host).startswith("/"):
+            base += f"{host}{':' + str(port) if port else ''}/{dbname}"
+            query = []
+        else:
+            base += f"/{dbname}"
+            query = [f"host={host}"] if host else []
+            query += [f"port={port}"] if port else []
+        return base + ("?" + "&".join(query) if query else "")
+
+    def create_databases(self, count: int, tag: str = "") -> list[str]:
+        names = [f"{self.prefix}{tag}_s{i}_{secrets.token_hex(2)}" for i in range(count)]
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            for name in names:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                self.created.append(name)
+        return [self.url(n) for n in names]
+
+    def drop_all(self) -> None:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            for name in self.created:
+                conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    explicit = os.environ.get("SHARDQ_TEST_DSN")
+    embedded = None
+    if explicit:
+        dsn = explicit
+    elif _answers(LOCAL_DSN):
+        dsn = LOCAL_DSN
+    else:
+        from shardq.shards.embedded import EmbeddedPostgres
+
+        embedded = EmbeddedPostgres().start()
+        dsn = embedded.dsn("postgres")
+    server = Server(make_conninfo(dsn))
+    try:
+        yield server
+    finally:
+        server.drop_all()
+        if embedded is not None:
+            embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def shard_urls(pg_server: Server) -> list[str]:
+    """Two migrated shard databases shared by the session's store and engine tests."""
+    return pg_server.create_databases(2, tag="main")
+
+
+@pytest.fixture(scope="session")
+def migrated_map(shard_urls: list[str]) -> ShardMap:
+    shard_map = ShardMap.from_urls(shard_urls, pool_max=20)
+    migrate(shard_map)
+    return shard_map
+
+
+@pytest.fixture
+def shard_map(migrated_map: ShardMap) -> ShardMap:
+    """The session's shards, emptied before the test."""
+    for shard in migrated_map.shards:
+        with psycopg.connect(shard.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE " + ", ".join(f"shardq.{t}" for t in TABLES))
+    return migrated_map
+
+
+@pytest.fixture
+def fresh_databases(pg_server: Server) -> Callable[[int], list[str]]:
+    """Empty, unmigrated databases for tests that migrate or break things themselves."""
+    return pg_server.create_databases

@@ -1,0 +1,112 @@
+"""Shard map configuration: what is accepted, and the one-line errors for what is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardq.shards.config import ShardMap
+from shardq.shards.errors import ConfigError
+
+from .support import run_cli
+
+
+def test_env_map_splits_buckets_and_reads_pool_sizes() -> None:
+    shard_map = ShardMap.from_env({
+        "SHARDQ_SHARDS": "postgresql://a@h1/db, postgresql://a@h2/db",
+        "SHARDQ_POOL_MIN": "2",
+        "SHARDQ_POOL_MAX": "7",
+    })
+    assert [s.name for s in shard_map.shards] == ["shard-0", "shard-1"]
+    assert [(s.pool_min, s.pool_max) for s in shard_map.shards] == [(2, 7), (2, 7)]
+    assert shard_map.shards[1].url == "postgresql://a@h2/db"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "no shards configured"),
+        ("mysql://h/db", "is not a PostgreSQL URL"),
+        ("postgresql://h/db,,postgresql://h/db2", "empty entry"),
+        ("postgresql://h:notaport/db", "malformed URL"),
+        ("postgresql://h", "names no database"),
+        ("postgresql://u@h/db,postgresql://u@h:5432/db", "duplicate shard URL"),
+    ],
+)
+def test_bad_env_maps_are_refused(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ShardMap.from_env({"SHARDQ_SHARDS": value})
+
+
+def test_password_never_appears_in_errors() -> None:
+    with pytest.raises(ConfigError) as info:
+        ShardMap.from_env({"SHARDQ_SHARDS": "postgresql://u:sekret@h/db,postgresql://u:sekret@h/db"})
+    assert "sekret" not in str(info.value)
+    assert "***" in str(info.value)
+
+
+def test_toml_map_with_ranges_and_pool_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "shards.toml"
+    path.write_text(
+        """
+[pool]
+max_size = 4
+
+[[shards]]
+name = "eu"
+url = "postgresql://a@h1/db"
+buckets = [0, 999]
+
+[[shards]]
+name = "us"
+url = "postgresql://a@h2/db"
+buckets = [1000, 4095]
+max_size = 9
+"""
+    )
+    shard_map = ShardMap.from_toml(path)
+    assert [(s.name, s.first_bucket, s.last_bucket, s.pool_max) for s in shard_map.shards] == [
+        ("eu", 0, 999, 4), ("us", 1000, 4095, 9)
+    ]
+    assert shard_map.for_bucket(999).name == "eu"
+    assert shard_map.for_bucket(1000).name == "us"
+
+
+@pytest.mark.parametrize(
+    ("ranges", "message"),
+    [
+        ([[0, 999], [1001, 4095]], "bucket gap at 1000"),
+        ([[0, 1000], [1000, 4095]], "bucket overlap at 1001"),
+        ([[0, 999], [1000, 4000]], "buckets 4001..4095 belong to no shard"),
+        ([[0, 999], [1000, 5000]], "within 0..4095"),
+    ],
+)
+def test_toml_bucket_ranges_must_cover_exactly(
+    tmp_path: Path, ranges: list[list[int]], message: str
+) -> None:
+    body = "".join(
+        f'[[shards]]\nurl = "postgresql://h{i}/db"\nbuckets = {r}\n\n' for i, r in enumerate(ranges)
+    )
+    path = tmp_path / "shards.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=message):
+        ShardMap.from_toml(path)
+
+
+def test_fingerprint_ignores_urls_but_not_layout() -> None:
+    a = ShardMap.from_urls(["postgresql://h1/db", "postgresql://h2/db"])
+    b = ShardMap.from_urls(["postgresql://other1/db", "postgresql://other2/db"])
+    c = ShardMap.from_urls(["postgresql://h1/db", "postgresql://h2/db", "postgresql://h3/db"])
+    assert a.fingerprint == b.fingerprint
+    assert a.fingerprint != c.fingerprint
+
+
+def test_cli_reports_bad_config_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("shards", env={"SHARDQ_SHARDS": "postgresql://u:pw@h/db,postgresql://u:pw@h/db"})
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("shardq: error: duplicate shard URL")
+    missing = run_cli("--shards-file", str(tmp_path / "nope.toml"), "shards")
+    assert missing.returncode == 2
+    assert "cannot read shards file" in missing.stderr

@@ -1,0 +1,189 @@
+"""`shardq migrate` and `shardq shards` against real databases, run as processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from shardq.shards.config import ShardMap
+from shardq.shards.migrations import latest_version, load_migrations
+
+from .support import ROOT, run_cli
+
+Fresh = Callable[[int], list[str]]
+
+
+def _env(urls: list[str]) -> dict[str, str]:
+    return {"SHARDQ_SHARDS": ",".join(urls)}
+
+
+def _recorded(url: str) -> list[tuple[int, str]]:
+    with psycopg.connect(url) as conn:
+        return [(r[0], r[1]) for r in conn.execute(
+            "SELECT version, name FROM shardq.schema_migrations ORDER BY version"
+        )]
+
+
+def _tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'shardq'")
+        return {r[0] for r in rows}
+
+
+def test_migrate_creates_every_table_on_every_shard_and_rerun_is_noop(fresh_databases: Fresh) -> None:
+    urls = fresh_databases(2)
+    first = run_cli("migrate", "--json", env=_env(urls))
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert [s["applied"] for s in report["shards"]] == [[1], [1]]
+    for url in urls:
+        assert {"executions", "history", "tasks", "waits", "signals", "outbox"} <= _tables(url)
+        assert _recorded(url) == [(1, "initial")]
+    again = run_cli("migrate", "--json", env=_env(urls))
+    assert again.returncode == 0
+    assert [s["applied"] for s in json.loads(again.stdout)["shards"]] == [[], []]
+
+
+def test_queue_tables_carry_churn_settings(fresh_databases: Fresh) -> None:
+    urls = fresh_databases(1)
+    assert run_cli("migrate", env=_env(urls)).returncode == 0
+    with psycopg.connect(urls[0]) as conn:
+        options = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = 'shardq.tasks'::regclass"
+        ).fetchone()
+        indexes = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'shardq' AND tablename = 'tasks'"
+        ).fetchall()
+    assert options is not None
+    assert "fillfactor=70" in options[0]
+    assert "autovacuum_vacuum_scale_factor=0.01" in options[0]
+    assert sorted(i[0] for i in indexes) == ["tasks_due", "tasks_pkey"]
+
+
+def test_racing_migrators_apply_each_file_once(fresh_databases: Fresh) -> None:
+    urls = fresh_databases(2)
+    env = {**_env(urls)}
+    cmd = [sys.executable, "-m", "shardq.bin.cli", "migrate", "--json"]
+    procs = [
+        subprocess.Popen(cmd, env={**_base_env(), **env}, cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    applied = [
+        [s["applied"] for s in json.loads(out)["shards"]] for out, _ in outputs
+    ]
+    # Across the racers each shard's file was applied exactly once.
+    for shard_index in range(2):
+        assert sum(len(a[shard_index]) for a in applied) == 1
+    for url in urls:
+        assert _recorded(url) == [(1, "initial")]
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+
+
+def test_failing_migration_leaves_nothing_of_itself(fresh_databases: Fresh, tmp_path: Path) -> None:
+    urls = fresh_databases(1)
+    folder = tmp_path / "schema"
+    folder.mkdir()
+    shutil.copy(ROOT / "schema" / "0001_initial.sql", folder)
+    (folder / "0002_broken.sql").write_text(
+        "CREATE TABLE shardq.half_done (id int);\nALTER TABLE shardq.no_such_table ADD COLUMN x int;\n"
+    )
+    result = run_cli("migrate", "--migrations-dir", str(folder), env=_env(urls))
+    assert result.returncode == 6
+    assert result.stderr.count("\n") == 1
+    assert "shard-0" in result.stderr
+    assert "0002_broken.sql failed, nothing of it applied" in result.stderr
+    assert "no_such_table" in result.stderr
+    assert "half_done" not in _tables(urls[0])
+    assert _recorded(urls[0]) == [(1, "initial")]
+
+
+def test_edited_migration_is_refused(fresh_databases: Fresh, tmp_path: Path) -> None:
+    urls = fresh_databases(1)
+    assert run_cli("migrate", env=_env(urls)).returncode == 0
+    folder = tmp_path / "schema"
+    folder.mkdir()
+    text = (ROOT / "schema" / "0001_initial.sql").read_text()
+    (folder / "0001_initial.sql").write_text(text + "\n-- edited\n")
+    result = run_cli("migrate", "--migrations-dir", str(folder), env=_env(urls))
+    assert result.returncode == 6
+    assert "was edited after it was applied" in result.stderr
+
+
+def test_shard_migrated_with_another_map_is_refused(fresh_databases: Fresh) -> None:
+    a, b, c = fresh_databases(3)
+    assert run_cli("migrate", env=_env([a, b])).returncode == 0
+    # Same databases listed in the other order: each would take the other's buckets.
+    swapped = run_cli("shards", env=_env([b, a]))
+    assert swapped.returncode == 4
+    assert "recorded as shard-1, this map calls it shard-0" in swapped.stdout
+    grown = run_cli("migrate", env=_env([a, b, c]))
+    assert grown.returncode == 4
+    assert grown.stderr.startswith("shardq: error: shard-0")
+    assert "migrated with a 2-shard map, this one has 3" in grown.stderr
+    # The refusal happened before anything was applied to the new database.
+    assert "executions" not in _tables(c)
+
+
+def test_shards_command_reports_each_shard(fresh_databases: Fresh) -> None:
+    urls = fresh_databases(2)
+    assert run_cli("migrate", env=_env(urls)).returncode == 0
+    result = run_cli("--json", "shards", env=_env(urls))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["fingerprint"] == ShardMap.from_urls(urls).fingerprint
+    assert [(s["name"], s["buckets"], s["schema_version"], s["ok"]) for s in report["shards"]] == [
+        ("shard-0", [0, 2047], latest_version(), True),
+        ("shard-1", [2048, 4095], latest_version(), True),
+    ]
+
+
+def test_unreachable_shard_is_named(fresh_databases: Fresh) -> None:
+    (good,) = fresh_databases(1)
+    dead = "postgresql://postgres@127.0.0.1:1/nowhere"
+    assert run_cli("migrate", "--shard", "shard-0", env=_env([good, dead])).returncode == 0
+    result = run_cli("--json", "shards", env=_env([good, dead]))
+    assert result.returncode == 3
+    report = json.loads(result.stdout)
+    assert report["shards"][0]["ok"] is True
+    assert report["shards"][1]["problem"] == "unreachable (connection refused)"
+    migrating = run_cli("migrate", env=_env([good, dead]))
+    assert migrating.returncode == 3
+    assert migrating.stderr.strip() == (
+        "shardq: error: shard-1 (postgresql://postgres@127.0.0.1:1/nowhere): "
+        "unreachable (connection refused)"
+    )
+
+
+def test_missing_database_and_schema_behind_are_named(
+    fresh_databases: Fresh, tmp_path: Path
+) -> None:
+    (url,) = fresh_databases(1)
+    gone = url.rsplit("/", 1)[0] + "/shardq_no_such_db"
+    missing = run_cli("shards", env=_env([gone]))
+    assert missing.returncode == 3
+    assert "database does not exist" in missing.stdout
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert run_cli("migrate", "--migrations-dir", str(empty), env=_env([url])).returncode == 0
+    behind = run_cli("shards", env=_env([url]))
+    assert behind.returncode == 5
+    assert f"schema behind: version 0, this code needs {latest_version()}" in behind.stdout
+
+
+def test_packaged_migrations_are_numbered_without_gaps() -> None:
+    versions = [m.version for m in load_migrations()]
+    assert versions == list(range(1, len(versions) + 1))

@@ -1,0 +1,56 @@
+"""The root folder `queue/` never shadows the standard library, installed either way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .support import ROOT
+
+PROBE = (
+    "import queue, concurrent.futures, sysconfig; "
+    "import shardq.shards.routing as r; from importlib import resources; "
+    "print(queue.__file__); print(sysconfig.get_paths()['stdlib']); print(r.__file__); "
+    "print(len(resources.files('shardq.schema').joinpath('0001_initial.sql').read_text()) > 0)"
+)
+
+
+def _probe(*python_args: str, env: dict[str, str] | None = None) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, *python_args, "-c", PROBE],
+        cwd=ROOT, capture_output=True, text=True, check=True, env=env,
+    )
+    return out.stdout.splitlines()
+
+
+def test_stdlib_queue_wins_in_the_editable_install() -> None:
+    queue_file, stdlib, routing_file, schema_found = _probe()
+    assert Path(queue_file).parent == Path(stdlib)
+    assert Path(routing_file).resolve() == ROOT / "shards" / "routing.py"
+    assert schema_found == "True"
+
+
+def test_stdlib_queue_wins_in_a_wheel_install(tmp_path: Path) -> None:
+    pytest.importorskip("hatchling")
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path / "dist")],
+        cwd=ROOT, check=True, capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("shardq-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "shardq/queue/__init__.py" not in names
+    assert not any(n.endswith(".sh") for n in names)
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    # -S skips site-packages (and the editable install's path entry), so shardq
+    # can only come from the unpacked wheel, run from the repository root.
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    queue_file, stdlib, routing_file, schema_found = _probe("-S", env=env)
+    assert Path(queue_file).parent == Path(stdlib)
+    assert Path(routing_file).is_relative_to(target)
+    assert schema_found == "True"

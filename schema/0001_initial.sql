@@ -16,6 +16,9 @@ CREATE TABLE shardq.executions (
     output           jsonb,
     error            jsonb,
     cancel_requested boolean NOT NULL DEFAULT false,
+    -- The token of the last worker commit that changed `state`; lets a commit
+    -- retried after a lost connection recognise that it already landed.
+    commit_token     uuid,
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,

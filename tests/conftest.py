@@ -45,7 +45,7 @@ class Server:
         host = params.pop("host", None)
         port = params.pop("port", None)
         user = params.pop("user", None)
-        base = f"postgresql://{user + '@' if user else ''}"
+        base = f"postgresql://{str(user) + '@' if user else ''}"
         if host and not str(host).startswith("/"):
             base += f"{host}{':' + str(port) if port else ''}/{dbname}"
             query = []

@@ -36,7 +36,9 @@ def _tables(url: str) -> set[str]:
         return {r[0] for r in rows}
 
 
-def test_migrate_creates_every_table_on_every_shard_and_rerun_is_noop(fresh_databases: Fresh) -> None:
+def test_migrate_creates_every_table_on_every_shard_and_rerun_is_noop(
+    fresh_databases: Fresh,
+) -> None:
     urls = fresh_databases(2)
     first = run_cli("migrate", "--json", env=_env(urls))
     assert first.returncode == 0, first.stderr
@@ -99,7 +101,8 @@ def test_failing_migration_leaves_nothing_of_itself(fresh_databases: Fresh, tmp_
     folder.mkdir()
     shutil.copy(ROOT / "schema" / "0001_initial.sql", folder)
     (folder / "0002_broken.sql").write_text(
-        "CREATE TABLE shardq.half_done (id int);\nALTER TABLE shardq.no_such_table ADD COLUMN x int;\n"
+        "CREATE TABLE shardq.half_done (id int);\n"
+        "ALTER TABLE shardq.no_such_table ADD COLUMN x int;\n"
     )
     result = run_cli("migrate", "--migrations-dir", str(folder), env=_env(urls))
     assert result.returncode == 6

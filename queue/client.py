@@ -1,0 +1,212 @@
+"""The Python API for applications: start, signal, cancel, get, list, history."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from shardq.queue.errors import ExecutionNotFound, InvalidArgument, NotSerializable
+from shardq.queue.listing import DEFAULT_PAGE, Cursor, ListQuery
+from shardq.queue.models import Execution, HistoryEvent, Page, SignalResult, StartResult, State
+from shardq.queue.names import check_name
+from shardq.queue.registry import Registry, WorkflowDef
+from shardq.queue.store import Store
+from shardq.shards.config import ShardMap
+from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
+
+DEFAULT_TENANT = "default"
+
+
+def to_json(value: Any, what: str) -> str:
+    """Encode `value` as the database will store it, or say clearly why not."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+class Client:
+    """Entry point for applications. Thread-safe; share one per process.
+
+    Every call routes by execution id or workflow key to one shard; only `list`
+    reads every shard.
+    """
+
+    def __init__(self, shard_map: ShardMap, registry: Registry, *, pools: ShardPools | None = None):
+        self.registry = registry
+        self._own_pools = pools is None
+        self.pools = pools or ShardPools(shard_map).open()
+        self.store = Store(self.pools)
+        self.map = shard_map
+
+    def close(self) -> None:
+        if self._own_pools:
+            self.pools.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- starting ------------------------------------------------------------
+
+    def start(
+        self,
+        workflow: str | WorkflowDef,
+        workflow_id: str,
+        input: Any = None,  # noqa: A002 - the documented API name
+        *,
+        tenant: str = DEFAULT_TENANT,
+    ) -> StartResult:
+        """Start a run, or return the existing run of this workflow_id (`created=False`)."""
+        return self.start_many(workflow, [(workflow_id, input)], tenant=tenant)[0]
+
+    def start_many(
+        self,
+        workflow: str | WorkflowDef,
+        items: Sequence[tuple[str, Any]],
+        *,
+        tenant: str = DEFAULT_TENANT,
+    ) -> list[StartResult]:
+        """Start many runs of one workflow: one commit per shard touched. Idempotent per key."""
+        definition = self._definition(workflow)
+        check_name(tenant, "tenant")
+        by_shard: dict[str, list[tuple[int, uuid.UUID, str, str]]] = defaultdict(list)
+        seen: set[str] = set()
+        for index, (workflow_id, value) in enumerate(items):
+            if not isinstance(workflow_id, str) or not workflow_id or len(workflow_id) > 512:
+                raise InvalidArgument(f"workflow_id must be a 1..512 character string, got "
+                                      f"{workflow_id!r}")
+            if workflow_id in seen:
+                raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
+            seen.add(workflow_id)
+            bucket = bucket_for(tenant, definition.name, workflow_id)
+            shard = self.map.for_bucket(bucket)
+            encoded = to_json(value, f"input of {definition.name} {workflow_id!r}")
+            by_shard[shard.name].append((index, new_execution_id(bucket), workflow_id, encoded))
+        results: list[StartResult | None] = [None] * len(items)
+        for shard_name, rows in by_shard.items():
+            shard = self.map.named([shard_name])[0]
+            started = self.store.start_executions(
+                shard, tenant=tenant, workflow_name=definition.name,
+                workflow_version=definition.version, items=[(i, w, v) for _, i, w, v in rows],
+            )
+            for (index, *_), result in zip(rows, started, strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
+
+    def _definition(self, workflow: str | WorkflowDef) -> WorkflowDef:
+        if isinstance(workflow, WorkflowDef):
+            return workflow
+        return self.registry.get(workflow)
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> Execution:
+        """The run, or ExecutionNotFound (also for another tenant's run)."""
+        ident = parse_execution_id(execution_id)
+        found = self.store.get_execution(ident)
+        if found is None or found.tenant != tenant:
+            raise ExecutionNotFound(f"execution {ident} not found")
+        return found
+
+    def history(
+        self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
+    ) -> list[HistoryEvent]:
+        ident = self.get(execution_id, tenant=tenant).id
+        return self.store.read_history(ident)
+
+    def list(
+        self,
+        *,
+        tenant: str | None = DEFAULT_TENANT,
+        state: State | str | None = None,
+        workflow: str | None = None,
+        limit: int = DEFAULT_PAGE,
+        cursor: str | None = None,
+    ) -> Page:
+        """One page of runs over every shard, ordered by creation time then id.
+
+        Pass `next_cursor` back for the following page. The cursor is a position,
+        not an offset, so runs started meanwhile never shift or repeat a page.
+        """
+        query = ListQuery(
+            tenant=tenant,
+            state=State(state) if state is not None else None,
+            workflow=workflow,
+            limit=limit,
+            after=Cursor.decode(cursor) if cursor else None,
+        )
+        pages = [self.store.list_executions(shard, query) for shard in self.map.shards]
+        merged = list(heapq.merge(*pages, key=lambda e: (e.created_at, e.id)))[:limit]
+        last = merged[-1] if len(merged) == limit else None
+        next_cursor = Cursor(last.created_at, last.id).encode() if last else None
+        return Page(merged, next_cursor)
+
+    def wait(
+        self, execution_id: str | uuid.UUID, *, timeout: float = 30.0,
+        tenant: str = DEFAULT_TENANT, poll: float = 0.05,
+    ) -> Execution:
+        """Poll until the run reaches a terminal state (demos and tests); TimeoutError after."""
+        deadline = time.monotonic() + timeout
+        while True:
+            execution = self.get(execution_id, tenant=tenant)
+            if execution.state.terminal:
+                return execution
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"execution {execution.id} still {execution.state} after "
+                                   f"{timeout} s")
+            time.sleep(poll)
+
+    # -- acting on a run -------------------------------------------------------
+
+    def signal(
+        self,
+        execution_id: str | uuid.UUID,
+        name: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+    ) -> SignalResult:
+        """Deliver a named message; buffered if the run is not waiting for it yet.
+
+        With an idempotency key, repeats collapse into the first delivery and come
+        back `delivered=False` (even after the run finished).
+        """
+        ident = parse_execution_id(execution_id)
+        check_name(name, "signal")
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key.strip()
+        ):
+            raise InvalidArgument("idempotency_key must be a non-empty string when given")
+        return self.store.deliver_signal(
+            ident, tenant=tenant, name=name, payload_json=to_json(payload, f"signal {name!r}"),
+            idempotency_key=idempotency_key,
+        )
+
+    def cancel(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> State:
+        """Cancel a run: at once when parked or queued, at its next checkpoint when running.
+
+        Returns the state right after the call (`cancelled`, or the running state
+        when the worker will stop it shortly, or the terminal state it already had).
+        """
+        return self.store.cancel(parse_execution_id(execution_id), tenant=tenant)
+
+
+def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
+    """Every run matching `filters`, page by page."""
+    cursor: str | None = None
+    while True:
+        page = client.list(cursor=cursor, **filters)
+        yield from page.items
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor

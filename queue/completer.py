@@ -1,0 +1,140 @@
+"""Commit turn writes for one shard, grouping those that arrive together into one transaction.
+
+Turn threads hand a commit over and block until it is durable. Whatever queued
+up while the previous transaction ran goes into the next one (group commit): at
+low load each commit is its own transaction, under load hundreds share one.
+Per-execution order holds because an execution's turn waits for each commit
+before it makes the next.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from concurrent.futures import Future
+
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from shardq.queue.errors import ShardUnavailable, StoreRejected
+from shardq.queue.models import CommitOutcome, TurnCommit
+from shardq.queue.store import Store
+from shardq.shards.config import Shard
+
+log = logging.getLogger(__name__)
+
+Pending = tuple[TurnCommit, "Future[CommitOutcome]"]
+
+
+class Completer:
+    def __init__(
+        self,
+        store: Store,
+        shard: Shard,
+        *,
+        lease_s: float,
+        max_batch: int = 500,
+        retry_for_s: float | None = None,
+    ) -> None:
+        self._store = store
+        self._shard = shard
+        self._lease_s = lease_s
+        self._max_batch = max_batch
+        # A lost connection is retried for up to half a lease: the commits carry
+        # their next token, so a retry of one that already landed is recognised.
+        self._retry_for_s = lease_s / 2 if retry_for_s is None else retry_for_s
+        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"shardq-completer-{shard.name}", daemon=True
+        )
+
+    def start(self) -> Completer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop taking commits; later submitters are told their lease is gone."""
+        self._closed.set()
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, commit: TurnCommit) -> CommitOutcome:
+        """Block until `commit` is durable (or refused by its fence); raises on store errors."""
+        if self._closed.is_set():
+            return CommitOutcome(landed=False)
+        future: Future[CommitOutcome] = Future()
+        self._queue.put((commit, future))
+        return future.result()
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            ids = {first[0].execution_id}
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                if item[0].execution_id in ids:  # cannot happen today; keep order if it ever does
+                    self._queue.put(item)
+                    break
+                batch.append(item)
+                ids.add(item[0].execution_id)
+            self._apply(batch)
+        self._drain_closed()
+
+    def _drain_closed(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item[1].set_result(CommitOutcome(landed=False))
+
+    def _apply(self, batch: list[Pending]) -> None:
+        try:
+            outcomes = self._commit([c for c, _ in batch])
+        except StoreRejected as exc:
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+                return
+            # One commit poisoned the group: commit each alone so the others land.
+            for item in batch:
+                self._apply([item])
+            return
+        except Exception as exc:
+            log.warning(
+                "commit failed", extra={"shard": self._shard.name, "error": str(exc),
+                                        "commits": len(batch)},
+            )
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        for commit, future in batch:
+            future.set_result(outcomes[commit.execution_id])
+
+    def _commit(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
+        retrying = Retrying(
+            retry=retry_if_exception_type(ShardUnavailable),
+            stop=stop_after_delay(self._retry_for_s),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                return self._store.commit_turns(self._shard, commits, lease_s=self._lease_s)
+        raise AssertionError("unreachable: tenacity reraises")

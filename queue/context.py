@@ -1,0 +1,391 @@
+"""The replay context a workflow function receives.
+
+A turn re-runs the workflow function from the top. Every ctx call takes the next
+position; a position already in history returns its recorded outcome without
+running anything, so code before the first new call is pure replay. A recorded
+call of another kind or name than the code now makes is a non-determinism error.
+
+Step results are buffered and committed before anything else can have an effect
+outside the workflow: before the next step runs, and with the commit that ends
+the turn (parking, completion, failure). A one-step job therefore costs one
+commit, and no step ever starts before its predecessors are durable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, NoReturn, TypeVar
+
+from shardq.queue.errors import InvalidArgument, NonDeterminismError, NotSerializable, StepFailed
+from shardq.queue.models import (
+    Claim,
+    CommitOutcome,
+    Event,
+    HistoryEvent,
+    NewEvent,
+    OpenWait,
+    State,
+    TaskAction,
+    TurnCommit,
+)
+from shardq.queue.names import check_name
+from shardq.queue.retry import RetryPolicy
+
+T = TypeVar("T")
+Checkpoint = Callable[[TurnCommit], CommitOutcome]
+MAX_ERROR_TEXT = 8000
+
+
+class _Park(BaseException):  # control flow, not an error
+    """Unwinds the workflow function: the turn ends here and the run waits."""
+
+    def __init__(
+        self,
+        *,
+        state: State,
+        task: TaskAction,
+        delay: float = 0.0,
+        open_wait: OpenWait | None = None,
+        wake_on_signal: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.state, self.task, self.delay = state, task, delay
+        self.open_wait, self.wake_on_signal = open_wait, wake_on_signal
+
+
+class _Cancelled(BaseException):
+    """Unwinds the workflow function: cancellation was requested."""
+
+
+class TurnAborted(BaseException):
+    """The lease was lost mid-turn: stop without writing anything more."""
+
+
+class StepTimeout(Exception):
+    """A step attempt ran longer than its `timeout`."""
+
+
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    text = "".join(traceback.format_exception(exc))
+    return {
+        "type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": text[-MAX_ERROR_TEXT:],
+    }
+
+
+class WorkflowContext:
+    """What a workflow function can do. Every method is safe to replay."""
+
+    def __init__(self, claim: Claim, checkpoint: Checkpoint, *, lease_token: uuid.UUID) -> None:
+        self._claim = claim
+        self._checkpoint = checkpoint
+        self._token = lease_token
+        self._started = time.monotonic()
+        self._position = 0
+        self._recorded: dict[int, list[HistoryEvent]] = {}
+        consumed: set[int] = set()
+        for event in claim.history:
+            if event.position is not None:
+                self._recorded.setdefault(event.position, []).append(event)
+            if event.kind == Event.SIGNAL_CONSUMED:
+                consumed.add(int(event.payload["signal_id"]))
+        self._pending = [s for s in claim.signals if s.id not in consumed]
+        self._buffer: list[NewEvent] = []
+        self._consumed: list[tuple[int, int]] = []
+        self._close_wait = False
+        self._stored_state = claim.state
+        self._cancel = claim.cancel_requested
+        self._fatal: NonDeterminismError | None = None
+        self.random = random.Random(claim.execution_id.int)
+        """Deterministic randomness: the same sequence on every replay of this execution."""
+
+    # -- identity --------------------------------------------------------------
+
+    @property
+    def execution_id(self) -> uuid.UUID:
+        return self._claim.execution_id
+
+    @property
+    def workflow_id(self) -> str:
+        return self._claim.workflow_id
+
+    @property
+    def tenant(self) -> str:
+        return self._claim.tenant
+
+    @property
+    def input(self) -> Any:
+        return self._claim.input
+
+    @property
+    def lease_token(self) -> uuid.UUID:
+        return self._token
+
+    def uuid(self) -> uuid.UUID:
+        """A UUID that is the same on every replay (drawn from `ctx.random`)."""
+        return uuid.UUID(int=self.random.getrandbits(128), version=4)
+
+    # -- calls -----------------------------------------------------------------
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        retry: RetryPolicy | int | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Run `fn(*args, **kwargs)` once, durably; on replay return its recorded result.
+
+        The result must be JSON-serialisable; it is returned as JSON gives it back
+        (tuples become lists), identically on the first run and on replay.
+        A failure is retried per `retry` after a durable backoff; when retries are
+        exhausted StepFailed is raised here, and again at this call on replay.
+        `timeout` bounds one attempt (the attempt's thread cannot be killed and is
+        left to finish in the background; its result is ignored).
+        """
+        check_name(name, "step")
+        policy = RetryPolicy.of(retry)
+        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+            raise InvalidArgument(f"step {name!r}: timeout must be a positive number of seconds")
+        position, recorded = self._begin("step", name)
+        for event in recorded:
+            if event.kind == Event.STEP_COMPLETED:
+                return event.payload["result"]  # type: ignore[no-any-return]
+            if event.kind == Event.STEP_FAILED and event.payload.get("final"):
+                error = event.payload["error"]
+                raise StepFailed(name, error["type"], error["message"], event.payload["attempt"])
+        attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED)
+        self._flush()
+        try:
+            result = _run_attempt(fn, args, kwargs, timeout)
+        except Exception as exc:
+            self._step_failed(position, name, attempt, exc, policy)
+        try:
+            encoded = json.loads(json.dumps(result, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            problem = NotSerializable(
+                f"step {name!r} returned {type(result).__name__}, which is not "
+                f"JSON-serialisable: {exc}"
+            )
+            self._step_failed(position, name, attempt, problem, RetryPolicy(max_attempts=1))
+        self._buffer.append(NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded}))
+        return encoded  # type: ignore[no-any-return]
+
+    def _step_failed(
+        self, position: int, name: str, attempt: int, exc: Exception, policy: RetryPolicy
+    ) -> NoReturn:
+        error = error_payload(exc)
+        if policy.should_retry(exc, attempt):
+            delay = policy.backoff(attempt)
+            self._buffer.append(NewEvent(
+                position, Event.STEP_FAILED, name,
+                {"attempt": attempt, "error": error, "retry_in": delay}, wake_in=delay,
+            ))
+            raise _Park(state=State.PENDING, task=TaskAction.SCHEDULE, delay=delay) from exc
+        self._buffer.append(NewEvent(
+            position, Event.STEP_FAILED, name, {"attempt": attempt, "error": error, "final": True}
+        ))
+        raise StepFailed(name, error["type"], error["message"], attempt) from exc
+
+    def sleep(self, name: str, seconds: float) -> None:
+        """Wait `seconds` on a durable timer whose wake time the database's clock sets."""
+        check_name(name, "timer")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds <= 0
+        ):
+            raise InvalidArgument(
+                f"sleep {name!r}: seconds must be a positive number, got {seconds!r}"
+            )
+        position, recorded = self._begin("sleep", name)
+        kinds = {e.kind: e for e in recorded}
+        if Event.TIMER_FIRED in kinds:
+            return
+        started = kinds.get(Event.TIMER_STARTED)
+        if started is None:
+            self._buffer.append(NewEvent(
+                position, Event.TIMER_STARTED, name, {"seconds": seconds}, wake_in=seconds
+            ))
+            raise _Park(
+                state=State.WAITING, task=TaskAction.SCHEDULE, delay=seconds,
+                open_wait=OpenWait(position, "timer", name, deadline_in=seconds),
+            )
+        remaining = self._until(started.payload["wake_at"])
+        if remaining > 0:
+            raise _Park(state=State.WAITING, task=TaskAction.SCHEDULE, delay=remaining)
+        self._buffer.append(NewEvent(position, Event.TIMER_FIRED, name, {}))
+        self._close_wait = True
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        """The payload of the oldest unconsumed signal `name`, parking until one arrives.
+
+        Signals that arrived early are buffered and consumed oldest first. With a
+        `timeout` (seconds, > 0) the wait gives up at a database-clock deadline and
+        returns None.
+        """
+        check_name(name, "signal")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0
+        ):
+            raise InvalidArgument(f"wait_for_signal {name!r}: timeout must be > 0 seconds")
+        position, recorded = self._begin("signal", name)
+        kinds = {e.kind: e for e in recorded}
+        if Event.SIGNAL_CONSUMED in kinds:
+            return kinds[Event.SIGNAL_CONSUMED].payload["payload"]
+        if Event.SIGNAL_TIMED_OUT in kinds:
+            return None
+        waiting = kinds.get(Event.SIGNAL_WAITING)
+        arrived = next((s for s in self._pending if s.name == name), None)
+        if arrived is not None:
+            self._pending.remove(arrived)
+            self._consumed.append((arrived.id, position))
+            self._buffer.append(NewEvent(
+                position, Event.SIGNAL_CONSUMED, name,
+                {"signal_id": arrived.id, "payload": arrived.payload},
+            ))
+            self._close_wait = self._close_wait or waiting is not None
+            return arrived.payload
+        if waiting is None:
+            self._buffer.append(NewEvent(
+                position, Event.SIGNAL_WAITING, name, {"timeout": timeout}, wake_in=timeout
+            ))
+            raise _Park(
+                state=State.WAITING,
+                task=TaskAction.SCHEDULE if timeout else TaskAction.DELETE,
+                delay=timeout or 0.0,
+                open_wait=OpenWait(position, "signal", name, deadline_in=timeout),
+                wake_on_signal=name,
+            )
+        deadline = waiting.payload.get("wake_at")
+        remaining = self._until(deadline) if deadline else None
+        if remaining is not None and remaining <= 0:
+            self._buffer.append(NewEvent(position, Event.SIGNAL_TIMED_OUT, name, {}))
+            self._close_wait = True
+            return None
+        raise _Park(
+            state=State.WAITING,
+            task=TaskAction.SCHEDULE if remaining else TaskAction.DELETE,
+            delay=remaining or 0.0,
+            wake_on_signal=name,
+        )
+
+    def now(self) -> datetime:
+        """The database's current time, recorded so replay sees the same instant."""
+        position, recorded = self._begin("now", "now")
+        if recorded:
+            return datetime.fromisoformat(recorded[0].payload["at"])
+        value = self._db_now()
+        self._buffer.append(NewEvent(position, Event.CLOCK_READ, "now", {"at": value.isoformat()}))
+        return value
+
+    # -- turn plumbing (used by shardq.queue.turn) -----------------------------
+
+    def _begin(self, call: str, name: str) -> tuple[int, list[HistoryEvent]]:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._cancel:
+            raise _Cancelled()
+        position = self._position
+        self._position += 1
+        recorded = self._recorded.get(position, [])
+        if recorded:
+            first = recorded[0]
+            recorded_call = first.kind.split(".", 1)[0]
+            if recorded_call != call or first.name != name:
+                self._fatal = NonDeterminismError(
+                    f"non-deterministic workflow at position {position}: history recorded "
+                    f"{recorded_call} {first.name!r}, the code now calls {call} {name!r}"
+                )
+                raise self._fatal
+        return position, recorded
+
+    def _unreplayed(self) -> int | None:
+        """A recorded position the code never reached (it returned earlier), if any."""
+        beyond = [p for p in self._recorded if p >= self._position]
+        return min(beyond) if beyond else None
+
+    def _db_now(self) -> datetime:
+        return self._claim.db_now + timedelta(seconds=time.monotonic() - self._started)
+
+    def _until(self, iso: str) -> float:
+        return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
+
+    def _flush(self) -> None:
+        """Commit buffered events (and the running state) before a side effect."""
+        if not self._buffer and not self._consumed and not self._close_wait:
+            return
+        self._commit(self._commit_for(state=State.RUNNING, task=TaskAction.KEEP))
+
+    def _commit_for(
+        self,
+        *,
+        state: State | None,
+        task: TaskAction,
+        delay: float = 0.0,
+        output_json: str | None = None,
+        error: dict[str, Any] | None = None,
+        open_wait: OpenWait | None = None,
+        wake_on_signal: str | None = None,
+        close_wait: bool = False,
+    ) -> TurnCommit:
+        commit = TurnCommit(
+            execution_id=self.execution_id,
+            lease_token=self._token,
+            events=self._buffer,
+            state=None if state == self._stored_state and output_json is None else state,
+            output_json=output_json,
+            error=error,
+            task=task,
+            delay=delay,
+            open_wait=open_wait,
+            close_wait=close_wait or self._close_wait,
+            consumed_signals=self._consumed,
+            wake_on_signal=wake_on_signal,
+        )
+        self._buffer, self._consumed, self._close_wait = [], [], False
+        return commit
+
+    def _commit(self, commit: TurnCommit) -> None:
+        outcome = self._checkpoint(commit)
+        if not outcome.landed:
+            raise TurnAborted()
+        self._token = commit.next_token
+        if commit.state is not None:
+            self._stored_state = commit.state
+        self._cancel = self._cancel or outcome.cancel_requested
+
+
+def _run_attempt(
+    fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
+) -> T:
+    if timeout is None:
+        return fn(*args, **kwargs)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed back to the waiting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="shardq-step", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise StepTimeout(f"attempt did not finish within {timeout} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]  # type: ignore[no-any-return]

@@ -1,0 +1,72 @@
+"""Errors of the workflow engine. Nothing above the store sees a psycopg error."""
+
+from __future__ import annotations
+
+from shardq.shards.errors import ShardqError, ShardUnavailable
+
+__all__ = [
+    "ExecutionNotFound",
+    "InvalidArgument",
+    "LeaseLost",
+    "NonDeterminismError",
+    "NotSerializable",
+    "ShardUnavailable",
+    "SignalRefused",
+    "StepFailed",
+    "StoreRejected",
+    "UnknownWorkflow",
+    "WorkflowError",
+]
+
+
+class WorkflowError(ShardqError):
+    """Base class of the engine's errors."""
+
+
+class UnknownWorkflow(WorkflowError):
+    """No workflow of that name (and version) is registered."""
+
+
+class InvalidArgument(WorkflowError):
+    """A call was made with a value the engine refuses (bad name, sleep <= 0, ...)."""
+
+
+class NotSerializable(InvalidArgument):
+    """An input, step result, output or payload is not JSON-serialisable."""
+
+
+class ExecutionNotFound(WorkflowError):
+    """No such execution for this tenant (another tenant's execution looks the same)."""
+
+
+class SignalRefused(WorkflowError):
+    """The target run cannot take signals any more (it has finished) or has too many pending."""
+
+
+class LeaseLost(WorkflowError):
+    """This worker's lease on an execution expired and another worker took it over."""
+
+
+class StoreRejected(WorkflowError):
+    """The database refused to store a value (e.g. a NUL character inside JSON)."""
+
+
+class NonDeterminismError(WorkflowError):
+    """The workflow code made a different call than the one recorded at that position."""
+
+
+class StepFailed(WorkflowError):
+    """A step failed for good (retries exhausted or a non-retryable error).
+
+    Raised into the workflow code at the step's call, where the workflow may
+    catch it; on replay the same error is raised again without running the step.
+    """
+
+    def __init__(self, step: str, error_type: str, message: str, attempts: int) -> None:
+        super().__init__(
+            f"step {step!r} failed after {attempts} attempt(s): {error_type}: {message}"
+        )
+        self.step = step
+        self.error_type = error_type
+        self.error_message = message
+        self.attempts = attempts

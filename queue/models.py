@@ -1,0 +1,185 @@
+"""The values that cross the store seam: small frozen dataclasses, no SQL, no driver types."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    INPUT_REQUIRED = "input_required"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMED_OUT})
+
+
+class Event(StrEnum):
+    """History event kinds. The part before the dot is the workflow call they belong to."""
+
+    STEP_COMPLETED = "step.completed"
+    STEP_FAILED = "step.failed"
+    TIMER_STARTED = "sleep.started"
+    TIMER_FIRED = "sleep.fired"
+    SIGNAL_WAITING = "signal.waiting"
+    SIGNAL_CONSUMED = "signal.consumed"
+    SIGNAL_TIMED_OUT = "signal.timed_out"
+    CLOCK_READ = "now.read"
+    SIGNAL_RECEIVED = "signal.received"
+    """Not tied to a call: written by the sender when a signal lands."""
+
+    @property
+    def call(self) -> str:
+        return self.value.split(".", 1)[0]
+
+
+@dataclass(frozen=True)
+class Execution:
+    id: uuid.UUID
+    tenant: str
+    workflow_name: str
+    workflow_version: int
+    workflow_id: str
+    state: State
+    input: Any
+    output: Any
+    error: dict[str, Any] | None
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StartResult:
+    execution_id: uuid.UUID
+    created: bool
+    """False when an execution with that workflow_id already existed and was returned."""
+    state: State
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    seq: int
+    position: int | None
+    kind: str
+    name: str
+    payload: dict[str, Any]
+    recorded_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PendingSignal:
+    id: int
+    name: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    execution_id: uuid.UUID
+    signal_id: int
+    delivered: bool
+    """False when the idempotency key had already landed: the repeat was collapsed."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A leased task with everything a turn needs, read in the claim's round trip."""
+
+    execution_id: uuid.UUID
+    lease_token: uuid.UUID
+    claims: int
+    tenant: str
+    workflow_name: str
+    workflow_version: int
+    workflow_id: str
+    input: Any
+    state: State
+    cancel_requested: bool
+    db_now: datetime
+    history: tuple[HistoryEvent, ...]
+    signals: tuple[PendingSignal, ...]
+
+
+class TaskAction(StrEnum):
+    """What a commit does to the execution's task row."""
+
+    KEEP = "keep"
+    """Mid-turn checkpoint: the lease stays (and is extended)."""
+    DELETE = "delete"
+    """The run finished or parked on a wait with no deadline."""
+    SCHEDULE = "schedule"
+    """Release the lease; the run is due again `delay` seconds from the database's now."""
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    position: int | None
+    kind: Event
+    name: str
+    payload: dict[str, Any]
+    wake_in: float | None = None
+    """When set, the store adds `wake_at` = database now + wake_in seconds to the payload."""
+
+
+@dataclass(frozen=True)
+class OpenWait:
+    position: int
+    kind: str
+    name: str
+    deadline_in: float | None = None
+    request: dict[str, Any] | None = None
+
+
+@dataclass
+class TurnCommit:
+    """One atomic, lease-fenced write of a turn: events, state, wait, task.
+
+    `next_token` replaces the lease token in the same commit, which makes a
+    commit safe to retry after an ambiguous failure (connection lost before the
+    COMMIT was acknowledged): if the row already carries `next_token`, the
+    earlier attempt landed.
+    """
+
+    execution_id: uuid.UUID
+    lease_token: uuid.UUID
+    next_token: uuid.UUID = field(default_factory=uuid.uuid4)
+    events: list[NewEvent] = field(default_factory=list)
+    state: State | None = None
+    output_json: str | None = None
+    error: dict[str, Any] | None = None
+    task: TaskAction = TaskAction.KEEP
+    delay: float = 0.0
+    open_wait: OpenWait | None = None
+    close_wait: bool = False
+    consumed_signals: list[tuple[int, int]] = field(default_factory=list)
+    """(signal id, position) pairs consumed by this turn."""
+    wake_on_signal: str | None = None
+    """Parking on this signal name: if one is already pending, the task stays due."""
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    landed: bool
+    """False when the lease was lost: nothing of the commit was written."""
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Execution]
+    next_cursor: str | None

@@ -1,0 +1,24 @@
+"""Names of workflows, steps, timers and signals: one documented character set."""
+
+from __future__ import annotations
+
+import re
+
+from shardq.queue.errors import InvalidArgument
+
+NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}"
+"""A letter or underscore, then letters, digits, `_ . : -`; at most 128 characters."""
+
+_NAME = re.compile(NAME_PATTERN)
+
+
+def check_name(value: object, what: str) -> str:
+    """Return `value` if it is a valid name, else raise InvalidArgument saying why."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} name must be a non-empty string, got {value!r}")
+    if not _NAME.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} name {value!r} is invalid: use letters, digits and _ . : - "
+            "(starting with a letter or _), at most 128 characters"
+        )
+    return value

@@ -1,0 +1,241 @@
+-- Every statement shardq runs against a shard's queue tables (see schema/).
+-- Loaded by queue/store.py; one `-- name:` header per statement.
+--
+-- Lock order, everywhere: executions row, then tasks row. Claims take task
+-- rows with SKIP LOCKED only and never lock executions, so they cannot join a
+-- deadlock cycle.
+
+-- name: start_executions
+-- Insert new runs and their due tasks; existing workflow keys come back unchanged.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(ids)s::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[])
+        AS i(id, workflow_id, input)
+), inserted AS (
+    INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input)
+    SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input FROM input
+    ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
+    RETURNING id, workflow_id, state
+), tasks AS (
+    INSERT INTO shardq.tasks (execution_id, run_at)
+    SELECT id, now() FROM inserted
+)
+SELECT id, workflow_id, state, true AS created FROM inserted
+UNION ALL
+SELECT x.id, x.workflow_id, x.state, false
+FROM shardq.executions x JOIN input i USING (workflow_id)
+WHERE x.tenant = %(tenant)s AND x.workflow_name = %(workflow_name)s
+  AND x.workflow_id NOT IN (SELECT workflow_id FROM inserted)
+
+-- name: notify_wake
+SELECT pg_notify('shardq_wake', '')
+
+-- name: claim_tasks
+-- Lease up to `limit` due tasks. While leased, run_at is the lease expiry, so
+-- an expired lease is simply due again and any worker re-claims it.
+WITH due AS (
+    SELECT execution_id
+    FROM shardq.tasks
+    WHERE run_at <= now()
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE shardq.tasks t
+    SET lease_token = gen_random_uuid(),
+        lease_owner = %(owner)s,
+        run_at = now() + make_interval(secs => %(lease_s)s),
+        claims = t.claims + 1
+    FROM due
+    WHERE t.execution_id = due.execution_id
+    RETURNING t.execution_id, t.lease_token, t.claims
+)
+SELECT
+    l.execution_id, l.lease_token, l.claims,
+    x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input::text AS input,
+    x.state, x.cancel_requested, now() AS db_now,
+    (SELECT coalesce(json_agg(json_build_array(h.seq, h.position, h.kind, h.name, h.payload)
+                              ORDER BY h.seq), '[]')
+     FROM shardq.history h WHERE h.execution_id = l.execution_id)::text AS history,
+    (SELECT coalesce(json_agg(json_build_array(s.id, s.name, s.payload) ORDER BY s.id), '[]')
+     FROM shardq.signals s
+     WHERE s.execution_id = l.execution_id AND s.consumed_at IS NULL)::text AS signals
+FROM leased l
+JOIN shardq.executions x ON x.id = l.execution_id
+
+-- name: next_due_in
+-- Seconds until the earliest task (timer, retry or lease expiry) is due.
+SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM shardq.tasks
+
+-- name: lock_executions
+SELECT id, cancel_requested, commit_token
+FROM shardq.executions
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY id
+FOR UPDATE
+
+-- name: fence_leases
+-- Which commits still hold their lease (token) or already landed (next token).
+SELECT t.execution_id, t.lease_token
+FROM shardq.tasks t
+JOIN unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(next_tokens)s::uuid[]) AS r(id, token, next)
+  ON t.execution_id = r.id AND t.lease_token IN (r.token, r.next)
+FOR UPDATE OF t
+
+-- name: insert_history
+INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+SELECT e.execution_id, e.position, e.kind, e.name,
+       CASE WHEN e.wake_in IS NULL THEN e.payload
+            ELSE e.payload || jsonb_build_object('wake_at', now() + make_interval(secs => e.wake_in))
+       END
+FROM unnest(%(ids)s::uuid[], %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
+            %(payloads)s::jsonb[], %(wake_ins)s::float8[])
+     WITH ORDINALITY AS e(execution_id, position, kind, name, payload, wake_in, ord)
+ORDER BY e.ord
+
+-- name: update_executions
+UPDATE shardq.executions x
+SET state = u.state,
+    output = coalesce(u.output, x.output),
+    error = coalesce(u.error, x.error),
+    commit_token = u.commit_token,
+    updated_at = now(),
+    finished_at = CASE WHEN u.state IN ('completed', 'failed', 'cancelled', 'timed_out')
+                       THEN now() END
+FROM unnest(%(ids)s::uuid[], %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::jsonb[],
+            %(commit_tokens)s::uuid[])
+     AS u(id, state, output, error, commit_token)
+WHERE x.id = u.id
+
+-- name: close_waits
+DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])
+
+-- name: open_waits
+INSERT INTO shardq.waits (execution_id, position, kind, name, deadline, request)
+SELECT w.id, w.position, w.kind, w.name,
+       now() + make_interval(secs => w.deadline_in), w.request
+FROM unnest(%(ids)s::uuid[], %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
+            %(deadline_ins)s::float8[], %(requests)s::jsonb[])
+     AS w(id, position, kind, name, deadline_in, request)
+ON CONFLICT (execution_id) DO UPDATE
+SET position = excluded.position, kind = excluded.kind, name = excluded.name,
+    deadline = excluded.deadline, request = excluded.request
+
+-- name: consume_signals
+UPDATE shardq.signals s
+SET consumed_at = now(), consumed_position = c.position
+FROM unnest(%(signal_ids)s::bigint[], %(positions)s::int[]) AS c(id, position)
+WHERE s.id = c.id AND s.consumed_at IS NULL
+
+-- name: delete_tasks
+DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])
+
+-- name: keep_tasks
+-- Checkpoint: rotate the token and extend the lease.
+UPDATE shardq.tasks t
+SET lease_token = k.next, run_at = now() + make_interval(secs => %(lease_s)s)
+FROM unnest(%(ids)s::uuid[], %(next_tokens)s::uuid[]) AS k(id, next)
+WHERE t.execution_id = k.id
+
+-- name: schedule_tasks
+UPDATE shardq.tasks t
+SET lease_token = NULL, lease_owner = NULL,
+    run_at = now() + make_interval(secs => s.delay)
+FROM unnest(%(ids)s::uuid[], %(delays)s::float8[]) AS s(id, delay)
+WHERE t.execution_id = s.id
+
+-- name: wake_if_signal_pending
+-- A run parking on a signal that already arrived stays due. The executions
+-- row lock taken earlier in this commit orders us against the sender.
+INSERT INTO shardq.tasks (execution_id, run_at)
+SELECT p.id, now()
+FROM unnest(%(ids)s::uuid[], %(names)s::text[]) AS p(id, name)
+WHERE EXISTS (
+    SELECT 1 FROM shardq.signals s
+    WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL
+)
+ON CONFLICT (execution_id) DO UPDATE
+SET run_at = now(), lease_token = NULL, lease_owner = NULL
+RETURNING execution_id
+
+-- name: extend_leases
+UPDATE shardq.tasks t
+SET run_at = now() + make_interval(secs => %(lease_s)s)
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS l(id, token)
+WHERE t.execution_id = l.id AND t.lease_token = l.token
+RETURNING t.execution_id
+
+-- name: release_leases
+-- Hand unfinished work back at once (graceful shutdown) instead of at expiry.
+UPDATE shardq.tasks t
+SET run_at = now(), lease_token = NULL, lease_owner = NULL
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS l(id, token)
+WHERE t.execution_id = l.id AND t.lease_token = l.token
+RETURNING t.execution_id
+
+-- name: held_leases
+SELECT count(*) AS held FROM shardq.tasks WHERE lease_token IS NOT NULL AND run_at > now()
+
+-- name: get_execution
+SELECT id, tenant, workflow_name, workflow_version, workflow_id, state, input, output, error,
+       cancel_requested, created_at, updated_at, finished_at
+FROM shardq.executions
+WHERE id = %(id)s
+
+-- name: read_history
+SELECT seq, position, kind, name, payload, recorded_at
+FROM shardq.history
+WHERE execution_id = %(id)s
+ORDER BY seq
+
+-- name: lock_execution
+SELECT state, tenant FROM shardq.executions WHERE id = %(id)s FOR UPDATE
+
+-- name: find_keyed_signal
+SELECT id FROM shardq.signals WHERE execution_id = %(id)s AND idempotency_key = %(key)s
+
+-- name: count_pending_signals
+SELECT count(*) AS pending FROM shardq.signals
+WHERE execution_id = %(id)s AND consumed_at IS NULL
+
+-- name: insert_signal
+INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
+VALUES (%(id)s, %(tenant)s, %(name)s, %(payload)s::jsonb, %(key)s)
+RETURNING id
+
+-- name: record_signal_received
+INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+VALUES (%(id)s, NULL, 'signal.received', %(name)s, jsonb_build_object('signal_id', %(signal_id)s))
+
+-- name: wake_signal_waiter
+-- Make the run due if it is parked on this signal name and no worker holds it.
+INSERT INTO shardq.tasks (execution_id, run_at)
+SELECT w.execution_id, now()
+FROM shardq.waits w
+WHERE w.execution_id = %(id)s AND w.kind = 'signal' AND w.name = %(name)s
+ON CONFLICT (execution_id) DO UPDATE
+SET run_at = now()
+WHERE shardq.tasks.lease_token IS NULL
+RETURNING execution_id
+
+-- name: task_lease
+SELECT lease_token IS NOT NULL AND run_at > now() AS leased
+FROM shardq.tasks WHERE execution_id = %(id)s
+
+-- name: cancel_now
+-- Cancel a run no worker holds: it ends here, its task and wait go away.
+WITH ended AS (
+    UPDATE shardq.executions
+    SET state = 'cancelled', updated_at = now(), finished_at = now(), cancel_requested = true
+    WHERE id = %(id)s
+    RETURNING id
+), tasks AS (
+    DELETE FROM shardq.tasks WHERE execution_id IN (SELECT id FROM ended)
+), waits AS (
+    DELETE FROM shardq.waits WHERE execution_id IN (SELECT id FROM ended)
+)
+SELECT id FROM ended
+
+-- name: request_cancel
+-- A worker holds the run: it stops at its next checkpoint.
+UPDATE shardq.executions SET cancel_requested = true, updated_at = now() WHERE id = %(id)s

@@ -1,0 +1,257 @@
+"""The worker: claim due runs on every served shard, run their turns, commit, repeat.
+
+Per shard, a claim loop leases batches of due tasks and hands them to a bounded
+pool of turn threads; a wake listener pokes the loop on NOTIFY; a completer
+groups the turns' commits. One heartbeat thread extends the leases of every
+turn in flight. `stop()` drains: no new claims, in-flight turns get until the
+drain deadline, and whatever is left is handed back at once rather than at
+lease expiry.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shardq.queue.completer import Completer
+from shardq.queue.errors import ShardUnavailable
+from shardq.queue.listener import WakeListener
+from shardq.queue.models import Claim, CommitOutcome, TurnCommit
+from shardq.queue.registry import Registry
+from shardq.queue.store import Store
+from shardq.queue.turn import run_turn
+from shardq.shards.config import Shard
+from shardq.shards.pools import ShardPools
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    concurrency: int = 10
+    """Turns running at once, over all shards."""
+    batch_size: int = 10
+    """Most tasks one claim statement leases."""
+    lease_s: float = 30.0
+    poll_interval_s: float = 10.0
+    """Safety poll: the longest a claim loop sleeps without a notification or a due timer."""
+    drain_timeout_s: float = 30.0
+    commit_batch: int = 500
+    owner: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    )
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1 or self.batch_size < 1:
+            raise ValueError("concurrency and batch size must be >= 1")
+        if self.lease_s <= 0 or self.poll_interval_s <= 0 or self.drain_timeout_s < 0:
+            raise ValueError("lease, poll interval must be > 0 and drain timeout >= 0")
+
+
+@dataclass
+class _InFlight:
+    shard: Shard
+    execution_id: uuid.UUID
+    token: uuid.UUID
+
+
+class Worker:
+    def __init__(
+        self,
+        pools: ShardPools,
+        registry: Registry,
+        *,
+        shards: list[Shard] | None = None,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        self.config = config or WorkerConfig()
+        self.registry = registry
+        self.store = Store(pools)
+        self.shards = shards or list(pools.map.shards)
+        self._stopping = threading.Event()
+        self._wakes = {s.name: threading.Event() for s in self.shards}
+        self._inflight: dict[uuid.UUID, _InFlight] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._turns: queue.SimpleQueue[tuple[Shard, Claim] | None] = queue.SimpleQueue()
+        self._completers = {
+            s.name: Completer(self.store, s, lease_s=self.config.lease_s,
+                              max_batch=self.config.commit_batch)
+            for s in self.shards
+        }
+        self._threads: list[threading.Thread] = []
+        self._listeners: list[WakeListener] = []
+        self.turns_done = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> Worker:
+        for completer in self._completers.values():
+            completer.start()
+        for shard in self.shards:
+            self._listeners.append(
+                WakeListener(shard, self._wakes[shard.name], self._stopping).start()
+            )
+            self._spawn(f"shardq-claim-{shard.name}", functools.partial(self._claim_loop, shard))
+        for i in range(self.config.concurrency):
+            self._spawn(f"shardq-turn-{i}", self._turn_loop)
+        self._spawn("shardq-heartbeat", self._heartbeat_loop)
+        log.info("worker started", extra={
+            "owner": self.config.owner, "shards": ",".join(s.name for s in self.shards),
+            "concurrency": self.config.concurrency,
+        })
+        return self
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        # Daemon threads: a step stuck past the drain deadline must not keep the
+        # process alive; its lease has been handed back by then.
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, *, drain_timeout_s: float | None = None) -> int:
+        """Drain and stop; returns how many leases had to be handed back unfinished."""
+        timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self._stopping.set()
+        for wake in self._wakes.values():
+            wake.set()
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._inflight and time.monotonic() < deadline:
+                self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))
+            leftover = list(self._inflight.values())
+        for _ in range(self.config.concurrency):
+            self._turns.put(None)
+        released = 0
+        for shard in self.shards:
+            leases = [(f.execution_id, f.token) for f in leftover if f.shard == shard]
+            if leases:
+                try:
+                    released += len(self.store.release_leases(shard, leases))
+                except ShardUnavailable as exc:
+                    log.warning("could not hand leases back; they expire instead",
+                                extra={"shard": shard.name, "error": str(exc)})
+        for completer in self._completers.values():
+            completer.close()
+        for listener in self._listeners:
+            listener.join(timeout=2)
+        log.info("worker stopped", extra={"owner": self.config.owner, "released": released})
+        return released
+
+    def wake(self) -> None:
+        """Poke every claim loop (tests, embedding applications)."""
+        for event in self._wakes.values():
+            event.set()
+
+    # -- claiming --------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self.config.concurrency - len(self._inflight)
+
+    def _claim_loop(self, shard: Shard) -> None:
+        wake = self._wakes[shard.name]
+        # Claim in worthwhile batches under backlog, yet at once when idle.
+        threshold = max(1, min(self.config.batch_size, self.config.concurrency) // 2)
+        failures = 0
+        while not self._stopping.is_set():
+            free = self._free_slots()
+            if free < threshold:
+                wake.wait(self.config.poll_interval_s)
+                wake.clear()
+                continue
+            wake.clear()
+            limit = min(self.config.batch_size, free)
+            try:
+                claims = self.store.claim(
+                    shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
+                )
+                pause = self._sleep_time(shard) if len(claims) < limit else 0.0
+            except ShardUnavailable as exc:
+                failures += 1
+                if failures == 1:
+                    log.error("shard unavailable; retrying", extra={"error": str(exc)})
+                wake.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
+            if failures:
+                log.warning("shard is back", extra={"shard": shard.name})
+                failures = 0
+            with self._lock:
+                for claim in claims:
+                    self._inflight[claim.execution_id] = _InFlight(
+                        shard, claim.execution_id, claim.lease_token
+                    )
+            for claim in claims:
+                self._turns.put((shard, claim))
+            if pause > 0:
+                wake.wait(pause)
+
+    def _sleep_time(self, shard: Shard) -> float:
+        """Until the next due task (timer, retry, lease expiry), capped by the safety poll."""
+        due_in = self.store.next_due_in(shard)
+        if due_in is None:
+            return self.config.poll_interval_s
+        return min(self.config.poll_interval_s, max(0.0, due_in) + 0.001)
+
+    # -- running turns ---------------------------------------------------------
+
+    def _turn_loop(self) -> None:
+        while True:
+            item = self._turns.get()
+            if item is None:
+                return
+            shard, claim = item
+            try:
+                self._run_one(shard, claim)
+            except Exception:
+                log.exception("turn crashed; its lease will expire and another worker retries",
+                              extra={"execution_id": str(claim.execution_id)})
+            finally:
+                with self._idle:
+                    self._inflight.pop(claim.execution_id, None)
+                    self.turns_done += 1
+                    self._idle.notify_all()
+                self._wakes[shard.name].set()
+
+    def _run_one(self, shard: Shard, claim: Claim) -> None:
+        completer = self._completers[shard.name]
+        entry = self._inflight[claim.execution_id]
+
+        def checkpoint(commit: TurnCommit) -> CommitOutcome:
+            outcome = completer.submit(commit)
+            if outcome.landed:
+                entry.token = commit.next_token
+            return outcome
+
+        run_turn(claim, self.registry, checkpoint)
+
+    # -- leases ----------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        # A third of the lease: two heartbeats may fail before another worker
+        # could take a healthy turn over.
+        interval = self.config.lease_s / 3
+        while not self._stopping.wait(interval):
+            with self._lock:
+                entries = list(self._inflight.values())
+            for shard in self.shards:
+                leases = [(e.execution_id, e.token) for e in entries if e.shard == shard]
+                if not leases:
+                    continue
+                try:
+                    kept = self.store.extend_leases(shard, leases, self.config.lease_s)
+                except ShardUnavailable as exc:
+                    log.warning("heartbeat failed", extra={"shard": shard.name, "error": str(exc)})
+                    continue
+                for execution_id, _ in leases:
+                    if execution_id not in kept:
+                        log.debug("lease not extended (finished or lost)",
+                                  extra={"execution_id": str(execution_id)})

@@ -14,10 +14,11 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from shardq.bin.logs import configure as configure_logging
 from shardq.shards.config import ENV_SHARDS, ShardMap, load_shard_map
 from shardq.shards.errors import (
     ConfigError,
@@ -28,6 +29,11 @@ from shardq.shards.errors import (
     ShardUnavailable,
 )
 
+if TYPE_CHECKING:
+    from shardq.queue.client import Client
+    from shardq.queue.models import Execution
+    from shardq.queue.registry import Registry
+
 EXIT_CODES: dict[type[ShardqError], int] = {
     ConfigError: 2,
     ShardUnavailable: 3,
@@ -36,6 +42,7 @@ EXIT_CODES: dict[type[ShardqError], int] = {
     MigrationError: 6,
 }
 EXIT_WORKFLOW = 7
+log = logging.getLogger("shardq.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -97,8 +104,7 @@ def cli(
     ctx: click.Context, shards: str | None, shards_file: Path | None, as_json: bool, verbose: int
 ) -> None:
     """shardq: durable workflows on sharded PostgreSQL."""
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(verbose)
     ctx.obj = Settings(shards, shards_file, as_json)
 
 
@@ -193,6 +199,232 @@ def shards_command(settings: Settings) -> None:
     ]
     if codes:
         sys.exit(min(codes))  # unreachable outranks a mismatch, which outranks an old schema
+
+
+def load_registry(app: str) -> Registry:
+    """Import `module:attribute` and return the Registry it names."""
+    import importlib
+
+    from shardq.queue.registry import Registry
+
+    module_name, _, attribute = app.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {app}: cannot import {module_name}: {exc}") from None
+    registry = getattr(module, attribute or "registry", None)
+    if not isinstance(registry, Registry):
+        raise ConfigError(f"--app {app}: {attribute or 'registry'} is not a shardq Registry")
+    return registry
+
+
+app_option = click.option(
+    "--app", envvar="SHARDQ_APP", default="shardq.bin.examples:registry", show_default=True,
+    help="module:attribute of the workflow Registry [env SHARDQ_APP]",
+)
+
+
+@cli.command()
+@app_option
+@click.option("--shard", "only", multiple=True, help="Serve only this shard (repeatable).")
+@click.option("--concurrency", default=10, show_default=True, help="Turns running at once.")
+@click.option("--batch-size", default=10, show_default=True, help="Tasks leased per claim.")
+@click.option("--lease", "lease_s", default=30.0, show_default=True, help="Lease seconds.")
+@click.option("--poll-interval", default=10.0, show_default=True,
+              help="Safety poll seconds (NOTIFY and timers wake earlier).")
+@click.option("--drain-timeout", default=30.0, show_default=True,
+              help="Seconds in-flight turns get after SIGTERM before their leases are released.")
+@pass_settings
+def worker(
+    settings: Settings, app: str, only: tuple[str, ...], concurrency: int, batch_size: int,
+    lease_s: float, poll_interval: float, drain_timeout: float,
+) -> None:
+    """Run workflows: claim due runs on the served shards until SIGTERM."""
+    import signal
+    import threading
+
+    from shardq.queue.worker import Worker, WorkerConfig
+    from shardq.shards.migrations import verify_shards
+    from shardq.shards.pools import ShardPools
+
+    with errors_as_exit_codes():
+        shard_map = settings.shard_map()
+        served = shard_map.named(list(only)) if only else list(shard_map.shards)
+        registry = load_registry(app)
+        for status in verify_shards(shard_map, served):
+            if not status.reachable:
+                log.error("shard unreachable at start; serving the others and retrying it",
+                          extra={"shard": status.shard.name, "error": status.problem})
+        try:
+            config = WorkerConfig(
+                concurrency=concurrency, batch_size=batch_size, lease_s=lease_s,
+                poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    pools = ShardPools(shard_map).open()
+    running = Worker(pools, registry, shards=served, config=config).start()
+    click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
+    stop.wait()
+    released = running.stop()
+    pools.close()
+    click.echo(f"worker stopped ({released} unfinished lease(s) handed back)", err=True)
+
+
+@cli.group()
+def workflow() -> None:
+    """Start, signal, inspect and cancel workflow runs."""
+
+
+@contextmanager
+def open_client(settings: Settings, app: str) -> Iterator[Client]:
+    from shardq.queue.client import Client
+
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+        client = Client(settings.shard_map(), registry)
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+def _json_arg(value: str | None, what: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        fail(f"{what} is not valid JSON: {exc}", 2)
+
+
+def _execution_payload(e: Execution) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {**asdict(e), "state": e.state.value}
+
+
+tenant_option = click.option("--tenant", default="default", show_default=True)
+
+
+@workflow.command("start")
+@json_option
+@app_option
+@tenant_option
+@click.argument("name")
+@click.argument("workflow_id")
+@click.option("--input", "input_json", help="JSON input of the run.")
+@pass_settings
+def workflow_start(
+    settings: Settings, app: str, tenant: str, name: str, workflow_id: str, input_json: str | None
+) -> None:
+    """Start NAME with the business key WORKFLOW_ID (idempotent on the key)."""
+    with open_client(settings, app) as client, errors_as_exit_codes():
+        result = client.start(name, workflow_id, _json_arg(input_json, "--input"), tenant=tenant)
+    emit(
+        settings,
+        {"execution_id": str(result.execution_id), "created": result.created,
+         "state": result.state.value},
+        f"{result.execution_id} {'started' if result.created else 'already exists'} "
+        f"({result.state.value})",
+    )
+
+
+@workflow.command("signal")
+@json_option
+@app_option
+@tenant_option
+@click.argument("execution_id")
+@click.argument("name")
+@click.option("--payload", help="JSON payload.")
+@click.option("--idempotency-key", help="Repeats with this key are delivered once.")
+@pass_settings
+def workflow_signal(
+    settings: Settings, app: str, tenant: str, execution_id: str, name: str,
+    payload: str | None, idempotency_key: str | None,
+) -> None:
+    """Send signal NAME to a run."""
+    with open_client(settings, app) as client, errors_as_exit_codes():
+        result = client.signal(
+            execution_id, name, _json_arg(payload, "--payload"),
+            idempotency_key=idempotency_key, tenant=tenant,
+        )
+    emit(
+        settings,
+        {"execution_id": str(result.execution_id), "signal_id": result.signal_id,
+         "delivered": result.delivered},
+        "delivered" if result.delivered else "duplicate (already delivered with this key)",
+    )
+
+
+@workflow.command("show")
+@json_option
+@app_option
+@tenant_option
+@click.argument("execution_id")
+@click.option("--history/--no-history", default=True, show_default=True)
+@pass_settings
+def workflow_show(
+    settings: Settings, app: str, tenant: str, execution_id: str, history: bool
+) -> None:
+    """Show a run and its history."""
+    from dataclasses import asdict
+
+    with open_client(settings, app) as client, errors_as_exit_codes():
+        execution = client.get(execution_id, tenant=tenant)
+        events = client.history(execution.id, tenant=tenant) if history else []
+    lines = [
+        f"{execution.id}  {execution.workflow_name} v{execution.workflow_version}  "
+        f"{execution.workflow_id}  {execution.state.value}"
+    ]
+    lines += [f"  {e.seq:>6} {e.position if e.position is not None else '-':>4} "
+              f"{e.kind:<18} {e.name}  {json.dumps(e.payload)}" for e in events]
+    emit(settings, {**_execution_payload(execution), "history": [asdict(e) for e in events]},
+         "\n".join(lines))
+
+
+@workflow.command("list")
+@json_option
+@app_option
+@tenant_option
+@click.option("--state", help="Only runs in this state.")
+@click.option("--workflow", "workflow_name", help="Only runs of this workflow.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--cursor", help="next_cursor of the previous page.")
+@pass_settings
+def workflow_list(
+    settings: Settings, app: str, tenant: str, state: str | None, workflow_name: str | None,
+    limit: int, cursor: str | None,
+) -> None:
+    """List runs over every shard, oldest first, one page at a time."""
+    with open_client(settings, app) as client, errors_as_exit_codes():
+        try:
+            page = client.list(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
+                               cursor=cursor)
+        except ValueError as exc:
+            fail(str(exc), 2)
+    lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
+             for e in page.items]
+    if page.next_cursor:
+        lines.append(f"next page: --cursor {page.next_cursor}")
+    emit(settings, {"items": [_execution_payload(e) for e in page.items],
+                    "next_cursor": page.next_cursor}, "\n".join(lines))
+
+
+@workflow.command("cancel")
+@json_option
+@app_option
+@tenant_option
+@click.argument("execution_id")
+@pass_settings
+def workflow_cancel(settings: Settings, app: str, tenant: str, execution_id: str) -> None:
+    """Cancel a run (at once when parked, at its next checkpoint when running)."""
+    with open_client(settings, app) as client, errors_as_exit_codes():
+        state = client.cancel(execution_id, tenant=tenant)
+    emit(settings, {"execution_id": execution_id, "state": state.value}, state.value)
 
 
 def main() -> None:

@@ -19,6 +19,8 @@ import os
 import time
 import uuid
 
+from shardq.shards.errors import ShardqError
+
 BUCKETS = 4096
 """Size of the virtual bucket space. Fixed forever: it is baked into every execution id."""
 
@@ -27,7 +29,7 @@ _VERSION = 8
 assert 1 << _BUCKET_BITS == BUCKETS
 
 
-class InvalidExecutionId(ValueError):
+class InvalidExecutionId(ShardqError, ValueError):
     """The value is not a shardq execution id (wrong shape or not a version-8 UUID)."""
 
 

@@ -1,0 +1,72 @@
+"""The example workflows the demo and the tests run (`--app shardq.bin.examples:registry`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shardq.queue.context import WorkflowContext
+from shardq.queue.registry import Registry
+
+registry = Registry()
+
+
+def reserve_inventory(order: dict[str, Any]) -> dict[str, Any]:
+    return {"order_id": order["order_id"], "reserved": [i["sku"] for i in order["items"]]}
+
+
+def fulfill_order(order: dict[str, Any], payment: dict[str, Any]) -> dict[str, Any]:
+    return {"order_id": order["order_id"], "shipped": True, "paid": payment["amount"]}
+
+
+@registry.workflow("checkout")
+def checkout(ctx: WorkflowContext) -> dict[str, Any]:
+    """Reserve stock, wait (hours, days) for the payment webhook, then ship."""
+    order = ctx.input
+    reservation = ctx.step("reserve_inventory", reserve_inventory, order)
+    payment = ctx.wait_for_signal("payment_captured")
+    shipment = ctx.step("fulfill_order", fulfill_order, order, payment)
+    return {"reservation": reservation, "payment": payment, "shipment": shipment}
+
+
+def noop() -> None:
+    return None
+
+
+@registry.workflow("noop")
+def noop_job(ctx: WorkflowContext) -> None:
+    """A plain job: one step."""
+    ctx.step("run", noop)
+
+
+@registry.workflow("steps3")
+def three_steps(ctx: WorkflowContext) -> int:
+    for name in ("a", "b", "c"):
+        ctx.step(name, noop)
+    return 3
+
+
+@registry.workflow("park")
+def park_on_signal(ctx: WorkflowContext) -> Any:
+    """Start, park on a signal, resume, complete: one durable cycle."""
+    return ctx.wait_for_signal("go")
+
+
+@registry.workflow("slow_steps")
+def slow_steps(ctx: WorkflowContext) -> list[int]:
+    """Numbered steps that each take `seconds`, each appending a line to the file `trace`
+    when it finishes: crash tests kill workers mid-step and count what really ran."""
+    seconds = float(ctx.input.get("seconds", 0.2))
+    trace = ctx.input.get("trace")
+    done = []
+    for i in range(int(ctx.input.get("steps", 5))):
+        done.append(ctx.step(f"step-{i}", _slow, ctx.workflow_id, i, seconds, trace))
+    return done
+
+
+def _slow(workflow_id: str, i: int, seconds: float, trace: str | None) -> int:
+    time.sleep(seconds)
+    if trace:
+        with open(trace, "a") as out:
+            out.write(f"{workflow_id} {i}\n")
+    return i

@@ -1,0 +1,43 @@
+"""Log setup for the daemons: one logfmt line per record, extras included, quiet by default."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`ts=... level=... logger=... msg="..." key=value ...` so logs grep and parse alike."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        line = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "=\n'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return text
+
+
+def configure(verbosity: int) -> None:
+    """WARNING by default, INFO with -v, DEBUG with -vv; psycopg's pool stays at WARNING."""
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbosity, 2)]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("psycopg").setLevel(max(level, logging.WARNING))

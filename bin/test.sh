@@ -4,6 +4,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
 cd "$SHARDQ_ROOT"
 echo "== ruff" && ruff check .
-echo "== mypy" && mypy -p shardq.shards -p shardq.queue -p shardq.outbox -p shardq.bin \
-  -p shardq.tests -p shardq.benchmarks
+packages=()
+for folder in shards queue outbox bin tests benchmarks; do
+  if compgen -G "$folder/*.py" >/dev/null; then packages+=(-p "shardq.$folder"); fi
+done
+echo "== mypy" && mypy "${packages[@]}"
 echo "== pytest" && python -m pytest "$@"

@@ -131,7 +131,7 @@ class Completer:
         retrying = Retrying(
             retry=retry_if_exception_type(ShardUnavailable),
             stop=stop_after_delay(self._retry_for_s),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
             reraise=True,
         )
         for attempt in retrying:

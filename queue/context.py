@@ -24,7 +24,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
-from shardq.queue.errors import InvalidArgument, NonDeterminismError, NotSerializable, StepFailed
+from shardq.queue.errors import (
+    InvalidArgument,
+    NonDeterminismError,
+    NotSerializable,
+    StepFailed,
+    StoreRejected,
+)
 from shardq.queue.models import (
     Claim,
     CommitOutcome,
@@ -67,6 +73,14 @@ class _Cancelled(BaseException):
 
 class TurnAborted(BaseException):
     """The lease was lost mid-turn: stop without writing anything more."""
+
+
+class CommitRejected(BaseException):  # control flow
+    """The database refused a value of this turn's commit; the run must fail instead."""
+
+    def __init__(self, error: StoreRejected) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class StepTimeout(Exception):
@@ -167,6 +181,8 @@ class WorkflowContext:
                 raise StepFailed(name, error["type"], error["message"], event.payload["attempt"])
         attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED)
         self._flush()
+        if self._cancel:  # learnt from the checkpoint just committed
+            raise _Cancelled()
         try:
             result = _run_attempt(fn, args, kwargs, timeout)
         except Exception as exc:
@@ -359,7 +375,12 @@ class WorkflowContext:
         return commit
 
     def _commit(self, commit: TurnCommit) -> None:
-        outcome = self._checkpoint(commit)
+        try:
+            outcome = self._checkpoint(commit)
+        except StoreRejected as exc:
+            # Unwinds past workflow code (a BaseException), so no `except Exception`
+            # in the workflow can swallow it.
+            raise CommitRejected(exc) from exc
         if not outcome.landed:
             raise TurnAborted()
         self._token = commit.next_token

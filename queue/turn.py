@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from shardq.queue.context import (
     Checkpoint,
+    CommitRejected,
     TurnAborted,
     WorkflowContext,
     _Cancelled,
@@ -85,6 +86,11 @@ def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnOu
                 close_wait=True,
             )
         return _final(ctx, commit, commit.state)
+    except CommitRejected as rejected:
+        try:
+            return _fail_rejected(ctx, rejected)
+        except TurnAborted:
+            return TurnOutcome(None)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
         return TurnOutcome(None)
@@ -92,8 +98,28 @@ def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnOu
 
 def _final(ctx: WorkflowContext, commit: TurnCommit, state: State | None) -> TurnOutcome:
     try:
-        ctx._commit(commit)
+        try:
+            ctx._commit(commit)
+        except CommitRejected as rejected:
+            return _fail_rejected(ctx, rejected)
     except TurnAborted:
         log.warning("lease lost at commit", extra={"execution_id": str(ctx.execution_id)})
         return TurnOutcome(None)
     return TurnOutcome(state)
+
+
+def _fail_rejected(ctx: WorkflowContext, rejected: CommitRejected) -> TurnOutcome:
+    """Fail the run with the database's reason, dropping the events it refused to store.
+
+    Retrying would hit the same refusal forever; a failed run with the reason
+    is what an operator can act on.
+    """
+    log.error("database refused a turn's commit; failing the run",
+              extra={"execution_id": str(ctx.execution_id), "error": str(rejected.error)})
+    ctx._buffer, ctx._consumed = [], []
+    commit = ctx._commit_for(
+        state=State.FAILED, task=TaskAction.DELETE, error=error_payload(rejected.error),
+        close_wait=True,
+    )
+    ctx._commit(commit)
+    return TurnOutcome(State.FAILED)

@@ -61,7 +61,9 @@ class ShardPools:
     after `timeout` seconds.
     """
 
-    def __init__(self, shard_map: ShardMap, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq"
+    ) -> None:
         self.map = shard_map
         self._timeout = timeout
         self._pools: dict[str, ConnectionPool[DictConnection]] = {}
@@ -73,7 +75,7 @@ class ShardPools:
                 kwargs={
                     "row_factory": dict_row,
                     "connect_timeout": CONNECT_TIMEOUT_S,
-                    "application_name": "shardq",
+                    "application_name": application_name,
                 },
                 connection_class=psycopg.Connection[dict[str, Any]],
                 open=False,

@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from shardq.queue.registry import Registry
+from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
+from shardq.shards.pools import ShardPools
 
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
@@ -119,3 +123,25 @@ def shard_map(migrated_map: ShardMap) -> ShardMap:
 def fresh_databases(pg_server: Server) -> Callable[[int], list[str]]:
     """Empty, unmigrated databases for tests that migrate or break things themselves."""
     return pg_server.create_databases
+
+
+@pytest.fixture
+def pools(shard_map: ShardMap) -> Iterator[ShardPools]:
+    with ShardPools(shard_map) as opened:
+        yield opened
+
+
+@pytest.fixture
+def start_worker(pools: ShardPools) -> Iterator[Callable[..., Worker]]:
+    """Start in-process workers for a registry; every one is stopped after the test."""
+    started: list[Worker] = []
+
+    def start(registry: Registry, **config: Any) -> Worker:
+        settings = {"poll_interval_s": 30.0, "lease_s": 5.0, "drain_timeout_s": 2.0, **config}
+        worker = Worker(pools, registry, config=WorkerConfig(**settings)).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -1,0 +1,129 @@
+"""The demo: a checkout workflow end to end on two shards.
+
+Uses the shards in SHARDQ_SHARDS when set (migrating them first); otherwise
+starts a throw-away embedded PostgreSQL with two shard databases and deletes it
+afterwards. Prints the routing, the run's timeline and its history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+
+from shardq.bin.examples import registry
+from shardq.queue.client import Client
+from shardq.queue.models import State
+from shardq.queue.worker import Worker, WorkerConfig
+from shardq.shards.config import ENV_SHARDS, ShardMap
+from shardq.shards.errors import ShardqError
+from shardq.shards.migrations import migrate
+from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for
+
+
+@contextmanager
+def demo_shards(count: int) -> Iterator[ShardMap]:
+    if os.environ.get(ENV_SHARDS):
+        click.echo(f"using the shards in {ENV_SHARDS}")
+        yield ShardMap.from_env()
+        return
+    from shardq.shards.embedded import EmbeddedPostgres
+
+    click.echo("no SHARDQ_SHARDS set: starting a throw-away embedded PostgreSQL ...")
+    with EmbeddedPostgres() as server:
+        urls = [server.create_database(f"shardq_demo_{i}") for i in range(count)]
+        yield ShardMap.from_urls(urls)
+    click.echo("embedded PostgreSQL stopped and deleted")
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def mark(self, what: str) -> None:
+        click.echo(f"  +{(time.monotonic() - self.t0) * 1000:7.1f} ms  {what}")
+
+
+def wait_for_state(client: Client, execution_id: object, states: set[State]) -> State:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = client.get(str(execution_id)).state
+        if state in states:
+            return state
+        time.sleep(0.01)
+    raise TimeoutError(f"execution {execution_id} never reached {states}")
+
+
+def run_demo(shard_count: int) -> None:
+    with demo_shards(shard_count) as shard_map:
+        click.echo(f"\nshard map {shard_map.fingerprint}:")
+        for shard in shard_map.shards:
+            click.echo(f"  {shard.name}: buckets {shard.first_bucket}-{shard.last_bucket}")
+        for result in migrate(shard_map):
+            click.echo(f"  migrated {result.shard.name}: schema version {result.version}")
+
+        click.echo("\nrouting: workflow key -> bucket -> shard")
+        for key in [f"order-{n}" for n in range(1001, 1009)]:
+            bucket = bucket_for("default", "checkout", key)
+            click.echo(f"  checkout/{key:<11} bucket {bucket:>4} -> "
+                       f"{shard_map.for_bucket(bucket).name}")
+
+        pools = ShardPools(shard_map).open()
+        worker = Worker(pools, registry, config=WorkerConfig(poll_interval_s=30)).start()
+        client = Client(shard_map, registry, pools=pools)
+        try:
+            order = {"order_id": 1001, "items": [{"sku": "tea", "qty": 2}]}
+            click.echo("\ntimeline of checkout order-1001:")
+            timeline = Timeline()
+            started = client.start("checkout", "order-1001", order)
+            shard = shard_map.for_execution(started.execution_id).name
+            timeline.mark(f"started   {started.execution_id} (routed by its id to {shard})")
+            again = client.start("checkout", "order-1001", order)
+            timeline.mark(f"start again with the same key -> same run, created={again.created}")
+            wait_for_state(client, started.execution_id, {State.WAITING})
+            timeline.mark("parked    waiting for signal payment_captured; no process holds it")
+            delivered = client.signal(
+                started.execution_id, "payment_captured", {"amount": 18.5},
+                idempotency_key="psp-evt-1",
+            )
+            timeline.mark(f"signalled payment_captured (delivered={delivered.delivered})")
+            repeat = client.signal(
+                started.execution_id, "payment_captured", {"amount": 18.5},
+                idempotency_key="psp-evt-1",
+            )
+            timeline.mark(f"webhook retried with the same key (delivered={repeat.delivered})")
+            final = client.wait(started.execution_id, timeout=30)
+            timeline.mark(f"resumed and {final.state.value}")
+            click.echo(f"\noutput: {json.dumps(final.output)}")
+            click.echo("\nhistory:")
+            for event in client.history(started.execution_id):
+                position = "-" if event.position is None else str(event.position)
+                click.echo(f"  {event.seq:>3} {position:>3} {event.kind:<16} {event.name:<18} "
+                           f"{json.dumps(event.payload)}")
+            if final.state is not State.COMPLETED:
+                raise SystemExit(f"demo failed: the run ended {final.state.value}")
+        finally:
+            worker.stop(drain_timeout_s=5)
+            pools.close()
+
+
+@click.command()
+@click.option("--shard-count", default=2, show_default=True, help="Embedded shard databases.")
+def main(shard_count: int) -> None:
+    """Run the checkout demo."""
+    try:
+        run_demo(shard_count)
+    except ShardqError as exc:
+        click.echo(f"shardq demo: error: {exc}", err=True)
+        sys.exit(1)
+    click.echo("\ndemo finished")
+
+
+if __name__ == "__main__":
+    main()

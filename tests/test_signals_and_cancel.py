@@ -1,0 +1,218 @@
+"""Signals (buffering, order, idempotency, tenancy, timeouts), cancellation, non-determinism."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shardq.queue.client import Client
+from shardq.queue.context import WorkflowContext
+from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
+from shardq.queue.models import State
+from shardq.queue.registry import Registry
+from shardq.queue.worker import Worker
+from shardq.shards.config import ShardMap
+from shardq.shards.pools import ShardPools
+
+from .support import all_rows, wait_until
+
+StartWorker = Callable[..., Worker]
+registry = Registry()
+release = threading.Event()
+
+
+@pytest.fixture
+def client(shard_map: ShardMap, pools: ShardPools) -> Client:
+    release.clear()
+    return Client(shard_map, registry, pools=pools)
+
+
+@registry.workflow("two_payments")
+def two_payments(ctx: WorkflowContext) -> list[Any]:
+    ctx.step("gate", release.wait, 10)
+    return [ctx.wait_for_signal("paid"), ctx.wait_for_signal("paid")]
+
+
+@registry.workflow("approval")
+def approval(ctx: WorkflowContext) -> Any:
+    return ctx.wait_for_signal("approved", timeout=float(ctx.input["timeout"]))
+
+
+@registry.workflow("long_step")
+def long_step(ctx: WorkflowContext) -> str:
+    ctx.step("work", release.wait, 10)
+    ctx.step("after", lambda: "should not run")
+    return "finished"
+
+
+def state_of(client: Client, execution_id: object) -> State:
+    return client.get(str(execution_id)).state
+
+
+def test_early_signals_are_buffered_and_consumed_oldest_first(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    run = client.start("two_payments", "p-1")
+    # Both arrive while the run is still in its first step.
+    client.signal(run.execution_id, "paid", {"n": 1})
+    client.signal(run.execution_id, "paid", {"n": 2})
+    release.set()
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.state is State.COMPLETED
+    assert done.output == [{"n": 1}, {"n": 2}]
+    consumed = [e for e in client.history(run.execution_id) if e.kind == "signal.consumed"]
+    assert [(e.position, e.payload["payload"]) for e in consumed] == [(1, {"n": 1}), (2, {"n": 2})]
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals WHERE consumed_at IS NULL") \
+        == [(0,), (0,)]
+
+
+def test_signal_to_a_parked_run_wakes_it(client: Client, start_worker: StartWorker) -> None:
+    start_worker(registry, poll_interval_s=60.0)
+    release.set()
+    run = client.start("two_payments", "p-2")
+    wait_until(lambda: state_of(client, run.execution_id) is State.WAITING, what="parked")
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.tasks") == [(0,), (0,)]
+    client.signal(run.execution_id, "paid", 1)
+    wait_until(
+        lambda: [e for e in client.history(run.execution_id) if e.kind == "signal.consumed"],
+        what="first signal consumed",
+    )
+    client.signal(run.execution_id, "paid", 2)
+    assert client.wait(run.execution_id, timeout=10).output == [1, 2]
+
+
+def test_idempotency_key_collapses_repeats(client: Client, start_worker: StartWorker) -> None:
+    run = client.start("two_payments", "p-3")
+    first = client.signal(run.execution_id, "paid", {"n": 1}, idempotency_key="evt-1")
+    repeat = client.signal(run.execution_id, "paid", {"n": 1}, idempotency_key="evt-1")
+    other = client.signal(run.execution_id, "paid", {"n": 2}, idempotency_key="evt-2")
+    assert (first.delivered, repeat.delivered, other.delivered) == (True, False, True)
+    assert repeat.signal_id == first.signal_id
+    start_worker(registry)
+    release.set()
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.output == [{"n": 1}, {"n": 2}]
+    # After the run finished, the keyed repeat is still a no-op success...
+    late = client.signal(run.execution_id, "paid", {"n": 1}, idempotency_key="evt-1")
+    assert late.delivered is False
+    # ...but a new signal is refused.
+    with pytest.raises(SignalRefused, match="is completed"):
+        client.signal(run.execution_id, "paid", {"n": 3})
+    with pytest.raises(SignalRefused):
+        client.signal(run.execution_id, "paid", {"n": 3}, idempotency_key="evt-3")
+
+
+def test_signals_are_scoped_to_their_tenant(client: Client) -> None:
+    run = client.start("two_payments", "p-4", tenant="acme")
+    with pytest.raises(ExecutionNotFound):
+        client.signal(run.execution_id, "paid", 1, tenant="globex")
+    with pytest.raises(ExecutionNotFound):
+        client.get(run.execution_id, tenant="globex")
+    assert client.signal(run.execution_id, "paid", 1, tenant="acme").delivered
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "message"),
+    [
+        ("", None, "non-empty"),
+        ("has space", None, "invalid"),
+        ("x" * 129, None, "invalid"),
+        ("ok", "", "idempotency_key"),
+        ("ok", "   ", "idempotency_key"),
+    ],
+)
+def test_bad_signals_are_refused(client: Client, name: str, key: str | None, message: str) -> None:
+    run = client.start("two_payments", "p-5")
+    with pytest.raises(InvalidArgument, match=message):
+        client.signal(run.execution_id, name, None, idempotency_key=key)
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
+
+
+def test_wait_for_signal_times_out_on_the_database_clock(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry, poll_interval_s=60.0)
+    run = client.start("approval", "a-1", {"timeout": 0.5})
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.state is State.COMPLETED and done.output is None
+    kinds = [e.kind for e in client.history(run.execution_id)]
+    assert kinds == ["signal.waiting", "signal.timed_out"]
+    answered = client.start("approval", "a-2", {"timeout": 30})
+    wait_until(lambda: state_of(client, answered.execution_id) is State.WAITING, what="parked")
+    client.signal(answered.execution_id, "approved", {"by": "kim"})
+    assert client.wait(answered.execution_id, timeout=10).output == {"by": "kim"}
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.waits") == [(0,), (0,)]
+
+
+def test_cancel_parked_run_takes_effect_at_once(client: Client, start_worker: StartWorker) -> None:
+    queued = client.start("two_payments", "c-0")  # no worker runs yet
+    assert client.cancel(queued.execution_id) is State.CANCELLED
+    with pytest.raises(SignalRefused, match="is cancelled"):
+        client.signal(queued.execution_id, "paid", 1)
+    start_worker(registry)
+    release.set()
+    run = client.start("two_payments", "c-1")
+    wait_until(lambda: state_of(client, run.execution_id) is State.WAITING, what="parked")
+    assert client.cancel(run.execution_id) is State.CANCELLED
+    assert state_of(client, run.execution_id) is State.CANCELLED
+    assert client.cancel(run.execution_id) is State.CANCELLED
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.waits") == [(0,), (0,)]
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.tasks") == [(0,), (0,)]
+
+
+def test_cancel_running_run_stops_at_its_next_checkpoint(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    run = client.start("long_step", "c-3")
+    wait_until(
+        lambda: all_rows(client.map,
+                         "SELECT 1 FROM shardq.tasks WHERE lease_token IS NOT NULL"),
+        what="the run to be leased",
+    )
+    time.sleep(0.1)
+    assert client.cancel(run.execution_id) is State.PENDING
+    release.set()
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.state is State.CANCELLED
+    # The step in flight finished and was recorded; the next one never ran.
+    assert [e.name for e in client.history(run.execution_id)] == ["work"]
+
+
+def test_changed_code_between_park_and_resume_is_a_nondeterminism_error(
+    client: Client, start_worker: StartWorker
+) -> None:
+    original = Registry()
+
+    @original.workflow("order", version=3)
+    def order_v3(ctx: WorkflowContext) -> Any:
+        ctx.step("reserve", lambda: "r")
+        return ctx.wait_for_signal("paid")
+
+    edited = Registry()
+
+    @edited.workflow("order", version=3)
+    def order_v3_edited(ctx: WorkflowContext) -> Any:
+        ctx.step("reserve", lambda: "r")
+        ctx.step("fraud_check", lambda: "ok")  # inserted without a version bump
+        return ctx.wait_for_signal("paid")
+
+    first = start_worker(original)
+    starter = Client(client.map, original, pools=client.pools)
+    run = starter.start("order", "o-9")
+    wait_until(lambda: state_of(client, run.execution_id) is State.WAITING, what="parked")
+    first.stop()
+    start_worker(edited)
+    client.signal(run.execution_id, "paid", {"ok": True})
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.state is State.FAILED and done.error is not None
+    assert done.error["type"] == "NonDeterminismError"
+    assert done.error["message"] == (
+        "non-deterministic workflow at position 1: history recorded signal 'paid', "
+        "the code now calls step 'fraud_check'"
+    )

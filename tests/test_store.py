@@ -1,0 +1,259 @@
+"""The store seam on real shards: claims, timers, fencing, retried commits, listing."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from shardq.queue.client import Client, iter_all
+from shardq.queue.context import WorkflowContext
+from shardq.queue.models import Event, NewEvent, OpenWait, State, TaskAction, TurnCommit
+from shardq.queue.registry import Registry
+from shardq.queue.store import Store
+from shardq.queue.worker import Worker, WorkerConfig
+from shardq.shards.config import Shard, ShardMap
+from shardq.shards.pools import ShardPools
+
+from .support import all_rows, rows
+
+StartWorker = Callable[..., Worker]
+registry = Registry()
+
+
+@registry.workflow("job")
+def job(ctx: WorkflowContext) -> Any:
+    return ctx.step("run", lambda: ctx.input)
+
+
+@pytest.fixture
+def client(shard_map: ShardMap, pools: ShardPools) -> Client:
+    return Client(shard_map, registry, pools=pools)
+
+
+@pytest.fixture
+def store(pools: ShardPools) -> Store:
+    return Store(pools)
+
+
+def _shard_of(client: Client, execution_id: uuid.UUID) -> Shard:
+    return client.map.for_execution(execution_id)
+
+
+def _timer_commit(execution_id: uuid.UUID, token: uuid.UUID, seconds: float) -> TurnCommit:
+    return TurnCommit(
+        execution_id, token,
+        events=[NewEvent(0, Event.TIMER_STARTED, "t", {"seconds": seconds}, wake_in=seconds)],
+        state=State.WAITING, task=TaskAction.SCHEDULE, delay=seconds,
+    )
+
+
+def test_timer_is_not_claimable_before_its_wake_time(client: Client, store: Store) -> None:
+    run = client.start("job", "timer-1")
+    shard = _shard_of(client, run.execution_id)
+    (claim,) = store.claim(shard, owner="test", limit=10, lease_s=30)
+    store.commit_turns(shard, [_timer_commit(run.execution_id, claim.lease_token, 1.0)],
+                       lease_s=30)
+    ((remaining,),) = rows(
+        shard.url, "SELECT extract(epoch FROM run_at - now())::float8 FROM shardq.tasks"
+    )
+    time.sleep(max(0.0, remaining - 0.15))
+    assert store.claim(shard, owner="test", limit=10, lease_s=30) == []
+    time.sleep(0.2)
+    (again,) = store.claim(shard, owner="test", limit=10, lease_s=30)
+    (started,) = [e for e in again.history if e.kind == Event.TIMER_STARTED]
+    from datetime import datetime
+
+    assert again.db_now >= datetime.fromisoformat(started.payload["wake_at"])
+    assert again.lease_token != claim.lease_token
+
+
+def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
+    client: Client, store: Store
+) -> None:
+    run = client.start("job", "lease-1")
+    shard = _shard_of(client, run.execution_id)
+    (first,) = store.claim(shard, owner="a", limit=1, lease_s=0.2)
+    assert store.claim(shard, owner="b", limit=1, lease_s=30) == []
+    time.sleep(0.3)
+    (second,) = store.claim(shard, owner="b", limit=1, lease_s=30)
+    assert second.claims == 2
+    late = TurnCommit(run.execution_id, first.lease_token,
+                      events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": "a"})],
+                      state=State.COMPLETED, output_json='"a"', task=TaskAction.DELETE)
+    outcome = store.commit_turns(shard, [late], lease_s=30)
+    assert outcome[run.execution_id].landed is False
+    assert store.read_history(run.execution_id) == []
+    assert client.get(run.execution_id).state is State.PENDING
+    assert store.extend_leases(shard, [(run.execution_id, first.lease_token)], 30) == set()
+    assert store.extend_leases(shard, [(run.execution_id, second.lease_token)], 30) == {
+        run.execution_id
+    }
+
+
+def test_a_retried_commit_that_already_landed_is_not_applied_twice(
+    client: Client, store: Store
+) -> None:
+    run = client.start("job", "retry-1")
+    shard = _shard_of(client, run.execution_id)
+    (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)
+    checkpoint = TurnCommit(run.execution_id, claim.lease_token,
+                            events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": 1})],
+                            state=State.RUNNING, task=TaskAction.KEEP)
+    for _ in range(2):  # the second call is what a retry after a lost COMMIT ack does
+        outcome = store.commit_turns(shard, [checkpoint], lease_s=30)
+        assert outcome[run.execution_id].landed is True
+    final = TurnCommit(run.execution_id, checkpoint.next_token, state=State.COMPLETED,
+                       output_json="1", task=TaskAction.DELETE)
+    for _ in range(2):
+        assert store.commit_turns(shard, [final], lease_s=30)[run.execution_id].landed
+    assert [(e.position, e.kind) for e in store.read_history(run.execution_id)] == [
+        (0, "step.completed")
+    ]
+    assert client.get(run.execution_id).output == 1
+
+
+def test_one_poisoned_commit_does_not_sink_its_batch(
+    client: Client, shard_map: ShardMap, start_worker: StartWorker
+) -> None:
+    poison = Registry()
+
+    @poison.workflow("job")
+    def nul_result(ctx: WorkflowContext) -> Any:
+        # PostgreSQL's jsonb cannot store NUL: the commit of this run is refused.
+        return ctx.step("run", lambda: "nul\u0000" if ctx.workflow_id == "bad" else "fine")
+
+    runs = client.start_many("job", [(f"ok-{i}", None) for i in range(20)] + [("bad", None)])
+    start_worker(poison, concurrency=21, batch_size=21)
+    done = {r.execution_id: client.wait(r.execution_id, timeout=15) for r in runs}
+    states = {e.workflow_id: e.state for e in done.values()}
+    assert states.pop("bad") is State.FAILED
+    assert set(states.values()) == {State.COMPLETED}
+    bad = next(e for e in done.values() if e.workflow_id == "bad")
+    assert bad.error is not None and bad.error["type"] == "StoreRejected"
+
+
+def test_parked_runs_are_not_claimed_and_claims_carry_history_and_signals(
+    client: Client, store: Store
+) -> None:
+    run = client.start("job", "park-1")
+    shard = _shard_of(client, run.execution_id)
+    (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)
+    park = TurnCommit(
+        run.execution_id, claim.lease_token,
+        events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
+        state=State.WAITING, task=TaskAction.DELETE, wake_on_signal="go",
+        open_wait=OpenWait(0, "signal", "go"),
+    )
+    assert store.commit_turns(shard, [park], lease_s=30)[run.execution_id].landed
+    assert store.claim(shard, owner="a", limit=10, lease_s=30) == []
+    client.signal(run.execution_id, "other", {"x": 1})
+    assert store.claim(shard, owner="a", limit=10, lease_s=30) == []
+    client.signal(run.execution_id, "go", {"x": 2})
+    (woken,) = store.claim(shard, owner="a", limit=10, lease_s=30)
+    assert [(e.position, e.kind) for e in woken.history] == [
+        (0, "signal.waiting"), (None, "signal.received"), (None, "signal.received")
+    ]
+    assert [(s.name, s.payload) for s in woken.signals] == [("other", {"x": 1}), ("go", {"x": 2})]
+
+
+def test_parking_races_a_signal_without_losing_the_wake_up(
+    client: Client, store: Store, pools: ShardPools
+) -> None:
+    """The signal commits while the parking commit is in flight: the run stays due."""
+    for attempt in range(20):
+        run = client.start("job", f"race-{attempt}")
+        shard = _shard_of(client, run.execution_id)
+        (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)
+        park = TurnCommit(
+            run.execution_id, claim.lease_token,
+            events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
+            state=State.WAITING, task=TaskAction.DELETE, wake_on_signal="go",
+            open_wait=OpenWait(0, "signal", "go"),
+        )
+        barrier = threading.Barrier(2)
+
+        def park_it(commit: TurnCommit, on: Shard, gate: threading.Barrier) -> None:
+            gate.wait()
+            store.commit_turns(on, [commit], lease_s=30)
+
+        def signal_it(execution_id: uuid.UUID, payload: int, gate: threading.Barrier) -> None:
+            gate.wait()
+            client.signal(execution_id, "go", payload)
+
+        threads = [
+            threading.Thread(target=park_it, args=(park, shard, barrier)),
+            threading.Thread(target=signal_it, args=(run.execution_id, attempt, barrier)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        (woken,) = store.claim(shard, owner="a", limit=10, lease_s=30)
+        assert woken.execution_id == run.execution_id
+        assert [s.payload for s in woken.signals] == [attempt]
+
+
+def test_list_pages_are_stable_under_concurrent_inserts(client: Client) -> None:
+    first = client.start_many("job", [(f"list-{i:03d}", None) for i in range(230)])
+    seen: list[tuple[Any, uuid.UUID]] = []
+    cursor = None
+    pages = 0
+    while True:
+        page = client.list(limit=100, cursor=cursor)
+        seen.extend((e.created_at, e.id) for e in page.items)
+        pages += 1
+        client.start_many("job", [(f"late-{pages}-{i}", None) for i in range(30)])
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    ids = [i for _, i in seen]
+    assert len(ids) == len(set(ids)), "a page repeated an execution"
+    assert seen == sorted(seen)
+    assert {r.execution_id for r in first} <= set(ids)
+    assert len(list(iter_all(client, workflow="job"))) == 230 + 30 * pages
+    waiting = client.list(state="waiting")
+    assert waiting.items == [] and waiting.next_cursor is None
+
+
+def test_connection_dropped_mid_turn_duplicates_nothing(
+    client: Client, shard_map: ShardMap
+) -> None:
+    """A step terminates every connection of the worker: the checkpoint after it is retried."""
+    dropper = Registry()
+
+    def drop_connections() -> str:
+        for shard in shard_map.shards:
+            with psycopg.connect(shard.url, autocommit=True) as conn:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'shardq-test-worker' "
+                    "AND datname = current_database()"
+                )
+        return "dropped"
+
+    @dropper.workflow("job")
+    def drops(ctx: WorkflowContext) -> Any:
+        a = ctx.step("drop", drop_connections)
+        b = ctx.step("after", lambda: "after")
+        return [a, b]
+
+    with ShardPools(shard_map, application_name="shardq-test-worker") as worker_pools:
+        worker = Worker(worker_pools, dropper, config=WorkerConfig(lease_s=5)).start()
+        try:
+            run = client.start("job", "drop-1")
+            done = client.wait(run.execution_id, timeout=30)
+        finally:
+            worker.stop(drain_timeout_s=2)
+    assert done.state is State.COMPLETED and done.output == ["dropped", "after"]
+    assert all_rows(
+        shard_map,
+        "SELECT execution_id, position, count(*) FROM shardq.history "
+        "GROUP BY 1, 2 HAVING count(*) > 1",
+    ) == []
+    assert [e.name for e in client.history(run.execution_id)] == ["drop", "after"]

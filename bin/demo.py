@@ -82,8 +82,8 @@ def run_demo(shard_count: int) -> None:
             click.echo("\ntimeline of checkout order-1001:")
             timeline = Timeline()
             started = client.start("checkout", "order-1001", order)
-            shard = shard_map.for_execution(started.execution_id).name
-            timeline.mark(f"started   {started.execution_id} (routed by its id to {shard})")
+            home = shard_map.for_execution(started.execution_id).name
+            timeline.mark(f"started   {started.execution_id} (routed by its id to {home})")
             again = client.start("checkout", "order-1001", order)
             timeline.mark(f"start again with the same key -> same run, created={again.created}")
             wait_for_state(client, started.execution_id, {State.WAITING})

@@ -17,6 +17,7 @@ from shardq.queue.names import check_name
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.store import Store
 from shardq.shards.config import ShardMap
+from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
 
@@ -38,7 +39,18 @@ class Client:
     reads every shard.
     """
 
-    def __init__(self, shard_map: ShardMap, registry: Registry, *, pools: ShardPools | None = None):
+    def __init__(
+        self,
+        shard_map: ShardMap,
+        registry: Registry,
+        *,
+        pools: ShardPools | None = None,
+        verify: bool = True,
+    ) -> None:
+        """`verify` checks every reachable shard's recorded map and schema first and raises
+        MapMismatch or SchemaBehind, so a misconfigured process refuses to start."""
+        if verify:
+            verify_shards(shard_map)
         self.registry = registry
         self._own_pools = pools is None
         self.pools = pools or ShardPools(shard_map).open()

@@ -1,7 +1,8 @@
 """Real PostgreSQL for every test: uniquely named shard databases, dropped at the end.
 
 The server is, in order: $SHARDQ_TEST_DSN; the local server on 127.0.0.1:5432;
-an embedded throw-away server started for this session when neither answers.
+an embedded throw-away server started for this session when neither answers
+(SHARDQ_TEST_DSN=embedded forces that one, to check the path a fresh machine takes).
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ class Server:
 def pg_server() -> Iterator[Server]:
     explicit = os.environ.get("SHARDQ_TEST_DSN")
     embedded = None
-    if explicit:
+    if explicit and explicit != "embedded":
         dsn = explicit
-    elif _answers(LOCAL_DSN):
+    elif not explicit and _answers(LOCAL_DSN):
         dsn = LOCAL_DSN
     else:
         from shardq.shards.embedded import EmbeddedPostgres

@@ -110,3 +110,13 @@ def test_cli_reports_bad_config_in_one_line(tmp_path: Path) -> None:
     missing = run_cli("--shards-file", str(tmp_path / "nope.toml"), "shards")
     assert missing.returncode == 2
     assert "cannot read shards file" in missing.stderr
+
+
+def test_client_refuses_a_map_the_shards_were_not_migrated_with(shard_map: ShardMap) -> None:
+    from shardq.bin.examples import registry
+    from shardq.queue.client import Client
+    from shardq.shards.errors import MapMismatch
+
+    swapped = ShardMap.from_urls([s.url for s in reversed(shard_map.shards)])
+    with pytest.raises(MapMismatch, match="recorded as shard-1, this map calls it shard-0"):
+        Client(swapped, registry)

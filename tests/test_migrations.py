@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -175,7 +176,8 @@ def test_missing_database_and_schema_behind_are_named(
     fresh_databases: Fresh, tmp_path: Path
 ) -> None:
     (url,) = fresh_databases(1)
-    gone = url.rsplit("/", 1)[0] + "/shardq_no_such_db"
+    parts = urlsplit(url)
+    gone = urlunsplit(parts._replace(path="/shardq_no_such_db"))
     missing = run_cli("shards", env=_env([gone]))
     assert missing.returncode == 3
     assert "database does not exist" in missing.stdout

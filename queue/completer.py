@@ -128,6 +128,8 @@ class Completer:
             future.set_result(outcomes[commit.execution_id])
 
     def _commit(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
+        results: dict[uuid.UUID, CommitOutcome] = {}
+        pending = commits
         retrying = Retrying(
             retry=retry_if_exception_type(ShardUnavailable),
             stop=stop_after_delay(self._retry_for_s),
@@ -136,5 +138,15 @@ class Completer:
         )
         for attempt in retrying:
             with attempt:
-                return self._store.commit_turns(self._shard, commits, lease_s=self._lease_s)
+                if attempt.retry_state.attempt_number > 1:
+                    # The broken attempt may have committed: those must not be
+                    # applied again (their lease token has rotated).
+                    landed = self._store.landed_commits(self._shard, pending)
+                    results.update({i: CommitOutcome(landed=True) for i in landed})
+                    pending = [c for c in pending if c.execution_id not in landed]
+                if pending:
+                    results.update(
+                        self._store.commit_turns(self._shard, pending, lease_s=self._lease_s)
+                    )
+                return results
         raise AssertionError("unreachable: tenacity reraises")

@@ -1,7 +1,7 @@
 -- Every statement shardq runs against a shard's queue tables (see schema/).
 -- Loaded by queue/store.py; one `-- name:` header per statement.
 --
--- Lock order, everywhere: executions row, then tasks row. Claims take task
+-- Lock order, everywhere: tasks row, then executions row. Claims take task
 -- rows with SKIP LOCKED only and never lock executions, so they cannot join a
 -- deadlock cycle.
 
@@ -67,20 +67,40 @@ JOIN shardq.executions x ON x.id = l.execution_id
 -- Seconds until the earliest task (timer, retry or lease expiry) is due.
 SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM shardq.tasks
 
--- name: lock_executions
-SELECT id, cancel_requested, commit_token
-FROM shardq.executions
-WHERE id = ANY(%(ids)s::uuid[])
-ORDER BY id
-FOR UPDATE
+-- name: fence_commits
+-- The first statement of a commit batch. Locks the task rows still leased with
+-- each commit's token (in id order, so two batches never deadlock), then stamps
+-- each fenced execution with the commit's next token and this batch's attempt
+-- id, and applies its state. Later statements of the batch only touch
+-- executions carrying the attempt id, so a commit that lost its lease (or
+-- landed in an earlier attempt) writes nothing.
+WITH req AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(next_tokens)s::uuid[],
+                         %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::jsonb[])
+        AS r(id, token, next, state, output, error)
+), fenced AS (
+    SELECT t.execution_id
+    FROM shardq.tasks t JOIN req r ON t.execution_id = r.id AND t.lease_token = r.token
+    ORDER BY t.execution_id
+    FOR UPDATE OF t
+)
+UPDATE shardq.executions x
+SET commit_token = r.next,
+    commit_attempt = %(attempt)s,
+    state = coalesce(r.state, x.state),
+    output = coalesce(r.output, x.output),
+    error = coalesce(r.error, x.error),
+    updated_at = now(),
+    finished_at = CASE WHEN r.state IN ('completed', 'failed', 'cancelled', 'timed_out')
+                       THEN now() ELSE x.finished_at END
+FROM req r JOIN fenced f ON f.execution_id = r.id
+WHERE x.id = r.id
+RETURNING x.id, x.cancel_requested
 
--- name: fence_leases
--- Which commits still hold their lease (token) or already landed (next token).
-SELECT t.execution_id, t.lease_token
-FROM shardq.tasks t
-JOIN unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(next_tokens)s::uuid[]) AS r(id, token, next)
-  ON t.execution_id = r.id AND t.lease_token IN (r.token, r.next)
-FOR UPDATE OF t
+-- name: landed_commits
+-- After a lost connection: which commits of the failed attempt had landed.
+SELECT id FROM shardq.executions
+WHERE id = ANY(%(ids)s::uuid[]) AND commit_token = ANY(%(next_tokens)s::uuid[])
 
 -- name: insert_history
 INSERT INTO shardq.history (execution_id, position, kind, name, payload)
@@ -91,24 +111,14 @@ SELECT e.execution_id, e.position, e.kind, e.name,
 FROM unnest(%(ids)s::uuid[], %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
             %(payloads)s::jsonb[], %(wake_ins)s::float8[])
      WITH ORDINALITY AS e(execution_id, position, kind, name, payload, wake_in, ord)
+JOIN shardq.executions x ON x.id = e.execution_id AND x.commit_attempt = %(attempt)s
 ORDER BY e.ord
 
--- name: update_executions
-UPDATE shardq.executions x
-SET state = u.state,
-    output = coalesce(u.output, x.output),
-    error = coalesce(u.error, x.error),
-    commit_token = u.commit_token,
-    updated_at = now(),
-    finished_at = CASE WHEN u.state IN ('completed', 'failed', 'cancelled', 'timed_out')
-                       THEN now() END
-FROM unnest(%(ids)s::uuid[], %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::jsonb[],
-            %(commit_tokens)s::uuid[])
-     AS u(id, state, output, error, commit_token)
-WHERE x.id = u.id
-
 -- name: close_waits
-DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])
+DELETE FROM shardq.waits w
+USING shardq.executions x
+WHERE w.execution_id = ANY(%(ids)s::uuid[])
+  AND x.id = w.execution_id AND x.commit_attempt = %(attempt)s
 
 -- name: open_waits
 INSERT INTO shardq.waits (execution_id, position, kind, name, deadline, request)
@@ -117,6 +127,7 @@ SELECT w.id, w.position, w.kind, w.name,
 FROM unnest(%(ids)s::uuid[], %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
             %(deadline_ins)s::float8[], %(requests)s::jsonb[])
      AS w(id, position, kind, name, deadline_in, request)
+JOIN shardq.executions x ON x.id = w.id AND x.commit_attempt = %(attempt)s
 ON CONFLICT (execution_id) DO UPDATE
 SET position = excluded.position, kind = excluded.kind, name = excluded.name,
     deadline = excluded.deadline, request = excluded.request
@@ -124,32 +135,38 @@ SET position = excluded.position, kind = excluded.kind, name = excluded.name,
 -- name: consume_signals
 UPDATE shardq.signals s
 SET consumed_at = now(), consumed_position = c.position
-FROM unnest(%(signal_ids)s::bigint[], %(positions)s::int[]) AS c(id, position)
+FROM unnest(%(signal_ids)s::bigint[], %(positions)s::int[]) AS c(id, position),
+     shardq.executions x
 WHERE s.id = c.id AND s.consumed_at IS NULL
+  AND x.id = s.execution_id AND x.commit_attempt = %(attempt)s
 
 -- name: delete_tasks
-DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])
+DELETE FROM shardq.tasks t
+USING unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS d(id, token)
+WHERE t.execution_id = d.id AND t.lease_token = d.token
 
 -- name: keep_tasks
 -- Checkpoint: rotate the token and extend the lease.
 UPDATE shardq.tasks t
 SET lease_token = k.next, run_at = now() + make_interval(secs => %(lease_s)s)
-FROM unnest(%(ids)s::uuid[], %(next_tokens)s::uuid[]) AS k(id, next)
-WHERE t.execution_id = k.id
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(next_tokens)s::uuid[]) AS k(id, token, next)
+WHERE t.execution_id = k.id AND t.lease_token = k.token
 
 -- name: schedule_tasks
 UPDATE shardq.tasks t
 SET lease_token = NULL, lease_owner = NULL,
     run_at = now() + make_interval(secs => s.delay)
-FROM unnest(%(ids)s::uuid[], %(delays)s::float8[]) AS s(id, delay)
-WHERE t.execution_id = s.id
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(delays)s::float8[]) AS s(id, token, delay)
+WHERE t.execution_id = s.id AND t.lease_token = s.token
 
 -- name: wake_if_signal_pending
--- A run parking on a signal that already arrived stays due. The executions
--- row lock taken earlier in this commit orders us against the sender.
+-- A run parking on a signal that already arrived stays due. The task and
+-- executions row locks taken earlier in this commit order us against the
+-- sender, which takes the same locks in the same order.
 INSERT INTO shardq.tasks (execution_id, run_at)
 SELECT p.id, now()
 FROM unnest(%(ids)s::uuid[], %(names)s::text[]) AS p(id, name)
+JOIN shardq.executions x ON x.id = p.id AND x.commit_attempt = %(attempt)s
 WHERE EXISTS (
     SELECT 1 FROM shardq.signals s
     WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL
@@ -188,6 +205,12 @@ FROM shardq.history
 WHERE execution_id = %(id)s
 ORDER BY seq
 
+-- name: lock_task
+-- Senders and cancellers lock in the workers' order: task row first, then the
+-- executions row. A parked run has no task row; then this locks nothing.
+SELECT lease_token IS NOT NULL AND run_at > now() AS leased
+FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
+
 -- name: lock_execution
 SELECT state, tenant FROM shardq.executions WHERE id = %(id)s FOR UPDATE
 
@@ -217,10 +240,6 @@ ON CONFLICT (execution_id) DO UPDATE
 SET run_at = now()
 WHERE shardq.tasks.lease_token IS NULL
 RETURNING execution_id
-
--- name: task_lease
-SELECT lease_token IS NOT NULL AND run_at > now() AS leased
-FROM shardq.tasks WHERE execution_id = %(id)s
 
 -- name: cancel_now
 -- Cancel a run no worker holds: it ends here, its task and wait go away.

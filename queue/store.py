@@ -52,14 +52,22 @@ class Store:
         self.map = pools.map
 
     @contextmanager
-    def transaction(self, shard: Shard) -> Iterator[DictConnection]:
-        """One transaction on `shard`; data errors become StoreRejected."""
+    def _connection(self, shard: Shard) -> Iterator[DictConnection]:
+        """An autocommit connection to `shard`: a lone statement is one round trip.
+
+        Data errors become StoreRejected.
+        """
         with self.pools.connection(shard) as conn:
             try:
-                with conn.transaction():
-                    yield conn
+                yield conn
             except (psycopg.DataError, psycopg.errors.UntranslatableCharacter) as exc:
                 raise StoreRejected(f"{shard.name}: the database refused a value: {exc}") from exc
+
+    @contextmanager
+    def transaction(self, shard: Shard) -> Iterator[DictConnection]:
+        """One transaction on `shard`, for operations of several statements."""
+        with self._connection(shard) as conn, conn.transaction():
+            yield conn
 
     # -- starting and reading ------------------------------------------------
 
@@ -108,13 +116,13 @@ class Store:
 
     def get_execution(self, execution_id: uuid.UUID) -> Execution | None:
         shard = self.map.for_execution(execution_id)
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             row = conn.execute(SQL["get_execution"], {"id": execution_id}).fetchone()
         return _execution(row) if row else None
 
     def read_history(self, execution_id: uuid.UUID) -> list[HistoryEvent]:
         shard = self.map.for_execution(execution_id)
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             rows = conn.execute(SQL["read_history"], {"id": execution_id}).fetchall()
         return [
             HistoryEvent(r["seq"], r["position"], r["kind"], r["name"], r["payload"],
@@ -124,14 +132,14 @@ class Store:
 
     def list_executions(self, shard: Shard, query: listing.ListQuery) -> list[Execution]:
         statement, params = listing.compile_list(query)
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             return [_execution(r) for r in conn.execute(statement, params)]
 
     # -- claiming and leases -------------------------------------------------
 
     def claim(self, shard: Shard, *, owner: str, limit: int, lease_s: float) -> list[Claim]:
         """Lease up to `limit` due tasks, each with a fresh token, history and pending signals."""
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             rows = conn.execute(
                 SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
             ).fetchall()
@@ -139,7 +147,7 @@ class Store:
 
     def next_due_in(self, shard: Shard) -> float | None:
         """Seconds until the earliest task is due (negative if overdue), None if there is none."""
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             row = conn.execute(SQL["next_due_in"]).fetchone()
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
@@ -175,7 +183,7 @@ class Store:
         return done
 
     def held_leases(self, shard: Shard) -> int:
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             row = conn.execute(SQL["held_leases"]).fetchone()
         return int(row["held"]) if row else 0
 
@@ -187,11 +195,21 @@ class Store:
         """Apply many executions' turn commits in one transaction, each fenced by its lease.
 
         At most one commit per execution per call. A commit whose lease was lost
-        writes nothing and comes back `landed=False`; one that already landed
-        (a retry after a lost connection) comes back `landed=True` unchanged.
+        writes nothing and comes back `landed=False`. After a connection broke
+        mid-commit, ask `landed_commits` before retrying: a retried commit that
+        had landed would find its lease token rotated and report a lost lease.
         """
-        with self.transaction(shard) as conn:
+        with self._connection(shard) as conn:
             return _commit_turns(conn, commits, lease_s)
+
+    def landed_commits(self, shard: Shard, commits: Sequence[TurnCommit]) -> set[uuid.UUID]:
+        """Which of `commits` are durable: asked after a connection broke mid-commit."""
+        with self._connection(shard) as conn:
+            found = conn.execute(SQL["landed_commits"], {
+                "ids": [c.execution_id for c in commits],
+                "next_tokens": [c.next_token for c in commits],
+            })
+            return {r["id"] for r in found}
 
     # -- signals and cancellation ----------------------------------------------
 
@@ -207,6 +225,7 @@ class Store:
         """Store a signal, record it in history and wake the run if it waits on it: one commit."""
         shard = self.map.for_execution(execution_id)
         with self.transaction(shard) as conn:
+            conn.execute(SQL["lock_task"], {"id": execution_id})
             target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
             if target is None or target["tenant"] != tenant:
                 raise ExecutionNotFound(f"execution {execution_id} not found")
@@ -242,13 +261,13 @@ class Store:
         """Cancel now if no worker holds the run, else ask its worker to stop at a checkpoint."""
         shard = self.map.for_execution(execution_id)
         with self.transaction(shard) as conn:
+            lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
             target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
             if target is None or target["tenant"] != tenant:
                 raise ExecutionNotFound(f"execution {execution_id} not found")
             state = State(target["state"])
             if state.terminal:
                 return state
-            lease = conn.execute(SQL["task_lease"], {"id": execution_id}).fetchone()
             if lease is not None and lease["leased"]:
                 conn.execute(SQL["request_cancel"], {"id": execution_id})
                 return state
@@ -259,104 +278,101 @@ class Store:
 def _commit_turns(
     conn: DictConnection, commits: Sequence[TurnCommit], lease_s: float
 ) -> dict[uuid.UUID, CommitOutcome]:
+    """Every statement of the batch and its COMMIT in one pipelined round trip.
+
+    At most one commit per execution, so the statements, grouped by table, keep
+    each execution's own order.
+    """
     ids = [c.execution_id for c in commits]
     if len(set(ids)) != len(ids):
         raise ValueError("commit_turns takes at most one commit per execution")
-    locked = {r["id"]: r for r in conn.execute(SQL["lock_executions"], {"ids": ids})}
-    fenced = {
-        r["execution_id"]: r["lease_token"]
-        for r in conn.execute(SQL["fence_leases"], {
+    attempt = uuid.uuid4()
+    with conn.pipeline(), conn.transaction():
+        fenced = conn.execute(SQL["fence_commits"], {
+            "attempt": attempt,
             "ids": ids,
             "tokens": [c.lease_token for c in commits],
             "next_tokens": [c.next_token for c in commits],
+            "states": [c.state.value if c.state else None for c in commits],
+            "outputs": [c.output_json for c in commits],
+            "errors": [json.dumps(c.error) if c.error is not None else None for c in commits],
         })
+        _queue_commit_statements(conn, commits, attempt, lease_s)
+    owned = {r["id"]: bool(r["cancel_requested"]) for r in fenced.fetchall()}
+    return {
+        c.execution_id: CommitOutcome(c.execution_id in owned, owned.get(c.execution_id, False))
+        for c in commits
     }
-    outcomes: dict[uuid.UUID, CommitOutcome] = {}
-    apply: list[TurnCommit] = []
-    for c in commits:
-        row = locked.get(c.execution_id)
-        cancel = bool(row and row["cancel_requested"])
-        if fenced.get(c.execution_id) == c.lease_token:
-            apply.append(c)
-            outcomes[c.execution_id] = CommitOutcome(True, cancel)
-        elif fenced.get(c.execution_id) == c.next_token or (
-            row is not None and row["commit_token"] == c.next_token
-        ):
-            outcomes[c.execution_id] = CommitOutcome(True, cancel)
-        else:
-            outcomes[c.execution_id] = CommitOutcome(False)
-    if apply:
-        _apply_commits(conn, apply, lease_s)
-    return outcomes
 
 
-def _apply_commits(conn: DictConnection, commits: list[TurnCommit], lease_s: float) -> None:
+def _queue_commit_statements(
+    conn: DictConnection, commits: Sequence[TurnCommit], attempt: uuid.UUID, lease_s: float
+) -> None:
+    """Queue the batch's writes behind the fence; each touches only fenced executions.
+
+    No NOTIFY here: a timer or a raced wake-up made due by this commit is the
+    committing worker's own to claim, and it pokes its claim loop in-process
+    (queue/worker.py). Hot commits stay clear of NOTIFY's commit-order lock.
+    """
     events = [(c.execution_id, e) for c in commits for e in c.events]
-    changed = [c for c in commits if c.state is not None]
-    opened = [c for c in commits if c.open_wait is not None]
+    if events:
+        conn.execute(SQL["insert_history"], {
+            "attempt": attempt,
+            "ids": [i for i, _ in events],
+            "positions": [e.position for _, e in events],
+            "kinds": [e.kind.value for _, e in events],
+            "names": [e.name for _, e in events],
+            "payloads": [json.dumps(e.payload) for _, e in events],
+            "wake_ins": [e.wake_in for _, e in events],
+        })
+    closing = [c.execution_id for c in commits if c.close_wait and c.open_wait is None]
+    if closing:
+        conn.execute(SQL["close_waits"], {"attempt": attempt, "ids": closing})
+    waits = [(c.execution_id, c.open_wait) for c in commits if c.open_wait is not None]
+    if waits:
+        conn.execute(SQL["open_waits"], {
+            "attempt": attempt,
+            "ids": [i for i, _ in waits],
+            "positions": [w.position for _, w in waits],
+            "kinds": [w.kind for _, w in waits],
+            "names": [w.name for _, w in waits],
+            "deadline_ins": [w.deadline_in for _, w in waits],
+            "requests": [json.dumps(w.request) if w.request else None for _, w in waits],
+        })
     consumed = [(sid, pos) for c in commits for sid, pos in c.consumed_signals]
-    by_action = {a: [c for c in commits if c.task is a] for a in TaskAction}
+    if consumed:
+        conn.execute(SQL["consume_signals"], {
+            "attempt": attempt,
+            "signal_ids": [sid for sid, _ in consumed],
+            "positions": [pos for _, pos in consumed],
+        })
     parking = [c for c in commits if c.wake_on_signal is not None]
-    notify = bool(by_action[TaskAction.SCHEDULE])
-    with conn.pipeline():
-        if events:
-            conn.execute(SQL["insert_history"], {
-                "ids": [i for i, _ in events],
-                "positions": [e.position for _, e in events],
-                "kinds": [e.kind.value for _, e in events],
-                "names": [e.name for _, e in events],
-                "payloads": [json.dumps(e.payload) for _, e in events],
-                "wake_ins": [e.wake_in for _, e in events],
-            })
-        if changed:
-            conn.execute(SQL["update_executions"], {
-                "ids": [c.execution_id for c in changed],
-                "states": [c.state.value if c.state else None for c in changed],
-                "outputs": [c.output_json for c in changed],
-                "errors": [json.dumps(c.error) if c.error is not None else None for c in changed],
-                "commit_tokens": [c.next_token for c in changed],
-            })
-        closing = [c.execution_id for c in commits if c.close_wait and c.open_wait is None]
-        if closing:
-            conn.execute(SQL["close_waits"], {"ids": closing})
-        if opened:
-            waits = [(c.execution_id, c.open_wait) for c in opened if c.open_wait is not None]
-            conn.execute(SQL["open_waits"], {
-                "ids": [i for i, _ in waits],
-                "positions": [w.position for _, w in waits],
-                "kinds": [w.kind for _, w in waits],
-                "names": [w.name for _, w in waits],
-                "deadline_ins": [w.deadline_in for _, w in waits],
-                "requests": [json.dumps(w.request) if w.request else None for _, w in waits],
-            })
-        if consumed:
-            conn.execute(SQL["consume_signals"], {
-                "signal_ids": [s for s, _ in consumed], "positions": [p for _, p in consumed],
-            })
-        if by_action[TaskAction.DELETE]:
-            conn.execute(SQL["delete_tasks"], {
-                "ids": [c.execution_id for c in by_action[TaskAction.DELETE]],
-            })
-        if by_action[TaskAction.KEEP]:
-            conn.execute(SQL["keep_tasks"], {
-                "ids": [c.execution_id for c in by_action[TaskAction.KEEP]],
-                "next_tokens": [c.next_token for c in by_action[TaskAction.KEEP]],
-                "lease_s": lease_s,
-            })
-        if by_action[TaskAction.SCHEDULE]:
-            conn.execute(SQL["schedule_tasks"], {
-                "ids": [c.execution_id for c in by_action[TaskAction.SCHEDULE]],
-                "delays": [c.delay for c in by_action[TaskAction.SCHEDULE]],
-            })
-        if parking:
-            woken = conn.execute(SQL["wake_if_signal_pending"], {
-                "ids": [c.execution_id for c in parking],
-                "names": [c.wake_on_signal for c in parking],
-            })
-    if parking and woken.rowcount > 0:
-        notify = True
-    if notify:
-        conn.execute(SQL["notify_wake"])
+    by_action = {a: [c for c in commits if c.task is a] for a in TaskAction}
+    # Task rows last: until here they hold the lease token the guards rely on.
+    if by_action[TaskAction.DELETE]:
+        conn.execute(SQL["delete_tasks"], {
+            "ids": [c.execution_id for c in by_action[TaskAction.DELETE]],
+            "tokens": [c.lease_token for c in by_action[TaskAction.DELETE]],
+        })
+    if by_action[TaskAction.KEEP]:
+        conn.execute(SQL["keep_tasks"], {
+            "ids": [c.execution_id for c in by_action[TaskAction.KEEP]],
+            "tokens": [c.lease_token for c in by_action[TaskAction.KEEP]],
+            "next_tokens": [c.next_token for c in by_action[TaskAction.KEEP]],
+            "lease_s": lease_s,
+        })
+    if by_action[TaskAction.SCHEDULE]:
+        conn.execute(SQL["schedule_tasks"], {
+            "ids": [c.execution_id for c in by_action[TaskAction.SCHEDULE]],
+            "tokens": [c.lease_token for c in by_action[TaskAction.SCHEDULE]],
+            "delays": [c.delay for c in by_action[TaskAction.SCHEDULE]],
+        })
+    if parking:
+        conn.execute(SQL["wake_if_signal_pending"], {
+            "attempt": attempt,
+            "ids": [c.execution_id for c in parking],
+            "names": [c.wake_on_signal for c in parking],
+        })
 
 
 def _execution(row: dict[str, Any]) -> Execution:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from shardq.queue.completer import Completer
 from shardq.queue.errors import ShardUnavailable
 from shardq.queue.listener import WakeListener
-from shardq.queue.models import Claim, CommitOutcome, TurnCommit
+from shardq.queue.models import Claim, CommitOutcome, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.turn import run_turn
@@ -229,6 +229,10 @@ class Worker:
             outcome = completer.submit(commit)
             if outcome.landed:
                 entry.token = commit.next_token
+                if commit.task is TaskAction.SCHEDULE or commit.wake_on_signal is not None:
+                    # A new timer, a retry backoff or a signal that raced the
+                    # parking: re-read the next due time instead of a NOTIFY.
+                    self._wakes[shard.name].set()
             return outcome
 
         run_turn(claim, self.registry, checkpoint)

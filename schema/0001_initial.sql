@@ -16,9 +16,12 @@ CREATE TABLE shardq.executions (
     output           jsonb,
     error            jsonb,
     cancel_requested boolean NOT NULL DEFAULT false,
-    -- The token of the last worker commit that changed `state`; lets a commit
-    -- retried after a lost connection recognise that it already landed.
+    -- The last worker commit that landed, and the attempt (one per batch
+    -- transaction) that wrote it: a commit retried after a lost connection
+    -- learns whether it landed, and a batch's statements touch only the
+    -- executions its own fence admitted.
     commit_token     uuid,
+    commit_attempt   uuid,
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,

@@ -73,6 +73,9 @@ class ShardPools:
                 min_size=shard.pool_min,
                 max_size=shard.pool_max,
                 kwargs={
+                    # Single statements run alone (one round trip); multi-statement
+                    # work opens an explicit transaction.
+                    "autocommit": True,
                     "row_factory": dict_row,
                     "connect_timeout": CONNECT_TIMEOUT_S,
                     "application_name": application_name,
@@ -100,7 +103,7 @@ class ShardPools:
 
     @contextmanager
     def connection(self, shard: Shard) -> Iterator[DictConnection]:
-        """A pooled connection to `shard`; commits on clean exit, rolls back on error."""
+        """A pooled autocommit connection to `shard`."""
         try:
             with self._pools[shard.name].connection() as conn:
                 yield conn

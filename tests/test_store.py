@@ -96,26 +96,35 @@ def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
     }
 
 
-def test_a_retried_commit_that_already_landed_is_not_applied_twice(
+def test_a_commit_that_landed_is_recognised_and_never_applied_twice(
     client: Client, store: Store
 ) -> None:
+    """What the completer does when a connection breaks around COMMIT: ask, then retry the rest."""
     run = client.start("job", "retry-1")
+    other = client.start("job", "retry-2")
     shard = _shard_of(client, run.execution_id)
-    (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)
-    checkpoint = TurnCommit(run.execution_id, claim.lease_token,
+    claims = {
+        c.execution_id: c
+        for s in client.map.shards
+        for c in store.claim(s, owner="a", limit=10, lease_s=30)
+    }
+    checkpoint = TurnCommit(run.execution_id, claims[run.execution_id].lease_token,
                             events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": 1})],
                             state=State.RUNNING, task=TaskAction.KEEP)
-    for _ in range(2):  # the second call is what a retry after a lost COMMIT ack does
-        outcome = store.commit_turns(shard, [checkpoint], lease_s=30)
-        assert outcome[run.execution_id].landed is True
+    assert store.commit_turns(shard, [checkpoint], lease_s=30)[run.execution_id].landed
+    assert store.landed_commits(shard, [checkpoint]) == {run.execution_id}
+    # Applying it again (a blind retry) is fenced off: the token rotated.
+    assert not store.commit_turns(shard, [checkpoint], lease_s=30)[run.execution_id].landed
     final = TurnCommit(run.execution_id, checkpoint.next_token, state=State.COMPLETED,
                        output_json="1", task=TaskAction.DELETE)
-    for _ in range(2):
-        assert store.commit_turns(shard, [final], lease_s=30)[run.execution_id].landed
+    assert store.landed_commits(shard, [final]) == set()
+    assert store.commit_turns(shard, [final], lease_s=30)[run.execution_id].landed
+    assert store.landed_commits(shard, [final]) == {run.execution_id}
     assert [(e.position, e.kind) for e in store.read_history(run.execution_id)] == [
         (0, "step.completed")
     ]
     assert client.get(run.execution_id).output == 1
+    assert client.get(other.execution_id).state is State.PENDING
 
 
 def test_one_poisoned_commit_does_not_sink_its_batch(

@@ -214,32 +214,48 @@ FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
 -- name: lock_execution
 SELECT state, tenant FROM shardq.executions WHERE id = %(id)s FOR UPDATE
 
--- name: find_keyed_signal
-SELECT id FROM shardq.signals WHERE execution_id = %(id)s AND idempotency_key = %(key)s
-
--- name: count_pending_signals
-SELECT count(*) AS pending FROM shardq.signals
-WHERE execution_id = %(id)s AND consumed_at IS NULL
-
--- name: insert_signal
-INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
-VALUES (%(id)s, %(tenant)s, %(name)s, %(payload)s::jsonb, %(key)s)
-RETURNING id
-
--- name: record_signal_received
-INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-VALUES (%(id)s, NULL, 'signal.received', %(name)s, jsonb_build_object('signal_id', %(signal_id)s))
-
--- name: wake_signal_waiter
--- Make the run due if it is parked on this signal name and no worker holds it.
-INSERT INTO shardq.tasks (execution_id, run_at)
-SELECT w.execution_id, now()
-FROM shardq.waits w
-WHERE w.execution_id = %(id)s AND w.kind = 'signal' AND w.name = %(name)s
-ON CONFLICT (execution_id) DO UPDATE
-SET run_at = now()
-WHERE shardq.tasks.lease_token IS NULL
-RETURNING execution_id
+-- name: deliver_signal
+-- Runs after lock_task and lock_execution in the same transaction, so its
+-- snapshot already shows a parking commit that held those locks: a run that
+-- parked on this name a moment ago is woken, never missed. Refusals insert
+-- nothing; the caller reads the reason from the returned row.
+WITH target AS (
+    SELECT id, state, tenant FROM shardq.executions WHERE id = %(id)s
+), earlier AS (
+    SELECT id FROM shardq.signals WHERE execution_id = %(id)s AND idempotency_key = %(key)s
+), pending AS (
+    SELECT count(*) AS n FROM shardq.signals WHERE execution_id = %(id)s AND consumed_at IS NULL
+), admitted AS (
+    SELECT t.id FROM target t
+    WHERE t.tenant = %(tenant)s
+      AND t.state NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
+      AND NOT EXISTS (SELECT 1 FROM earlier)
+      AND (SELECT n FROM pending) < %(max_pending)s
+), inserted AS (
+    INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
+    SELECT id, %(tenant)s, %(name)s, %(payload)s::jsonb, %(key)s FROM admitted
+    RETURNING id, execution_id
+), recorded AS (
+    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+    SELECT execution_id, NULL, 'signal.received', %(name)s, jsonb_build_object('signal_id', id)
+    FROM inserted
+), woken AS (
+    -- Due now if the run is parked on this name and no worker holds it.
+    INSERT INTO shardq.tasks (execution_id, run_at)
+    SELECT w.execution_id, now()
+    FROM shardq.waits w JOIN inserted i ON i.execution_id = w.execution_id
+    WHERE w.kind = 'signal' AND w.name = %(name)s
+    ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
+    WHERE shardq.tasks.lease_token IS NULL
+    RETURNING execution_id
+)
+SELECT
+    (SELECT state FROM target) AS state,
+    (SELECT tenant FROM target) AS tenant,
+    (SELECT id FROM earlier) AS earlier_id,
+    (SELECT n FROM pending) AS pending,
+    (SELECT id FROM inserted) AS signal_id,
+    (SELECT count(pg_notify('shardq_wake', '')) FROM woken) AS woken
 
 -- name: cancel_now
 -- Cancel a run no worker holds: it ends here, its task and wait go away.

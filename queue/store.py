@@ -93,10 +93,13 @@ class Store:
             "workflow_name": workflow_name,
             "workflow_version": workflow_version,
         }
-        with self.transaction(shard) as conn:
-            rows = {r["workflow_id"]: r for r in conn.execute(SQL["start_executions"], params)}
-            if any(r["created"] for r in rows.values()):
+        with self._connection(shard) as conn:
+            with conn.pipeline(), conn.transaction():
+                started = conn.execute(SQL["start_executions"], params)
+                # Once per transaction, however many rows: NOTIFY is a hint and
+                # duplicates in one transaction collapse.
                 conn.execute(SQL["notify_wake"])
+            rows = {r["workflow_id"]: r for r in started.fetchall()}
         missing = [i for i in items if i[1] not in rows]
         if missing:
             # A concurrent start of the same key committed after our snapshot
@@ -222,40 +225,36 @@ class Store:
         payload_json: str,
         idempotency_key: str | None,
     ) -> SignalResult:
-        """Store a signal, record it in history and wake the run if it waits on it: one commit."""
+        """Store a signal, record it in history and wake the run if it waits on it.
+
+        One transaction, pipelined into a single round trip.
+        """
         shard = self.map.for_execution(execution_id)
-        with self.transaction(shard) as conn:
-            conn.execute(SQL["lock_task"], {"id": execution_id})
-            target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
-            if target is None or target["tenant"] != tenant:
-                raise ExecutionNotFound(f"execution {execution_id} not found")
-            if idempotency_key is not None:
-                earlier = conn.execute(
-                    SQL["find_keyed_signal"], {"id": execution_id, "key": idempotency_key}
-                ).fetchone()
-                if earlier is not None:
-                    return SignalResult(execution_id, earlier["id"], delivered=False)
-            if State(target["state"]).terminal:
-                raise SignalRefused(
-                    f"execution {execution_id} is {target['state']}: it takes no more signals"
-                )
-            pending = conn.execute(SQL["count_pending_signals"], {"id": execution_id}).fetchone()
-            if pending is not None and pending["pending"] >= MAX_PENDING_SIGNALS:
-                raise SignalRefused(
-                    f"execution {execution_id} already has {MAX_PENDING_SIGNALS} unconsumed signals"
-                )
-            row = conn.execute(SQL["insert_signal"], {
-                "id": execution_id, "tenant": tenant, "name": name,
-                "payload": payload_json, "key": idempotency_key,
-            }).fetchone()
-            assert row is not None
-            conn.execute(
-                SQL["record_signal_received"],
-                {"id": execution_id, "name": name, "signal_id": row["id"]},
+        params = {
+            "id": execution_id, "tenant": tenant, "name": name, "payload": payload_json,
+            "key": idempotency_key, "max_pending": MAX_PENDING_SIGNALS,
+        }
+        with self._connection(shard) as conn:
+            with conn.pipeline(), conn.transaction():
+                conn.execute(SQL["lock_task"], {"id": execution_id})
+                conn.execute(SQL["lock_execution"], {"id": execution_id})
+                delivered = conn.execute(SQL["deliver_signal"], params)
+            row = delivered.fetchone()
+        assert row is not None
+        if row["state"] is None or row["tenant"] != tenant:
+            raise ExecutionNotFound(f"execution {execution_id} not found")
+        if row["earlier_id"] is not None:
+            return SignalResult(execution_id, row["earlier_id"], delivered=False)
+        if State(row["state"]).terminal:
+            raise SignalRefused(
+                f"execution {execution_id} is {row['state']}: it takes no more signals"
             )
-            if conn.execute(SQL["wake_signal_waiter"], {"id": execution_id, "name": name}).rowcount:
-                conn.execute(SQL["notify_wake"])
-        return SignalResult(execution_id, row["id"], delivered=True)
+        if row["signal_id"] is None:
+            raise SignalRefused(
+                f"execution {execution_id} already has {row['pending']} unconsumed signals "
+                f"(at most {MAX_PENDING_SIGNALS})"
+            )
+        return SignalResult(execution_id, row["signal_id"], delivered=True)
 
     def cancel(self, execution_id: uuid.UUID, *, tenant: str) -> State:
         """Cancel now if no worker holds the run, else ask its worker to stop at a checkpoint."""

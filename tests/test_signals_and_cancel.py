@@ -216,3 +216,18 @@ def test_changed_code_between_park_and_resume_is_a_nondeterminism_error(
         "non-deterministic workflow at position 1: history recorded signal 'paid', "
         "the code now calls step 'fraud_check'"
     )
+
+
+def test_pending_signals_per_run_are_bounded(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardq.queue import store
+
+    monkeypatch.setattr(store, "MAX_PENDING_SIGNALS", 3)
+    run = client.start("two_payments", "b-1")
+    for n in range(3):
+        client.signal(run.execution_id, "paid", n)
+    with pytest.raises(SignalRefused, match="already has 3 unconsumed signals"):
+        client.signal(run.execution_id, "paid", 3)
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") in ([(3,), (0,)],
+                                                                           [(0,), (3,)])

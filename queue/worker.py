@@ -77,6 +77,9 @@ class Worker:
         self.store = Store(pools)
         self.shards = shards or list(pools.map.shards)
         self._stopping = threading.Event()
+        # Heartbeats go on until the drain is over: a turn finishing during the
+        # drain must not lose its lease to another worker.
+        self._drained = threading.Event()
         self._wakes = {s.name: threading.Event() for s in self.shards}
         self._inflight: dict[uuid.UUID, _InFlight] = {}
         self._lock = threading.Lock()
@@ -88,6 +91,7 @@ class Worker:
             for s in self.shards
         }
         self._threads: list[threading.Thread] = []
+        self._claimers: list[threading.Thread] = []
         self._listeners: list[WakeListener] = []
         self.turns_done = 0
 
@@ -100,7 +104,8 @@ class Worker:
             self._listeners.append(
                 WakeListener(shard, self._wakes[shard.name], self._stopping).start()
             )
-            self._spawn(f"shardq-claim-{shard.name}", functools.partial(self._claim_loop, shard))
+            claim_loop = functools.partial(self._claim_loop, shard)
+            self._claimers.append(self._spawn(f"shardq-claim-{shard.name}", claim_loop))
         for i in range(self.config.concurrency):
             self._spawn(f"shardq-turn-{i}", self._turn_loop)
         self._spawn("shardq-heartbeat", self._heartbeat_loop)
@@ -110,26 +115,31 @@ class Worker:
         })
         return self
 
-    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+    def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
         # Daemon threads: a step stuck past the drain deadline must not keep the
         # process alive; its lease has been handed back by then.
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+        return thread
 
     def stop(self, *, drain_timeout_s: float | None = None) -> int:
         """Drain and stop; returns how many leases had to be handed back unfinished."""
         timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stopping.set()
-        for wake in self._wakes.values():
-            wake.set()
+        self.wake()
         deadline = time.monotonic() + timeout
+        # A claim loop in the middle of a claim records what it leased before it
+        # exits; only then is the in-flight set complete.
+        for claimer in self._claimers:
+            claimer.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
         with self._idle:
             while self._inflight and time.monotonic() < deadline:
                 self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))
             leftover = list(self._inflight.values())
         for _ in range(self.config.concurrency):
             self._turns.put(None)
+        self._drained.set()
         released = 0
         for shard in self.shards:
             leases = [(f.execution_id, f.token) for f in leftover if f.shard == shard]
@@ -174,6 +184,14 @@ class Worker:
                 claims = self.store.claim(
                     shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
                 )
+                # In flight before anything else can fail or stop() can look.
+                with self._lock:
+                    for claim in claims:
+                        self._inflight[claim.execution_id] = _InFlight(
+                            shard, claim.execution_id, claim.lease_token
+                        )
+                for claim in claims:
+                    self._turns.put((shard, claim))
                 pause = self._sleep_time(shard) if len(claims) < limit else 0.0
             except ShardUnavailable as exc:
                 failures += 1
@@ -184,13 +202,6 @@ class Worker:
             if failures:
                 log.warning("shard is back", extra={"shard": shard.name})
                 failures = 0
-            with self._lock:
-                for claim in claims:
-                    self._inflight[claim.execution_id] = _InFlight(
-                        shard, claim.execution_id, claim.lease_token
-                    )
-            for claim in claims:
-                self._turns.put((shard, claim))
             if pause > 0:
                 wake.wait(pause)
 
@@ -219,7 +230,8 @@ class Worker:
                     self._inflight.pop(claim.execution_id, None)
                     self.turns_done += 1
                     self._idle.notify_all()
-                self._wakes[shard.name].set()
+                # A freed slot may serve any shard, not only the one it came from.
+                self.wake()
 
     def _run_one(self, shard: Shard, claim: Claim) -> None:
         completer = self._completers[shard.name]
@@ -243,7 +255,7 @@ class Worker:
         # A third of the lease: two heartbeats may fail before another worker
         # could take a healthy turn over.
         interval = self.config.lease_s / 3
-        while not self._stopping.wait(interval):
+        while not self._drained.wait(interval):
             with self._lock:
                 entries = list(self._inflight.values())
             for shard in self.shards:

@@ -54,9 +54,15 @@ SELECT
     l.execution_id, l.lease_token, l.claims,
     x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input::text AS input,
     x.state, x.cancel_requested, now() AS db_now,
-    (SELECT coalesce(json_agg(json_build_array(h.seq, h.position, h.kind, h.name, h.payload)
-                              ORDER BY h.seq), '[]')
-     FROM shardq.history h WHERE h.execution_id = l.execution_id)::text AS history,
+    -- A run never claimed before has nothing to replay (only lease holders
+    -- write the events replay reads): skip the history probe. A woken or
+    -- retried run is not `pending` on its first claim of a new task row, or
+    -- has claimed this row before.
+    CASE WHEN l.claims = 1 AND x.state = 'pending' THEN '[]' ELSE
+        (SELECT coalesce(json_agg(json_build_array(h.seq, h.position, h.kind, h.name, h.payload)
+                                  ORDER BY h.seq), '[]')
+         FROM shardq.history h WHERE h.execution_id = l.execution_id)::text
+    END AS history,
     (SELECT coalesce(json_agg(json_build_array(s.id, s.name, s.payload) ORDER BY s.id), '[]')
      FROM shardq.signals s
      WHERE s.execution_id = l.execution_id AND s.consumed_at IS NULL)::text AS signals

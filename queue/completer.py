@@ -22,7 +22,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from shardq.queue.errors import ShardUnavailable, StoreRejected
+from shardq.queue.errors import ShardUnavailable, StoreConflict, StoreRejected
 from shardq.queue.models import CommitOutcome, TurnCommit
 from shardq.queue.store import Store
 from shardq.shards.config import Shard
@@ -131,7 +131,7 @@ class Completer:
         results: dict[uuid.UUID, CommitOutcome] = {}
         pending = commits
         retrying = Retrying(
-            retry=retry_if_exception_type(ShardUnavailable),
+            retry=retry_if_exception_type((ShardUnavailable, StoreConflict)),
             stop=stop_after_delay(self._retry_for_s),
             wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
             reraise=True,

@@ -14,6 +14,7 @@ commit, and no step ever starts before its predecessors are durable.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import threading
@@ -46,6 +47,7 @@ from shardq.queue.names import check_name
 from shardq.queue.retry import RetryPolicy
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 Checkpoint = Callable[[TurnCommit], CommitOutcome]
 MAX_ERROR_TEXT = 8000
 
@@ -381,6 +383,13 @@ class WorkflowContext:
             # Unwinds past workflow code (a BaseException), so no `except Exception`
             # in the workflow can swallow it.
             raise CommitRejected(exc) from exc
+        except Exception as exc:
+            # The store stayed unavailable through the completer's retries: the
+            # turn is abandoned, never blamed on the workflow; the lease expires
+            # and the run resumes from its last durable commit.
+            log.warning("commit failed; turn abandoned",
+                        extra={"execution_id": str(self.execution_id), "error": str(exc)})
+            raise TurnAborted() from exc
         if not outcome.landed:
             raise TurnAborted()
         self._token = commit.next_token

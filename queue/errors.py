@@ -13,6 +13,7 @@ __all__ = [
     "ShardUnavailable",
     "SignalRefused",
     "StepFailed",
+    "StoreConflict",
     "StoreRejected",
     "UnknownWorkflow",
     "WorkflowError",
@@ -49,6 +50,10 @@ class LeaseLost(WorkflowError):
 
 class StoreRejected(WorkflowError):
     """The database refused to store a value (e.g. a NUL character inside JSON)."""
+
+
+class StoreConflict(WorkflowError):
+    """A transaction lost a deadlock or serialization race; retrying it is safe."""
 
 
 class NonDeterminismError(WorkflowError):

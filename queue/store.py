@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from shardq.queue import listing
-from shardq.queue.errors import ExecutionNotFound, SignalRefused, StoreRejected
+from shardq.queue.errors import ExecutionNotFound, SignalRefused, StoreConflict, StoreRejected
 from shardq.queue.models import (
     Claim,
     CommitOutcome,
@@ -62,6 +62,8 @@ class Store:
                 yield conn
             except (psycopg.DataError, psycopg.errors.UntranslatableCharacter) as exc:
                 raise StoreRejected(f"{shard.name}: the database refused a value: {exc}") from exc
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                raise StoreConflict(f"{shard.name}: {exc.sqlstate}: {exc}") from exc
 
     @contextmanager
     def transaction(self, shard: Shard) -> Iterator[DictConnection]:
@@ -94,24 +96,14 @@ class Store:
             "workflow_version": workflow_version,
         }
         with self._connection(shard) as conn:
-            with conn.pipeline(), conn.transaction():
-                started = conn.execute(SQL["start_executions"], params)
-                # Once per transaction, however many rows: NOTIFY is a hint and
-                # duplicates in one transaction collapse.
-                conn.execute(SQL["notify_wake"])
-            rows = {r["workflow_id"]: r for r in started.fetchall()}
-        missing = [i for i in items if i[1] not in rows]
-        if missing:
-            # A concurrent start of the same key committed after our snapshot
-            # began: it is visible to a new statement.
-            with self.transaction(shard) as conn:
-                for r in conn.execute(SQL["start_executions"], {
-                    **params,
-                    "ids": [i[0] for i in missing],
-                    "workflow_ids": [i[1] for i in missing],
-                    "inputs": [i[2] for i in missing],
-                }):
-                    rows[r["workflow_id"]] = r
+            # One statement: one round trip, its own transaction.
+            rows = {r["workflow_id"]: r for r in conn.execute(SQL["start_executions"], params)}
+            missing = [wf for _, wf, _ in items if wf not in rows]
+            if missing:
+                # Already there, possibly committed by a concurrent start after
+                # our statement's snapshot: a new statement sees it.
+                found = conn.execute(SQL["find_executions"], {**params, "workflow_ids": missing})
+                rows.update({r["workflow_id"]: r for r in found})
         return [
             StartResult(rows[wf]["id"], rows[wf]["created"], State(rows[wf]["state"]))
             for _, wf, _ in items
@@ -140,19 +132,25 @@ class Store:
 
     # -- claiming and leases -------------------------------------------------
 
-    def claim(self, shard: Shard, *, owner: str, limit: int, lease_s: float) -> list[Claim]:
-        """Lease up to `limit` due tasks, each with a fresh token, history and pending signals."""
-        with self._connection(shard) as conn:
-            rows = conn.execute(
-                SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
-            ).fetchall()
-        return [_claim(r) for r in rows]
+    def claim(
+        self, shard: Shard, *, owner: str, limit: int, lease_s: float
+    ) -> tuple[list[Claim], float | None]:
+        """Lease up to `limit` due tasks, each with a fresh token, history and pending signals.
 
-    def next_due_in(self, shard: Shard) -> float | None:
-        """Seconds until the earliest task is due (negative if overdue), None if there is none."""
+        Also returns the seconds until the next task is due (None when there is
+        none), read in the same round trip.
+        """
         with self._connection(shard) as conn:
-            row = conn.execute(SQL["next_due_in"]).fetchone()
-        return None if row is None or row["seconds"] is None else float(row["seconds"])
+            with conn.pipeline(), conn.transaction():
+                conn.execute(SQL["relax_commit"])
+                claimed = conn.execute(
+                    SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
+                )
+                due = conn.execute(SQL["next_due_in"])
+            rows = claimed.fetchall()
+            next_due = due.fetchone()
+        seconds = None if next_due is None else next_due["seconds"]
+        return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(
         self, shard: Shard, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], lease_s: float
@@ -342,6 +340,7 @@ def _queue_commit_statements(
     if consumed:
         conn.execute(SQL["consume_signals"], {
             "attempt": attempt,
+            "ids": [c.execution_id for c in commits if c.consumed_signals],
             "signal_ids": [sid for sid, _ in consumed],
             "positions": [pos for _, pos in consumed],
         })

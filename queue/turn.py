@@ -69,8 +69,10 @@ def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnOu
                     f"workflow returned {type(result).__name__}, which is not "
                     f"JSON-serialisable: {exc}"
                 ) from exc
+            # A wait the run resumed from was closed by the call that resumed
+            # (ctx flags it); nothing else can be open when the function returns.
             commit = ctx._commit_for(
-                state=State.COMPLETED, task=TaskAction.DELETE, output_json=output, close_wait=True
+                state=State.COMPLETED, task=TaskAction.DELETE, output_json=output
             )
         except _Park as park:
             commit = ctx._commit_for(

@@ -181,7 +181,7 @@ class Worker:
             wake.clear()
             limit = min(self.config.batch_size, free)
             try:
-                claims = self.store.claim(
+                claims, due_in = self.store.claim(
                     shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
                 )
                 # In flight before anything else can fail or stop() can look.
@@ -192,7 +192,7 @@ class Worker:
                         )
                 for claim in claims:
                     self._turns.put((shard, claim))
-                pause = self._sleep_time(shard) if len(claims) < limit else 0.0
+                pause = self._sleep_time(due_in) if len(claims) < limit else 0.0
             except ShardUnavailable as exc:
                 failures += 1
                 if failures == 1:
@@ -205,9 +205,8 @@ class Worker:
             if pause > 0:
                 wake.wait(pause)
 
-    def _sleep_time(self, shard: Shard) -> float:
+    def _sleep_time(self, due_in: float | None) -> float:
         """Until the next due task (timer, retry, lease expiry), capped by the safety poll."""
-        due_in = self.store.next_due_in(shard)
         if due_in is None:
             return self.config.poll_interval_s
         return min(self.config.poll_interval_s, max(0.0, due_in) + 0.001)

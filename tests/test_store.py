@@ -56,16 +56,16 @@ def _timer_commit(execution_id: uuid.UUID, token: uuid.UUID, seconds: float) -> 
 def test_timer_is_not_claimable_before_its_wake_time(client: Client, store: Store) -> None:
     run = client.start("job", "timer-1")
     shard = _shard_of(client, run.execution_id)
-    (claim,) = store.claim(shard, owner="test", limit=10, lease_s=30)
+    (claim,) = store.claim(shard, owner="test", limit=10, lease_s=30)[0]
     store.commit_turns(shard, [_timer_commit(run.execution_id, claim.lease_token, 1.0)],
                        lease_s=30)
     ((remaining,),) = rows(
         shard.url, "SELECT extract(epoch FROM run_at - now())::float8 FROM shardq.tasks"
     )
     time.sleep(max(0.0, remaining - 0.15))
-    assert store.claim(shard, owner="test", limit=10, lease_s=30) == []
+    assert store.claim(shard, owner="test", limit=10, lease_s=30)[0] == []
     time.sleep(0.2)
-    (again,) = store.claim(shard, owner="test", limit=10, lease_s=30)
+    (again,) = store.claim(shard, owner="test", limit=10, lease_s=30)[0]
     (started,) = [e for e in again.history if e.kind == Event.TIMER_STARTED]
     from datetime import datetime
 
@@ -78,10 +78,10 @@ def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
 ) -> None:
     run = client.start("job", "lease-1")
     shard = _shard_of(client, run.execution_id)
-    (first,) = store.claim(shard, owner="a", limit=1, lease_s=0.2)
-    assert store.claim(shard, owner="b", limit=1, lease_s=30) == []
+    (first,) = store.claim(shard, owner="a", limit=1, lease_s=0.2)[0]
+    assert store.claim(shard, owner="b", limit=1, lease_s=30)[0] == []
     time.sleep(0.3)
-    (second,) = store.claim(shard, owner="b", limit=1, lease_s=30)
+    (second,) = store.claim(shard, owner="b", limit=1, lease_s=30)[0]
     assert second.claims == 2
     late = TurnCommit(run.execution_id, first.lease_token,
                       events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": "a"})],
@@ -106,7 +106,7 @@ def test_a_commit_that_landed_is_recognised_and_never_applied_twice(
     claims = {
         c.execution_id: c
         for s in client.map.shards
-        for c in store.claim(s, owner="a", limit=10, lease_s=30)
+        for c in store.claim(s, owner="a", limit=10, lease_s=30)[0]
     }
     checkpoint = TurnCommit(run.execution_id, claims[run.execution_id].lease_token,
                             events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": 1})],
@@ -152,7 +152,7 @@ def test_parked_runs_are_not_claimed_and_claims_carry_history_and_signals(
 ) -> None:
     run = client.start("job", "park-1")
     shard = _shard_of(client, run.execution_id)
-    (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)
+    (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)[0]
     park = TurnCommit(
         run.execution_id, claim.lease_token,
         events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
@@ -160,11 +160,11 @@ def test_parked_runs_are_not_claimed_and_claims_carry_history_and_signals(
         open_wait=OpenWait(0, "signal", "go"),
     )
     assert store.commit_turns(shard, [park], lease_s=30)[run.execution_id].landed
-    assert store.claim(shard, owner="a", limit=10, lease_s=30) == []
+    assert store.claim(shard, owner="a", limit=10, lease_s=30)[0] == []
     client.signal(run.execution_id, "other", {"x": 1})
-    assert store.claim(shard, owner="a", limit=10, lease_s=30) == []
+    assert store.claim(shard, owner="a", limit=10, lease_s=30)[0] == []
     client.signal(run.execution_id, "go", {"x": 2})
-    (woken,) = store.claim(shard, owner="a", limit=10, lease_s=30)
+    (woken,) = store.claim(shard, owner="a", limit=10, lease_s=30)[0]
     assert [(e.position, e.kind) for e in woken.history] == [
         (0, "signal.waiting"), (None, "signal.received"), (None, "signal.received")
     ]
@@ -178,7 +178,7 @@ def test_parking_races_a_signal_without_losing_the_wake_up(
     for attempt in range(20):
         run = client.start("job", f"race-{attempt}")
         shard = _shard_of(client, run.execution_id)
-        (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)
+        (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)[0]
         park = TurnCommit(
             run.execution_id, claim.lease_token,
             events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
@@ -203,7 +203,7 @@ def test_parking_races_a_signal_without_losing_the_wake_up(
             t.start()
         for t in threads:
             t.join()
-        (woken,) = store.claim(shard, owner="a", limit=10, lease_s=30)
+        (woken,) = store.claim(shard, owner="a", limit=10, lease_s=30)[0]
         assert woken.execution_id == run.execution_id
         assert [s.payload for s in woken.signals] == [attempt]
 

@@ -1,0 +1,244 @@
+"""What every scenario shares: sizes, the shards, a client, the worker fleet, drains.
+
+A drain is timed from a wall-clock instant the scenario picks (just before the
+bulk insert, or the workers' spawn) to the `finished_at` of the last run to
+complete, read from the database after the poll saw the queue empty. Both
+clocks are this machine's (workers and server run here), so the end is exact
+to the commit rather than to the poll interval. The poll itself counts tasks
+due or leased through the `tasks_due` index, which stays cheap beside a million
+parked runs; the spec's `count(*) ... state = 'completed'` is then checked once,
+outside the timed window, and must equal the number started.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from shardq.benchmarks.db import BenchError, Poller, Shards, query
+from shardq.benchmarks.fleet import Fleet, FleetConfig
+from shardq.benchmarks.measure import CpuMeter, wait_for
+from shardq.benchmarks.pyspy import summarize
+from shardq.benchmarks.workflows import registry
+from shardq.queue.client import Client
+from shardq.shards.config import ShardMap
+
+
+@dataclass(frozen=True)
+class Sizes:
+    claim_n: int
+    single_n: int
+    floor_rows: int
+    floor_seconds: float
+    floor_batches: tuple[int, ...]
+    wake_samples: int
+    cycle_runs: int
+    signal_threads: int
+    steps3_backlogs: tuple[int, ...]
+    steps3_seconds: float
+    parked: int
+    parked_repeats: int
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls(claim_n=20_000, single_n=1_000, floor_rows=200_000, floor_seconds=5.0,
+                   floor_batches=(1, 10, 100), wake_samples=500, cycle_runs=10_000,
+                   signal_threads=8, steps3_backlogs=(2_000, 20_000), steps3_seconds=10.0,
+                   parked=1_000_000, parked_repeats=3)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(claim_n=3_000, single_n=200, floor_rows=30_000, floor_seconds=1.0,
+                   floor_batches=(1, 10, 100), wake_samples=200, cycle_runs=600,
+                   signal_threads=8, steps3_backlogs=(500, 2_000), steps3_seconds=2.0,
+                   parked=100_000, parked_repeats=1)
+
+
+@dataclass
+class Bench:
+    shards: Shards
+    sizes: Sizes
+    fleet_config: FleetConfig
+    log: Callable[[str], None]
+    pg_stat_statements: bool = False
+    py_spy: Path | None = None
+    client: Client = field(init=False)
+    _fleet: Fleet | None = None
+    _pgss_ok: bool | None = None
+
+    def __post_init__(self) -> None:
+        pool_max = max(10, self.sizes.signal_threads + 4)
+        self.client = Client(ShardMap.from_urls(self.shards.urls, pool_max=pool_max), registry)
+
+    @property
+    def urls(self) -> list[str]:
+        return self.shards.urls
+
+    def close(self) -> None:
+        self.stop_fleet()
+        self.client.close()
+
+    # -- workers ---------------------------------------------------------------
+
+    def spawn_fleet(self, config: FleetConfig | None = None) -> Fleet:
+        """Start (not wait for) a fresh fleet, replacing any running one."""
+        self.stop_fleet()
+        self._fleet = Fleet(self.urls, config or self.fleet_config).start()
+        return self._fleet
+
+    def fleet(self) -> Fleet:
+        """The running standard fleet, started and awaited if there is none."""
+        if self._fleet is None or self._fleet.config != self.fleet_config:
+            self.spawn_fleet().wait_ready()
+        assert self._fleet is not None
+        self._fleet.check_alive()
+        return self._fleet
+
+    def stop_fleet(self) -> list[str]:
+        """Stop the fleet; returns the warnings and errors its workers logged."""
+        if self._fleet is None:
+            return []
+        errors = self._fleet.errors()
+        self._fleet.stop()
+        self._fleet = None
+        return errors
+
+    # -- state -----------------------------------------------------------------
+
+    def reset(self, *, checkpoint: bool = False) -> None:
+        """Empty the queue tables (no dead tuples carried over), optionally CHECKPOINT."""
+        self.shards.truncate()
+        if checkpoint:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        for url in self.urls:
+            try:
+                query(url, "checkpoint")
+            except psycopg.Error as exc:  # not a superuser: say so, carry on
+                self.log(f"CHECKPOINT refused ({exc.sqlstate}); results may include one")
+                return
+
+    # -- drains ----------------------------------------------------------------
+
+    def wait_drained(self, total: int, label: str, *, timeout: float | None = None) -> float:
+        """Poll until no task is due or leased; `total` only scales the bar. Monotonic end."""
+        limit = timeout if timeout is not None else max(120.0, total / 100)
+        with Poller(self.urls) as poller:
+            return wait_for(lambda: total - poller.total("active_tasks"), total, label=label,
+                            timeout=limit, interval=0.1)
+
+    def finished(self, workflow: str, prefix: str, expected: int) -> float:
+        """Check all `expected` runs completed; the epoch time the last one finished."""
+        rows = [query(u, "drain_result", {"workflow": workflow, "prefix": prefix + "%"})[0]
+                for u in self.urls]
+        completed = sum(int(r["completed"]) for r in rows)
+        failed = sum(int(r["failed"]) for r in rows)
+        if completed != expected or failed:
+            params = {"workflow": workflow, "prefix": prefix + "%"}
+            sample = [r for u in self.urls for r in query(u, "failed_sample", params)][:3]
+            raise BenchError(f"{prefix}: {completed} of {expected} completed, {failed} failed; "
+                             f"e.g. {sample}")
+        return max(float(r["last_finished"]) for r in rows if r["last_finished"] is not None)
+
+    def timed_drain(self, workflow: str, prefix: str, items: list[tuple[str, Any]],
+                    label: str) -> dict[str, Any]:
+        """Workers already idle: bulk-insert `items` in one start_many, time until all complete."""
+        fleet = self.fleet()
+        n = len(items)
+        with self.statements() as top, self.profiled(fleet) as profile:
+            meter = CpuMeter(fleet.pids).start()
+            t0 = time.time()
+            self.client.start_many(workflow, items)
+            # Statistics, as autovacuum keeps them on a live queue: fresh tables
+            # of a few thousand rows otherwise plan as sequential scans. Inside
+            # the timed window, so its cost counts.
+            for url in self.urls:
+                query(url, "analyze_queue")
+            inserted = time.time() - t0
+            self.wait_drained(n, label)
+            cpu = meter.stop(n)
+        end = self.finished(workflow, prefix, n)
+        seconds = end - t0
+        return {
+            "jobs": n, "seconds": round(seconds, 3), "jobs_per_s": round(n / seconds, 1),
+            "insert_s": round(inserted, 3), "cpu": cpu, **top, **profile,
+        }
+
+    # -- optional instruments --------------------------------------------------
+
+    @contextmanager
+    def statements(self) -> Iterator[dict[str, Any]]:
+        """With --pg-stat-statements: the top statements by time of the block, per shard 0."""
+        out: dict[str, Any] = {}
+        if not self.pg_stat_statements or not self._pgss_ready():
+            yield out
+            return
+        for url in self.urls:
+            query(url, "stat_statements_reset")
+        yield out
+        out["statements"] = query(self.urls[0], "stat_statements_top", {"limit": 12})
+
+    def _pgss_ready(self) -> bool:
+        if self._pgss_ok is None:
+            preload = str(self.shards.facts()["shared_preload_libraries"])
+            self._pgss_ok = "pg_stat_statements" in preload
+            if self._pgss_ok:
+                for url in self.urls:
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            else:
+                self.log("--pg-stat-statements: the server does not preload pg_stat_statements;"
+                         " skipped")
+        return self._pgss_ok
+
+    @contextmanager
+    def profiled(self, fleet: Fleet) -> Iterator[dict[str, Any]]:
+        """With --py-spy DIR: sample the GIL holder of every worker through the block.
+
+        Raw collapsed stacks land in DIR, their summary in the result. py-spy pauses
+        the process for each sample: the throughput of a profiled run is not to be quoted.
+        """
+        out: dict[str, Any] = {}
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if self.py_spy is None:
+            yield out
+            return
+        if not Path(spy).exists():
+            self.log("--py-spy: py-spy is not installed (pip install py-spy); skipped")
+            yield out
+            return
+        self.py_spy.mkdir(parents=True, exist_ok=True)
+        procs, files = [], []
+        for pid in fleet.pids:
+            target = self.py_spy / f"worker-{pid}.txt"
+            procs.append(subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+                 "--gil", "-o", str(target)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+            files.append(str(target))
+        time.sleep(0.5)  # let py-spy attach before the measured work starts
+        try:
+            yield out
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGINT)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            out["py_spy_raw"] = files
+            out["py_spy"] = summarize(Path(f) for f in files if Path(f).exists())
+

@@ -1,0 +1,248 @@
+"""Where the benchmark runs: shard databases it creates (and drops), or ones it is given.
+
+Without `--shards` / SHARDQ_SHARDS the suite creates uniquely named databases on
+the server at SHARDQ_BENCH_DSN, else the local server on 127.0.0.1:5432, else an
+embedded throw-away server, migrates them and drops them at the end. Given
+shards are migrated and must hold no executions (the suite truncates the queue
+tables between scenarios), unless `--wipe` allows it to empty them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+
+from shardq.shards.config import ShardMap
+from shardq.shards.embedded import EmbeddedPostgres
+from shardq.shards.migrations import migrate
+from shardq.shards.sqlfile import load_queries
+
+SQL = load_queries("shardq.benchmarks", "queries.sql")
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+ENV_DSN = "SHARDQ_BENCH_DSN"
+ENV_SHARDS = "SHARDQ_SHARDS"
+Row = dict[str, Any]
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run as asked (no server, shards not empty, a worker died...)."""
+
+
+def query(url: str, name: str, params: dict[str, Any] | None = None) -> list[Row]:
+    """Run one named statement in its own autocommit connection; rows as dicts."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        cur = conn.execute(SQL[name], params or {})
+        return cur.fetchall() if cur.description else []
+
+
+class Poller:
+    """One open autocommit connection per shard for the tight progress polls."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self._conns = [
+            psycopg.connect(u, autocommit=True, row_factory=dict_row,
+                            application_name="shardq-bench")
+            for u in urls
+        ]
+
+    def each(self, name: str, params: dict[str, Any] | None = None) -> list[list[Row]]:
+        return [c.execute(SQL[name], params or {}).fetchall() for c in self._conns]
+
+    def total(self, name: str, params: dict[str, Any] | None = None, column: str = "n") -> int:
+        return sum(int(rows[0][column]) for rows in self.each(name, params))
+
+    def close(self) -> None:
+        for conn in self._conns:
+            conn.close()
+
+    def __enter__(self) -> Poller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def _url(admin_dsn: str, dbname: str) -> str:
+    """The admin DSN's server and user, pointed at `dbname`, as a postgresql:// URL."""
+    params = conninfo_to_dict(admin_dsn)
+    host, port = params.get("host"), params.get("port")
+    user, password = params.get("user"), params.get("password")
+    auth = f"{user}{':' + str(password) if password else ''}@" if user else ""
+    if host and not str(host).startswith("/"):
+        return f"postgresql://{auth}{host}{':' + str(port) if port else ''}/{dbname}"
+    extra = [f"host={host}"] if host else []
+    extra += [f"port={port}"] if port else []
+    return f"postgresql://{auth}/{dbname}" + ("?" + "&".join(extra) if extra else "")
+
+
+@dataclass
+class Shards:
+    """The shard databases of one benchmark run, and how to put them back."""
+
+    urls: list[str]
+    source: str
+    """Where they came from: `given`, `server <dsn>` or `embedded`."""
+    admin_dsn: str | None = None
+    created: list[str] = field(default_factory=list)
+    embedded: EmbeddedPostgres | None = None
+    emptied: bool = False
+    """Set once the shards were found empty (or wiped): only then may drop() empty them."""
+
+    @property
+    def map(self) -> ShardMap:
+        return ShardMap.from_urls(self.urls)
+
+    def truncate(self) -> None:
+        for url in self.urls:
+            query(url, "truncate_queue")
+
+    def facts(self) -> Row:
+        rows = query(self.urls[0], "server_facts")
+        return rows[0]
+
+    def drop(self) -> None:
+        """Drop what we created (empty given shards, drop the floor's schema); stop a server."""
+        try:
+            if self.admin_dsn is not None and self.created:
+                with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+                    for name in self.created:
+                        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                            sql.Identifier(name)))
+                self.created = []
+            elif self.source == "given" and self.emptied:
+                # They were empty when we started (or --wipe said so): leave them empty.
+                self.truncate()
+                for url in self.urls:
+                    query(url, "floor_drop")
+        finally:
+            if self.embedded is not None:
+                self.embedded.stop()
+                self.embedded = None
+
+
+def provision(given: Sequence[str], *, count: int, wipe: bool, log: Any) -> Shards:
+    """Shard databases for this run, migrated and empty."""
+    shards = Shards(list(given), "given") if given else _create(count, log)
+    try:
+        migrate(shards.map)
+        for url in shards.urls:
+            if query(url, "has_executions")[0]["any"] and not wipe:
+                raise BenchError(
+                    "a given shard already holds executions; the benchmark truncates the "
+                    "queue tables between scenarios: use empty shard databases, or pass "
+                    "--wipe to let it empty them"
+                )
+        shards.truncate()
+        shards.emptied = True
+    except BaseException:
+        shards.drop()
+        raise
+    return shards
+
+
+def _create(count: int, log: Any) -> Shards:
+    explicit = os.environ.get(ENV_DSN)
+    embedded: EmbeddedPostgres | None = None
+    if explicit:
+        dsn, source = explicit, f"server {ENV_DSN}"
+    elif _answers(LOCAL_DSN):
+        dsn, source = LOCAL_DSN, "server 127.0.0.1:5432"
+    else:
+        log("no server at 127.0.0.1:5432; starting an embedded PostgreSQL (fsync off!)")
+        embedded = EmbeddedPostgres().start()
+        dsn, source = embedded.dsn("postgres"), "embedded"
+    shards = Shards([], source, admin_dsn=dsn, embedded=embedded)
+    prefix = f"shardq_bench_{os.getpid()}_{secrets.token_hex(3)}"
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for i in range(count):
+                name = f"{prefix}_s{i}"
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                shards.created.append(name)
+                shards.urls.append(_url(dsn, name))
+    except BaseException:
+        shards.drop()
+        raise
+    return shards
+
+
+def commit_latency(url: str, samples: int = 200) -> Row:
+    """Sequential one-row autocommit INSERTs: what one durable commit costs on this server.
+
+    Any single-threaded path (a signal's commit, then the woken run's commits) pays this
+    at least once per commit; it is the floor under the wake latency.
+    """
+    query(url, "floor_schema")
+    query(url, "commit_probe_create")
+    times = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        statement = SQL["commit_probe"]
+        for _ in range(samples):
+            t = time.perf_counter()
+            conn.execute(statement, prepare=True)
+            times.append(1000 * (time.perf_counter() - t))
+    times.sort()
+    return {"samples": samples, "p50_ms": round(times[len(times) // 2], 3),
+            "p99_ms": round(times[int(len(times) * 0.99) - 1], 3),
+            "mean_ms": round(sum(times) / len(times), 3)}
+
+
+ENGINE_DIRS = ("queue", "schema", "shards", "bin", "outbox")
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=5, check=False).stdout.rstrip()
+    except OSError:
+        return ""
+
+
+def engine_fingerprint(root: Path) -> str:
+    """A digest of the engine's source as it is on disk (the commit alone misses edits)."""
+    digest = hashlib.sha256()
+    for folder in ENGINE_DIRS:
+        for path in sorted((root / folder).glob("*")):
+            if path.suffix in (".py", ".sql") and path.is_file():
+                digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def machine_facts() -> Row:
+    """Cores, Python, OS, the code's commit and local edits: stated beside every result."""
+    root = Path(__file__).resolve().parent.parent
+    commit = _git(root, "rev-parse", "--short", "HEAD").strip()
+    status = _git(root, "status", "--porcelain", "--", *ENGINE_DIRS)
+    return {
+        "engine_fingerprint": engine_fingerprint(root),
+        "engine_files_modified": [line[3:] for line in status.splitlines() if line.strip()],
+        "cores": os.cpu_count(),
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "executable": sys.executable,
+        "commit": commit or None,
+    }

@@ -1,0 +1,159 @@
+"""The physical floor: the least a PostgreSQL SKIP LOCKED queue can do on this machine.
+
+A table `shardq_bench.q (id bigint primary key, locked boolean)` in each shard
+database, filled with `rows` ids. W processes (multiprocessing, spawn), each with
+one thread and one autocommit connection per shard (as a shardq worker runs one
+claim loop per shard), loop: claim k rows with
+
+    UPDATE q SET locked = true WHERE id IN (SELECT id FROM q WHERE NOT locked
+        ORDER BY id FOR UPDATE SKIP LOCKED LIMIT k) RETURNING id
+
+then delete them (a second commit, as shardq claims and completes in two).
+Timed from a barrier after every connection is open until every table is empty
+or `max_seconds` passed; jobs/s = rows deleted / elapsed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as MpEvent
+from typing import Any
+
+import psycopg
+
+from shardq.benchmarks.db import SQL, BenchError, query
+from shardq.benchmarks.measure import CpuMeter, Progress
+
+
+@dataclass
+class _Run:
+    """What one floor process shares with its per-shard threads (and is sent to it)."""
+
+    urls: list[str]
+    k: int
+    max_seconds: float
+    ready: Any  # multiprocessing Queue: one item per process once its connections are open
+    go: MpEvent
+    release: MpEvent
+    results: Any  # multiprocessing Queue of (jobs, end time, cpu seconds)
+    deadline: float = float("inf")
+    done: list[tuple[int, float] | None] = field(default_factory=list)
+
+
+def _drain_shard(run: _Run, index: int, ready: threading.Barrier) -> None:
+    done = 0
+    try:
+        with psycopg.connect(run.urls[index], autocommit=True) as conn:
+            claim, delete = SQL["floor_claim"], SQL["floor_delete"]
+            conn.execute("SELECT 1")
+            ready.wait()
+            run.go.wait()
+            while time.time() < run.deadline:
+                ids = [r[0] for r in conn.execute(claim, {"k": run.k}, prepare=True).fetchall()]
+                if not ids:
+                    break
+                conn.execute(delete, {"ids": ids}, prepare=True)
+                done += len(ids)
+            run.done[index] = (done, time.time())
+            # Keep the backend alive until the parent has read the CPU counters.
+            run.release.wait(60)
+    finally:
+        if run.done[index] is None:
+            run.done[index] = (done, time.time())
+
+
+def floor_process(run: _Run) -> None:
+    """Child process body: one draining thread per shard; reports (jobs, end time, cpu s)."""
+    run.done = [None] * len(run.urls)
+    local_ready = threading.Barrier(len(run.urls) + 1, timeout=60)
+    threads = [
+        threading.Thread(target=_drain_shard, args=(run, i, local_ready), daemon=True)
+        for i in range(len(run.urls))
+    ]
+    for t in threads:
+        t.start()
+    local_ready.wait()
+    run.ready.put(1)
+    run.go.wait()
+    run.deadline = time.time() + run.max_seconds
+    cpu = os.times()
+    while any(d is None for d in run.done):
+        time.sleep(0.001)
+    after = os.times()
+    finished = [d for d in run.done if d is not None]
+    run.results.put((sum(n for n, _ in finished), max(end for _, end in finished),
+                     after.user + after.system - cpu.user - cpu.system))
+    for t in threads:
+        t.join(70)
+
+
+def fill(urls: Sequence[str], rows_per_shard: int) -> None:
+    for url in urls:
+        query(url, "floor_schema")
+        query(url, "floor_create")
+        query(url, "floor_truncate")
+        query(url, "floor_fill", {"count": rows_per_shard})
+        query(url, "floor_vacuum")
+
+
+def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
+              max_seconds: float) -> dict[str, Any]:
+    """Fill, drain with `workers` processes at batch `k`, return the rate and its context."""
+    per_shard = max(1, rows // len(urls))
+    fill(urls, per_shard)
+    ctx = mp.get_context("spawn")
+    ready, results = ctx.Queue(), ctx.Queue()
+    go, release = ctx.Event(), ctx.Event()
+    run = _Run(list(urls), k, max_seconds, ready, go, release, results)
+    procs = [ctx.Process(target=floor_process, args=(run,), daemon=True) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            try:
+                ready.get(timeout=60)
+            except queue.Empty:
+                raise BenchError("floor processes did not connect within 60 s") from None
+        meter = CpuMeter().start()
+        started = time.time()
+        go.set()
+        bar = Progress(f"floor k={k}", max_seconds, unit=" s", rate=False)
+        outcomes: list[tuple[int, float, float]] = []
+        while len(outcomes) < len(procs):
+            try:
+                outcomes.append(results.get(timeout=0.2))
+            except queue.Empty:  # keep the bar moving
+                bar.update(min(time.time() - started, max_seconds))
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    raise BenchError("a floor process died") from None
+        bar.close()
+        cpu = meter.stop()
+    finally:
+        release.set()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    jobs = sum(n for n, _, _ in outcomes)
+    elapsed = max(end for _, end, _ in outcomes) - started
+    workers_cpu = sum(c for _, _, c in outcomes)
+    cpu.update(workers_cpu_s=round(workers_cpu, 2),
+               workers_us_per_job=round(1e6 * workers_cpu / max(jobs, 1), 1),
+               postgres_us_per_job=round(1e6 * cpu["postgres_cpu_s"] / max(jobs, 1), 1))
+    return {
+        "k": k,
+        "jobs": jobs,
+        "seconds": round(elapsed, 3),
+        "jobs_per_s": round(jobs / elapsed, 1),
+        "processes": workers,
+        "threads_per_process": len(urls),
+        "rows_filled": per_shard * len(urls),
+        "emptied": jobs >= per_shard * len(urls),
+        "cpu": cpu,
+    }

@@ -1,0 +1,160 @@
+-- The benchmark suite's own statements: provisioning, progress polls, the raw
+-- SKIP LOCKED floor and the bulk insert of parked runs. The engine's statements
+-- live in queue/queries.sql; nothing here is used by shardq itself.
+-- Loaded by benchmarks/db.py; one `-- name:` header per statement.
+
+-- name: server_facts
+SELECT current_setting('server_version') AS server_version,
+       current_setting('fsync') AS fsync,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('full_page_writes') AS full_page_writes,
+       current_setting('wal_level') AS wal_level,
+       current_setting('shared_buffers') AS shared_buffers,
+       current_setting('max_connections') AS max_connections,
+       current_setting('shared_preload_libraries') AS shared_preload_libraries
+
+-- name: has_executions
+SELECT EXISTS (SELECT 1 FROM shardq.executions) AS any
+
+-- name: truncate_queue
+TRUNCATE shardq.history, shardq.signals, shardq.waits, shardq.tasks, shardq.outbox,
+         shardq.executions
+
+-- name: listeners
+-- Worker wake listeners connected to this shard (the readiness barrier).
+SELECT count(*) AS n FROM pg_stat_activity
+WHERE datname = current_database() AND query = 'LISTEN shardq_wake'
+
+-- name: active_tasks
+-- Tasks due now or leased (lease expiry is minutes away), through the tasks_due
+-- index: cheap even beside a million far-future timers.
+SELECT count(*) AS n FROM shardq.tasks WHERE run_at < now() + interval '1 day'
+
+-- name: drain_result
+SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE state IN ('failed', 'cancelled', 'timed_out')) AS failed,
+       extract(epoch FROM max(finished_at))::float8 AS last_finished
+FROM shardq.executions
+WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %(prefix)s
+
+-- name: failed_sample
+SELECT workflow_id, state, left(error::text, 600) AS error FROM shardq.executions
+WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %(prefix)s
+  AND state IN ('failed', 'cancelled', 'timed_out')
+LIMIT 3
+
+-- name: state_counts
+SELECT state, count(*) AS n FROM shardq.executions
+WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %(prefix)s
+GROUP BY state
+
+-- name: wake_outputs
+SELECT workflow_id, output::text AS output, extract(epoch FROM finished_at)::float8 AS finished
+FROM shardq.executions
+WHERE tenant = 'default' AND workflow_name = 'wake_probe' AND state = 'completed'
+
+-- name: execution_state
+SELECT state FROM shardq.executions WHERE id = %(id)s
+
+-- name: analyze_queue
+ANALYZE shardq.executions, shardq.tasks, shardq.waits, shardq.history
+
+-- name: checkpoint
+CHECKPOINT
+
+-- name: stat_statements_reset
+SELECT pg_stat_statements_reset()
+
+-- name: stat_statements_top
+SELECT calls, round(total_exec_time::numeric, 1)::float8 AS total_ms,
+       round(mean_exec_time::numeric, 3)::float8 AS mean_ms, rows,
+       left(regexp_replace(query, '\s+', ' ', 'g'), 140) AS query
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC
+LIMIT %(limit)s
+
+-- name: table_sizes
+SELECT c.relname AS name, c.reltuples::bigint AS rows,
+       pg_total_relation_size(c.oid) AS bytes
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'shardq' AND c.relkind = 'r'
+ORDER BY c.relname
+
+-- name: floor_create
+CREATE TABLE IF NOT EXISTS shardq_bench.q (
+    id     bigint PRIMARY KEY,
+    locked boolean NOT NULL DEFAULT false
+)
+
+-- name: commit_probe_create
+CREATE TABLE IF NOT EXISTS shardq_bench.commit_probe (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())
+
+-- name: commit_probe
+INSERT INTO shardq_bench.commit_probe DEFAULT VALUES
+
+-- name: floor_schema
+CREATE SCHEMA IF NOT EXISTS shardq_bench
+
+-- name: floor_truncate
+TRUNCATE shardq_bench.q
+
+-- name: floor_fill
+INSERT INTO shardq_bench.q (id) SELECT i FROM generate_series(1, %(count)s) AS i
+
+-- name: floor_vacuum
+VACUUM ANALYZE shardq_bench.q
+
+-- name: floor_drop
+DROP SCHEMA IF EXISTS shardq_bench CASCADE
+
+-- name: floor_claim
+UPDATE shardq_bench.q SET locked = true
+WHERE id IN (SELECT id FROM shardq_bench.q WHERE NOT locked ORDER BY id
+             FOR UPDATE SKIP LOCKED LIMIT %(k)s)
+RETURNING id
+
+-- name: floor_delete
+DELETE FROM shardq_bench.q WHERE id = ANY(%(ids)s)
+
+-- name: insert_parked
+-- Parked runs written straight into the engine's tables, far faster than
+-- starting them and letting workers park them. Ids are real execution ids
+-- (version-8, the bucket in bits 64-75, milliseconds older than any run the
+-- benchmark starts) so every row routes to the shard it sits on. Even rows are
+-- `park` runs waiting on signal "go" (a wait, no task); odd rows are `nap` runs
+-- on a 90-day timer (a wait and a task with run_at ~ now() + 90 days). Each has
+-- the one history event its first turn would have written.
+WITH src AS (
+    SELECT i,
+           (lpad(to_hex(%(ms0)s::bigint + i), 12, '0') || '8'
+            || lpad(to_hex(%(first_bucket)s + i %% %(span)s), 3, '0')
+            || to_hex(8 + i %% 4) || substr(md5(%(salt)s || i::text), 1, 15))::uuid AS id,
+           i %% 2 = 0 AS on_signal,
+           now() + interval '90 days' + i * interval '1 millisecond' AS wake_at
+    FROM generate_series(%(start)s, %(stop)s) AS i
+), x AS (
+    INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
+                                   state, input)
+    SELECT id, 'default', CASE WHEN on_signal THEN 'park' ELSE 'nap' END, 1,
+           'parked-' || i, 'waiting', '{"parked": true}'::jsonb
+    FROM src
+), t AS (
+    INSERT INTO shardq.tasks (execution_id, run_at, claims)
+    SELECT id, wake_at, 1 FROM src WHERE NOT on_signal
+), w AS (
+    INSERT INTO shardq.waits (execution_id, position, kind, name, deadline)
+    SELECT id, 0, CASE WHEN on_signal THEN 'signal' ELSE 'timer' END,
+           CASE WHEN on_signal THEN 'go' ELSE 'nap' END,
+           CASE WHEN on_signal THEN NULL ELSE wake_at END
+    FROM src
+), h AS (
+    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+    SELECT id, 0,
+           CASE WHEN on_signal THEN 'signal.waiting' ELSE 'sleep.started' END,
+           CASE WHEN on_signal THEN 'go' ELSE 'nap' END,
+           CASE WHEN on_signal THEN '{"timeout": null}'::jsonb
+                ELSE jsonb_build_object('seconds', 7776000, 'wake_at', wake_at) END
+    FROM src
+)
+SELECT count(*) AS n FROM src

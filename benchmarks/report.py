@@ -1,0 +1,178 @@
+"""Headline numbers, targets, and the printed table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+Result = dict[str, Any]
+
+TARGETS = (
+    # (key, comparison, threshold, description)
+    ("shardq_over_floor", ">=", 0.5, "claim drain / raw SKIP LOCKED floor at the same k"),
+    ("cycles_per_s", ">=", 3600.0, "durable start-park-signal-resume-complete cycles/s"),
+    ("steps3_workflows_per_s", ">=", 1000.0, "3-step workflows/s, worst backlog depth"),
+    ("wake_p99_ms", "<=", 5.0, "signal -> resumed step, p99"),
+    ("parked_ratio", ">=", 0.9, "drain beside parked runs / drain beside none"),
+)
+
+
+def headline(scenarios: dict[str, Result]) -> Result:
+    """The flat keys scripts read: drain_jobs_per_s, floor_jobs_per_s, wake_p99_ms, ..."""
+    out: Result = {}
+    if "floor" in scenarios:
+        out["floor_jobs_per_s"] = scenarios["floor"]["jobs_per_s"]
+        out["floor_batch"] = scenarios["floor"]["batch_size"]
+        out["floor_by_batch"] = {str(r["k"]): r["jobs_per_s"] for r in scenarios["floor"]["runs"]}
+    if "claim" in scenarios:
+        c = scenarios["claim"]
+        out["drain_jobs_per_s"] = c["drain_jobs_per_s"]
+        out["drain_enqueue_first_jobs_per_s"] = c["enqueue_first"]["jobs_per_s"]
+        out["enqueue_bulk_per_s"] = c["enqueue_bulk_per_s"]
+        out["enqueue_single_per_s"] = c["enqueue_single_per_s"]
+        if out.get("floor_jobs_per_s"):
+            out["shardq_over_floor"] = round(c["drain_jobs_per_s"] / out["floor_jobs_per_s"], 3)
+    if "wake" in scenarios:
+        w = scenarios["wake"]
+        out.update(wake_p50_ms=w["p50_ms"], wake_p95_ms=w["p95_ms"], wake_p99_ms=w["p99_ms"])
+    if "cycle" in scenarios:
+        out["cycles_per_s"] = scenarios["cycle"]["cycles_per_s"]
+    if "steps3" in scenarios:
+        by = {str(r["backlog"]): r["workflows_per_s"] for r in scenarios["steps3"]["backlogs"]}
+        out["steps3_workflows_per_s"] = min(by.values())
+        out["steps3_by_backlog"] = by
+    if "parked" in scenarios:
+        out["parked_ratio"] = scenarios["parked"]["ratio"]
+        out["parked_runs"] = scenarios["parked"]["parked"]
+    return out
+
+
+def targets(head: Result) -> list[Result]:
+    rows = []
+    for key, op, threshold, what in TARGETS:
+        value = head.get(key)
+        met = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
+        rows.append({"metric": key, "target": f"{op} {threshold:g}", "value": value, "met": met,
+                     "what": what})
+    return rows
+
+
+def _n(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+    return str(value)
+
+
+def _cpu(cpu: Result) -> str:
+    parts = [f"busy {cpu.get('machine_busy_pct')}%"]
+    if cpu.get("workers_us_per_job") is not None:
+        parts.append(f"workers {cpu['workers_us_per_job']:g} us/job")
+        parts.append(f"pg {cpu['postgres_us_per_job']:g} us/job")
+    return ", ".join(parts)
+
+
+def table(doc: Result) -> str:
+    env, cfg, sc = doc["environment"], doc["config"], doc["scenarios"]
+    pg = env["postgres"]
+    commit = env.get("commit_latency", {})
+    lines = [
+        f"shardq benchmarks{' (quick)' if doc['quick'] else ''}  {doc['started_at']}  "
+        f"commit {env['machine'].get('commit')}, engine {env['machine']['engine_fingerprint']}"
+        + (f" (uncommitted: {', '.join(env['machine']['engine_files_modified'])})"
+           if env["machine"]["engine_files_modified"] else ""),
+        f"PostgreSQL {pg['server_version']}: fsync={pg['fsync']} "
+        f"synchronous_commit={pg['synchronous_commit']} full_page_writes={pg['full_page_writes']}"
+        f" shared_buffers={pg['shared_buffers']}; one durable commit p50 "
+        f"{commit.get('p50_ms')} ms, p99 {commit.get('p99_ms')} ms",
+        f"machine: {env['machine']['cores']} cores, Python {env['machine']['python']}; "
+        f"load {env['machine']['load_average_1m_at_start']} at start; "
+        f"shards: {cfg['shards']} ({env['shards_source']})",
+        f"workers: {cfg['worker_processes']} processes x concurrency {cfg['concurrency']}, "
+        f"batch size {cfg['batch_size']}, poll {cfg['poll_interval_s']:g} s",
+        "",
+    ]
+    rows: list[tuple[str, str, str, str]] = []
+    if "floor" in sc:
+        for r in sc["floor"]["runs"]:
+            rows.append(("floor", f"raw SKIP LOCKED k={r['k']}", _n(r["jobs_per_s"]) + " jobs/s",
+                         f"{r['processes']} procs x {r['threads_per_process']} threads, "
+                         f"{r['jobs']:,} jobs in {r['seconds']:.2f} s; {_cpu(r['cpu'])}"))
+    if "claim" in sc:
+        c = sc["claim"]
+        wf, ef = c["workers_first"], c["enqueue_first"]
+        rows += [
+            ("claim", "enqueue bulk (start_many)", _n(c["enqueue_bulk_per_s"]) + " runs/s",
+             f"{c['enqueue_bulk_n']:,} in one call, no worker running"),
+            ("claim", "enqueue one by one (start)", _n(c["enqueue_single_per_s"]) + " runs/s",
+             f"{c['enqueue_single_n']:,} sequential calls, one thread"),
+            ("claim", "drain, workers first", _n(wf["jobs_per_s"]) + " jobs/s",
+             f"{wf['jobs']:,} noop; insert {wf['insert_s']:.2f} s incl.; {_cpu(wf['cpu'])}"),
+            ("claim", "drain, enqueue first", _n(ef["jobs_per_s"]) + " jobs/s",
+             f"from spawn; startup {ef['worker_startup_s']:.2f} s, "
+             f"{_n(ef['jobs_per_s_after_startup'])}/s after it"),
+        ]
+    if "steps3" in sc:
+        for r in sc["steps3"]["backlogs"]:
+            rows.append(("steps3", f"closed loop, backlog {r['backlog']:,}",
+                         _n(r["workflows_per_s"]) + " wf/s",
+                         f"{r['completed']:,} in {r['seconds']:.1f} s, mean depth "
+                         f"{r['mean_depth']:,}; tail drain {_n(r['tail_per_s'])}/s; "
+                         f"{_cpu(r['cpu'])}"))
+    if "cycle" in sc:
+        c = sc["cycle"]
+        rows.append(("cycle", "durable cycles", _n(c["cycles_per_s"]) + " cycles/s",
+                     f"{c['runs']:,} runs; start {c['start_s']:.2f} s, park {c['park_s']:.2f} s,"
+                     f" signal {c['signal_s']:.2f} s ({_n(c['signals_per_s'])}/s, "
+                     f"{c['signal_threads']} threads), tail {c['resume_tail_s']:.2f} s"))
+    if "wake" in sc:
+        w = sc["wake"]
+        for key, label in (("step_ms", "signal -> resumed step"),
+                           ("resumed_ms", "signal -> workflow resumed"),
+                           ("completed_seen_ms", "signal -> seen completed"),
+                           ("signal_call_ms", "Client.signal call")):
+            s = w[key]
+            rows.append(("wake", label, f"p50 {s['p50']:.2f} ms",
+                         f"p95 {s['p95']:.2f}, p99 {s['p99']:.2f}, max {s['max']:.2f} ms; "
+                         f"{w['samples']} samples, 1 worker, poll 60 s"))
+    if "parked" in sc:
+        p = sc["parked"]
+        rows += [
+            ("parked", "drain beside 0 parked", _n(p["without_jobs_per_s"]) + " jobs/s",
+             f"{p['jobs']:,} noop, median of {p['repeats']}"),
+            ("parked", f"drain beside {p['parked']:,} parked",
+             _n(p["with_jobs_per_s"]) + " jobs/s",
+             f"ratio {p['ratio']:.3f}; parked rows inserted by SQL at "
+             f"{_n(p['parked_insert_per_s'])}/s"),
+        ]
+    widths = [max(len(r[i]) for r in rows) if rows else 0 for i in range(3)]
+    for r in rows:
+        lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
+    head = doc["headline"]
+    if "shardq_over_floor" in head:
+        lines.append(f"\nshardq / floor at k={head['floor_batch']}: "
+                     f"{head['shardq_over_floor']:.3f}")
+    lines.append("\ntargets (2 cores, PG15, fsync on):")
+    for t in doc["targets"]:
+        mark = {True: "met", False: "MISSED", None: "not run"}[t["met"]]
+        lines.append(f"  {t['metric']:<24} {t['target']:>8}  {_n(t['value']):>10}  {mark:<7}  "
+                     f"{t['what']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m shardq.benchmarks.report RESULT.json`: the table of a saved result."""
+    if len(argv) != 1:
+        print("usage: python -m shardq.benchmarks.report RESULT.json", file=sys.stderr)
+        return 2
+    print(table(json.loads(Path(argv[0]).read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

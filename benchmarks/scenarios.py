@@ -1,0 +1,360 @@
+"""The scenarios. Each takes the Bench and returns a JSON-able dict of its numbers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from shardq.benchmarks.bench import Bench
+from shardq.benchmarks.db import BenchError, Poller, query
+from shardq.benchmarks.fleet import FleetConfig
+from shardq.benchmarks.floor import run_floor
+from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
+
+Scenario = Callable[[Bench], dict[str, Any]]
+PARKED_CHUNK = 100_000
+
+
+def floor(b: Bench) -> dict[str, Any]:
+    """The raw SKIP LOCKED loop at each batch size (and at shardq's own batch size)."""
+    return floor_at(b, b.sizes.floor_batches)
+
+
+def floor_at(b: Bench, batches_wanted: tuple[int, ...]) -> dict[str, Any]:
+    batches = sorted({*batches_wanted, b.fleet_config.batch_size})
+    runs = [
+        run_floor(b.urls, k=k, workers=b.fleet_config.workers, rows=b.sizes.floor_rows,
+                  max_seconds=b.sizes.floor_seconds)
+        for k in batches
+    ]
+    return {"runs": runs, "batch_size": b.fleet_config.batch_size,
+            "jobs_per_s": next(r["jobs_per_s"] for r in runs
+                               if r["k"] == b.fleet_config.batch_size)}
+
+
+def claim(b: Bench) -> dict[str, Any]:
+    """`noop` runs: enqueue rates, the enqueue-first drain, the workers-first drain."""
+    n, single = b.sizes.claim_n, b.sizes.single_n
+    b.stop_fleet()
+    b.reset(checkpoint=True)
+    # Enqueue first, no worker running: both enqueue rates, then spawn the workers.
+    t = time.perf_counter()
+    b.client.start_many("noop", [(f"ef-{i}", None) for i in range(n)])
+    bulk_s = time.perf_counter() - t
+    bar = Progress("enqueue one by one", single)
+    t = time.perf_counter()
+    for i in range(single):
+        b.client.start("noop", f"ef-single-{i}")
+        bar.update(i + 1)
+    single_s = time.perf_counter() - t
+    bar.close()
+    total = n + single
+    spawned = time.time()
+    fleet = b.spawn_fleet()
+    meter = CpuMeter(fleet.pids).start()
+    startup_s = fleet.wait_ready()
+    b.wait_drained(total, "drain (enqueue first)")
+    cpu_first = meter.stop(total)
+    end = b.finished("noop", "ef-", total)
+    enqueue_first = {
+        "jobs": total, "seconds": round(end - spawned, 3),
+        "jobs_per_s": round(total / (end - spawned), 1),
+        "worker_startup_s": round(startup_s, 3),
+        "jobs_per_s_after_startup": round(total / max(1e-9, end - spawned - startup_s), 1),
+        "cpu": cpu_first,
+    }
+    # Workers first: the same processes, now idle; one bulk insert, timed to the last commit.
+    b.reset(checkpoint=True)
+    time.sleep(1.5)  # every claim loop back asleep on its poll; only NOTIFY wakes them
+    workers_first = b.timed_drain("noop", "wf-", [(f"wf-{i}", None) for i in range(n)],
+                                  "drain (workers first)")
+    return {
+        "enqueue_bulk_per_s": round(n / bulk_s, 1),
+        "enqueue_bulk_n": n,
+        "enqueue_single_per_s": round(single / single_s, 1),
+        "enqueue_single_n": single,
+        "workers_first": workers_first,
+        "enqueue_first": enqueue_first,
+        "drain_jobs_per_s": workers_first["jobs_per_s"],
+        "worker_log_problems": b.fleet().errors()[:10],
+    }
+
+
+def steps3(b: Bench) -> dict[str, Any]:
+    """Three no-op steps per run, fed closed-loop to keep a constant backlog.
+
+    The feeder tops the backlog up with start_many in chunks of at most 1,000 runs.
+    """
+    return {"backlogs": [_steps3_at(b, backlog) for backlog in b.sizes.steps3_backlogs]}
+
+
+def _input(i: int) -> dict[str, Any]:
+    return {"customer": f"c-{i:06d}", "amount": 1000 + i % 9000}  # ~40 bytes of JSON
+
+
+def _steps3_at(b: Bench, backlog: int) -> dict[str, Any]:
+    fleet = b.fleet()
+    b.reset(checkpoint=True)
+    time.sleep(1.0)
+    prefix = f"s3-{backlog}-"
+    started = 0
+
+    def feed(count: int) -> None:
+        nonlocal started
+        b.client.start_many("steps3", [(f"{prefix}{started + i}", _input(started + i))
+                                       for i in range(count)])
+        started += count
+
+    chunk = max(100, min(backlog // 4, 1_000))
+    with Poller(b.urls) as poller, b.statements() as top:
+        feed(backlog)
+        t0 = time.time()
+        done0 = started - poller.total("active_tasks")
+        meter = CpuMeter(fleet.pids).start()
+        bar = Progress(f"steps3 backlog {backlog:,}", b.sizes.steps3_seconds, unit=" s",
+                       rate=False)
+        depths = []
+        while time.time() - t0 < b.sizes.steps3_seconds:
+            remaining = poller.total("active_tasks")
+            depths.append(remaining)
+            if remaining < backlog:
+                feed(min(chunk, backlog - remaining))
+            else:
+                time.sleep(0.005)
+            bar.update(time.time() - t0)
+        t1 = time.time()
+        done1 = started - poller.total("active_tasks")
+        bar.close()
+        cpu = meter.stop(done1 - done0)
+        # Stop feeding and let the backlog drain: a plain drain-from-backlog figure.
+        tail_n = started - done1
+        b.wait_drained(tail_n, f"steps3 tail {backlog:,}")
+    end = b.finished("steps3", prefix, started)
+    rate = (done1 - done0) / (t1 - t0)
+    return {
+        "backlog": backlog, "seconds": round(t1 - t0, 3), "completed": done1 - done0,
+        "workflows_per_s": round(rate, 1), "steps_per_s": round(3 * rate, 1),
+        "mean_depth": round(sum(depths) / max(1, len(depths))),
+        "tail_workflows": tail_n, "tail_per_s": round(tail_n / max(1e-9, end - t1), 1),
+        "input_bytes": len(json.dumps(_input(123456))), "cpu": cpu, **top,
+    }
+
+
+def cycle(b: Bench) -> dict[str, Any]:
+    """start -> park on a signal -> signal -> resume -> complete, M runs at once."""
+    m, threads = b.sizes.cycle_runs, b.sizes.signal_threads
+    fleet = b.fleet()
+    b.reset(checkpoint=True)
+    time.sleep(1.0)
+    with b.statements() as top:
+        meter = CpuMeter(fleet.pids).start()
+        t0 = time.time()
+        started = b.client.start_many("park", [(f"cy-{i}", None) for i in range(m)])
+        t_started = time.time()
+        with Poller(b.urls) as poller:
+            wait_for(lambda: _count_state(poller, "park", "cy-", "waiting"), m,
+                     label="cycle: parking", timeout=max(60.0, m / 100))
+            t_parked = time.time()
+            ids = [r.execution_id for r in started]
+            _signal_all(b, ids, threads)
+            t_signalled = time.time()
+            wait_for(lambda: _count_state(poller, "park", "cy-", "completed"), m,
+                     label="cycle: completing", timeout=max(60.0, m / 100), interval=0.05)
+        cpu = meter.stop(m)
+    end = b.finished("park", "cy-", m)
+    return {
+        "runs": m, "signal_threads": threads, "seconds": round(end - t0, 3),
+        "cycles_per_s": round(m / (end - t0), 1),
+        "start_s": round(t_started - t0, 3), "park_s": round(t_parked - t_started, 3),
+        "signal_s": round(t_signalled - t_parked, 3),
+        "signals_per_s": round(m / (t_signalled - t_parked), 1),
+        "resume_tail_s": round(end - t_signalled, 3),
+        "cpu": cpu, **top,
+    }
+
+
+def _count_state(poller: Poller, workflow: str, prefix: str, state: str) -> int:
+    params = {"workflow": workflow, "prefix": prefix + "%"}
+    return sum(int(r["n"]) for rows in poller.each("state_counts", params) for r in rows
+               if r["state"] == state)
+
+
+def _signal_all(b: Bench, ids: list[uuid.UUID], threads: int) -> None:
+    failures: list[BaseException] = []
+    sent = [0] * threads
+
+    def send(part: int) -> None:
+        try:
+            for execution_id in ids[part::threads]:
+                b.client.signal(execution_id, "go", {"n": 1})
+                sent[part] += 1
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    workers = [threading.Thread(target=send, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    bar = Progress("cycle: signalling", len(ids))
+    while any(w.is_alive() for w in workers):
+        bar.update(sum(sent))
+        time.sleep(0.05)
+    bar.close()
+    if failures:
+        raise BenchError(f"signal failed: {failures[0]!r}")
+
+
+def wake(b: Bench) -> dict[str, Any]:
+    """Signal -> resumed-step latency with one idle worker whose safety poll is 60 s."""
+    samples = b.sizes.wake_samples
+    b.reset()
+    # The standard fleet parks the probes; then a single worker with a 60 s safety poll
+    # takes over, so nothing but a NOTIFY can wake it within the measurement.
+    b.fleet()
+    started = b.client.start_many("wake_probe", [(f"wk-{i}", None) for i in range(samples)])
+    with Poller(b.urls) as poller:
+        wait_for(lambda: _count_state(poller, "wake_probe", "wk-", "waiting"), samples,
+                 label="wake: parking", timeout=60)
+    b.stop_fleet()
+    config = FleetConfig(workers=1, concurrency=b.fleet_config.concurrency,
+                         batch_size=b.fleet_config.batch_size, poll_interval=60.0)
+    b.spawn_fleet(config).wait_ready()
+    time.sleep(1.5)  # the worker's claim loop is asleep on its 60 s poll
+    sent: dict[str, tuple[float, float, float]] = {}
+    bar = Progress("wake samples", samples)
+    for i, run in enumerate(started):
+        time.sleep(0.01)
+        t0 = time.time()
+        b.client.signal(run.execution_id, "go")
+        t_signal = time.time()
+        t_seen = _poll_completed(b, run.execution_id, timeout=10.0)
+        sent[f"wk-{i}"] = (t0, t_signal, t_seen)
+        bar.update(i + 1)
+    bar.close()
+    problems = b.stop_fleet()
+    resumed, stepped, seen, signal_call = [], [], [], []
+    outputs = [r for url in b.urls for r in query(url, "wake_outputs")]
+    for row in outputs:
+        t0, t_signal, t_seen = sent[row["workflow_id"]]
+        out = json.loads(row["output"])
+        resumed.append(1000 * (out["resumed_at"] - t0))
+        stepped.append(1000 * (out["step_at"] - t0))
+        seen.append(1000 * (t_seen - t0))
+        signal_call.append(1000 * (t_signal - t0))
+    if len(outputs) != samples:
+        raise BenchError(f"wake: {len(outputs)} of {samples} probes completed")
+    step = _ms(percentiles(stepped))
+    return {
+        "samples": samples, "worker": config.describe(),
+        "step_ms": step, "resumed_ms": _ms(percentiles(resumed)),
+        "completed_seen_ms": _ms(percentiles(seen)),
+        "signal_call_ms": _ms(percentiles(signal_call)),
+        "p50_ms": step["p50"], "p95_ms": step["p95"], "p99_ms": step["p99"],
+        "worker_log_problems": problems[:10],
+    }
+
+
+def _ms(stats: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in stats.items()}
+
+
+def _poll_completed(b: Bench, execution_id: uuid.UUID, timeout: float) -> float:
+    """Epoch time the run was first seen completed, polling every 2 ms."""
+    deadline = time.monotonic() + timeout
+    while True:
+        execution = b.client.store.get_execution(execution_id)
+        now = time.time()
+        if execution is not None and execution.state.terminal:
+            return now
+        if time.monotonic() > deadline:
+            raise BenchError(f"wake: run {execution_id} not completed after {timeout} s")
+        time.sleep(0.002)
+
+
+def parked(b: Bench) -> dict[str, Any]:
+    """The workers-first `noop` drain with 0 and with many parked runs beside it.
+
+    Each side drains `repeats` times (fresh run ids each time; the completed rows of
+    earlier drains stay) and the median counts. The parked rows are inserted by SQL,
+    then ANALYZEd and CHECKPOINTed, as autovacuum and the checkpointer would have done
+    long before a real million runs had parked.
+    """
+    n, count, repeats = b.sizes.claim_n, b.sizes.parked, b.sizes.parked_repeats
+    b.fleet()
+    b.reset(checkpoint=True)
+    time.sleep(1.0)
+    empty = [b.timed_drain("noop", f"p0{r}-", [(f"p0{r}-{i}", None) for i in range(n)],
+                           f"drain beside 0 parked ({r + 1}/{repeats})")
+             for r in range(repeats)]
+    b.reset()
+    insert_s = _insert_parked(b, count)
+    for url in b.urls:
+        query(url, "analyze_queue")
+    b.checkpoint()
+    time.sleep(1.0)
+    sizes = [r for url in b.urls for r in query(url, "table_sizes")]
+    full = [b.timed_drain("noop", f"pN{r}-", [(f"pN{r}-{i}", None) for i in range(n)],
+                          f"drain beside {count:,} parked ({r + 1}/{repeats})")
+            for r in range(repeats)]
+    b.reset()
+    without, with_parked = _median(empty), _median(full)
+    return {
+        "parked": count, "jobs": n, "repeats": repeats,
+        "parked_insert_s": round(insert_s, 2),
+        "parked_insert_per_s": round(count / insert_s, 1),
+        "without_jobs_per_s": without, "with_jobs_per_s": with_parked,
+        "ratio": round(with_parked / without, 3),
+        "without_runs": empty, "with_runs": full,
+        "tables_with_parked": _sum_sizes(sizes),
+    }
+
+
+def _median(runs: list[dict[str, Any]]) -> float:
+    rates = sorted(r["jobs_per_s"] for r in runs)
+    mid = len(rates) // 2
+    return float(rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2)
+
+
+def _sum_sizes(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        entry = out.setdefault(r["name"], {"rows": 0, "mb": 0})
+        entry["rows"] += max(0, int(r["rows"]))
+        entry["mb"] += round(int(r["bytes"]) / 2**20)
+    return out
+
+
+def _insert_parked(b: Bench, count: int) -> float:
+    """Parked runs straight into the tables (see queries.sql, insert_parked)."""
+    shards = b.shards.map.shards
+    per_shard = count // len(shards)
+    ms0 = int(time.time() * 1000) - per_shard - 600_000
+    bar = Progress("inserting parked runs", per_shard * len(shards))
+    t = time.perf_counter()
+    done = 0
+    for shard in shards:
+        for start in range(1, per_shard + 1, PARKED_CHUNK):
+            stop = min(per_shard, start + PARKED_CHUNK - 1)
+            query(shard.url, "insert_parked", {
+                "ms0": ms0, "first_bucket": shard.first_bucket,
+                "span": shard.last_bucket - shard.first_bucket + 1,
+                "salt": f"{shard.name}-", "start": start, "stop": stop,
+            })
+            done += stop - start + 1
+            bar.update(done)
+    bar.close()
+    return time.perf_counter() - t
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "floor": floor,
+    "claim": claim,
+    "steps3": steps3,
+    "cycle": cycle,
+    "parked": parked,
+    "wake": wake,
+}
+"""In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

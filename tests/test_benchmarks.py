@@ -1,0 +1,36 @@
+"""The benchmark suite runs end to end at toy sizes (numbers are not judged here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import Server
+from .support import ROOT
+
+
+@pytest.mark.slow
+def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+    env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
+    result = subprocess.run(
+        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "claim", "wake",
+         "-n", "300", "--single", "20", "--floor-rows", "3000", "--floor-seconds", "0.5",
+         "--floor-batches", "10", "--workers", "1", "--concurrency", "10",
+         "--batch-size", "10", "--wake-samples", "20", "--json", "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["floor_batch"] == 10
+    assert report["floor_jobs_per_s"] > 0
+    assert report["drain_jobs_per_s"] > 0
+    assert report["enqueue_single_per_s"] > 0
+    assert 0 < report["wake_p50_ms"] <= report["wake_p99_ms"]
+    config = report["config"]
+    assert (config["shards"], config["worker_processes"], config["batch_size"]) == (2, 1, 10)
+    assert report["environment"]["postgres"]["fsync"] in ("on", "off")

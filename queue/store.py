@@ -1,10 +1,11 @@
 """The one seam between shardq and a shard's tables.
 
 Every statement comes from queue/queries.sql (the listing's dynamic filters
-from queue/listing.py). Methods pick the shard's pooled connection and run a
-body that takes any connection, so several operations can share one commit.
-psycopg errors stop here: callers see ShardUnavailable, StoreRejected and the
-engine's own errors.
+from queue/listing.py). Each method is one transaction on the shard its
+arguments route to, and as few round trips as the statement shapes allow: a
+lone statement on an autocommit connection, several as one pipeline. The
+driver's errors stop here: callers see ShardUnavailable, StoreRejected,
+StoreConflict and the engine's own errors.
 """
 
 from __future__ import annotations

@@ -99,129 +99,26 @@ CROSS JOIN LATERAL (
 -- Seconds until the earliest task (timer, retry or lease expiry) is due.
 SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM shardq.tasks
 
--- name: fence_commits
--- The first statement of a commit batch. Locks the task rows still leased with
--- each commit's token (in id order, so two batches never deadlock), then stamps
--- each fenced execution with the commit's next token and this batch's attempt
--- id, and applies its state. Later statements of the batch only touch
--- executions carrying the attempt id, so a commit that lost its lease (or
--- landed in an earlier attempt) writes nothing.
-WITH req AS (
-    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(next_tokens)b::uuid[],
-                         %(states)s::text[], %(outputs)s::jsonb[], %(errors)s::jsonb[])
-        AS r(id, token, next, state, output, error)
-), fenced AS (
-    SELECT t.execution_id
-    FROM shardq.tasks t
-    WHERE t.execution_id = ANY(%(ids)b::uuid[])
-      AND (t.execution_id, t.lease_token) IN (SELECT id, token FROM req)
-    ORDER BY t.execution_id
-    FOR UPDATE OF t
+-- name: commit_turns
+-- A batch of turn commits, fenced by lease tokens: schema/0002 holds the body.
+SELECT id, cancel_requested
+FROM shardq.commit_turns(
+    %(lease_s)s,
+    %(c_ids)b::uuid[], %(c_tokens)b::uuid[], %(c_next)b::uuid[], %(c_states)s::text[],
+    %(c_outputs)s::jsonb[], %(c_errors)s::jsonb[], %(c_actions)s::text[],
+    %(c_delays)s::float8[], %(c_close_wait)s::boolean[],
+    %(e_ids)b::uuid[], %(e_positions)s::int[], %(e_kinds)s::text[], %(e_names)s::text[],
+    %(e_payloads)s::jsonb[], %(e_wake_ins)s::float8[],
+    %(w_ids)b::uuid[], %(w_positions)s::int[], %(w_kinds)s::text[], %(w_names)s::text[],
+    %(w_deadline_ins)s::float8[], %(w_requests)s::jsonb[],
+    %(s_ids)s::bigint[], %(s_positions)s::int[],
+    %(p_ids)b::uuid[], %(p_names)s::text[]
 )
-UPDATE shardq.executions x
-SET commit_token = r.next,
-    commit_attempt = %(attempt)s,
-    state = coalesce(r.state, x.state),
-    output = coalesce(r.output, x.output),
-    error = coalesce(r.error, x.error),
-    updated_at = now(),
-    finished_at = CASE WHEN r.state IN ('completed', 'failed', 'cancelled', 'timed_out')
-                       THEN now() ELSE x.finished_at END
-FROM req r JOIN fenced f ON f.execution_id = r.id
-WHERE x.id = r.id AND x.id = ANY(%(ids)b::uuid[])
-RETURNING x.id, x.cancel_requested
 
 -- name: landed_commits
 -- After a lost connection: which commits of the failed attempt had landed.
 SELECT id FROM shardq.executions
 WHERE id = ANY(%(ids)b::uuid[]) AND commit_token = ANY(%(next_tokens)b::uuid[])
-
--- name: insert_history
-INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-SELECT e.execution_id, e.position, e.kind, e.name,
-       CASE WHEN e.wake_in IS NULL THEN e.payload
-            ELSE e.payload || jsonb_build_object('wake_at', now() + make_interval(secs => e.wake_in))
-       END
-FROM unnest(%(ids)b::uuid[], %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
-            %(payloads)s::jsonb[], %(wake_ins)s::float8[])
-     WITH ORDINALITY AS e(execution_id, position, kind, name, payload, wake_in, ord)
-WHERE e.execution_id IN (
-    SELECT id FROM shardq.executions WHERE id = ANY(%(ids)b::uuid[]) AND commit_attempt = %(attempt)s
-)
-ORDER BY e.ord
-
--- name: close_waits
-DELETE FROM shardq.waits w
-WHERE w.execution_id = ANY(%(ids)b::uuid[])
-  AND w.execution_id IN (
-    SELECT id FROM shardq.executions WHERE id = ANY(%(ids)b::uuid[]) AND commit_attempt = %(attempt)s
-  )
-
--- name: open_waits
-INSERT INTO shardq.waits (execution_id, position, kind, name, deadline, request)
-SELECT w.id, w.position, w.kind, w.name,
-       now() + make_interval(secs => w.deadline_in), w.request
-FROM unnest(%(ids)b::uuid[], %(positions)s::int[], %(kinds)s::text[], %(names)s::text[],
-            %(deadline_ins)s::float8[], %(requests)s::jsonb[])
-     AS w(id, position, kind, name, deadline_in, request)
-WHERE w.id IN (
-    SELECT id FROM shardq.executions WHERE id = ANY(%(ids)b::uuid[]) AND commit_attempt = %(attempt)s
-)
-ON CONFLICT (execution_id) DO UPDATE
-SET position = excluded.position, kind = excluded.kind, name = excluded.name,
-    deadline = excluded.deadline, request = excluded.request
-
--- name: consume_signals
-UPDATE shardq.signals s
-SET consumed_at = now(), consumed_position = c.position
-FROM unnest(%(signal_ids)s::bigint[], %(positions)s::int[]) AS c(id, position)
-WHERE s.id = ANY(%(signal_ids)s::bigint[]) AND s.id = c.id AND s.consumed_at IS NULL
-  AND s.execution_id IN (
-    SELECT id FROM shardq.executions
-    WHERE id = ANY(%(ids)b::uuid[]) AND commit_attempt = %(attempt)s
-  )
-
--- name: delete_tasks
-DELETE FROM shardq.tasks t
-WHERE t.execution_id = ANY(%(ids)b::uuid[])
-  AND (t.execution_id, t.lease_token) IN (
-    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[])
-  )
-
--- name: keep_tasks
--- Checkpoint: rotate the token. run_at (the lease expiry) is left to the
--- heartbeat so the update stays HOT (no indexed column changes).
-UPDATE shardq.tasks t
-SET lease_token = k.next
-FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(next_tokens)b::uuid[]) AS k(id, token, next)
-WHERE t.execution_id = ANY(%(ids)b::uuid[]) AND t.execution_id = k.id
-  AND t.lease_token = k.token
-
--- name: schedule_tasks
-UPDATE shardq.tasks t
-SET lease_token = NULL, lease_owner = NULL,
-    run_at = now() + make_interval(secs => s.delay)
-FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(delays)s::float8[]) AS s(id, token, delay)
-WHERE t.execution_id = ANY(%(ids)b::uuid[]) AND t.execution_id = s.id
-  AND t.lease_token = s.token
-
--- name: wake_if_signal_pending
--- A run parking on a signal that already arrived stays due. The task and
--- executions row locks taken earlier in this commit order us against the
--- sender, which takes the same locks in the same order.
-INSERT INTO shardq.tasks (execution_id, run_at)
-SELECT p.id, now()
-FROM unnest(%(ids)b::uuid[], %(names)s::text[]) AS p(id, name)
-WHERE p.id IN (
-    SELECT id FROM shardq.executions WHERE id = ANY(%(ids)b::uuid[]) AND commit_attempt = %(attempt)s
-)
-AND EXISTS (
-    SELECT 1 FROM shardq.signals s
-    WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL
-)
-ON CONFLICT (execution_id) DO UPDATE
-SET run_at = now(), lease_token = NULL, lease_owner = NULL
-RETURNING execution_id
 
 -- name: extend_leases
 -- Heartbeat. Rows a commit batch holds are skipped, not waited for: that

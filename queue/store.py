@@ -31,7 +31,6 @@ from shardq.queue.models import (
     SignalResult,
     StartResult,
     State,
-    TaskAction,
     TurnCommit,
 )
 from shardq.shards.config import Shard
@@ -276,102 +275,51 @@ class Store:
 def _commit_turns(
     conn: DictConnection, commits: Sequence[TurnCommit], lease_s: float
 ) -> dict[uuid.UUID, CommitOutcome]:
-    """Every statement of the batch and its COMMIT in one pipelined round trip.
+    """The whole batch as one statement: shardq.commit_turns() (schema/0002).
 
-    At most one commit per execution, so the statements, grouped by table, keep
+    At most one commit per execution, so the writes, grouped by table, keep
     each execution's own order.
     """
     ids = [c.execution_id for c in commits]
     if len(set(ids)) != len(ids):
         raise ValueError("commit_turns takes at most one commit per execution")
-    attempt = uuid.uuid4()
-    with conn.pipeline(), conn.transaction():
-        fenced = conn.execute(SQL["fence_commits"], {
-            "attempt": attempt,
-            "ids": ids,
-            "tokens": [c.lease_token for c in commits],
-            "next_tokens": [c.next_token for c in commits],
-            "states": [c.state.value if c.state else None for c in commits],
-            "outputs": [c.output_json for c in commits],
-            "errors": [json.dumps(c.error) if c.error is not None else None for c in commits],
-        })
-        _queue_commit_statements(conn, commits, attempt, lease_s)
-    owned = {r["id"]: bool(r["cancel_requested"]) for r in fenced.fetchall()}
+    events = [(c.execution_id, e) for c in commits for e in c.events]
+    waits = [(c.execution_id, c.open_wait) for c in commits if c.open_wait is not None]
+    consumed = [pair for c in commits for pair in c.consumed_signals]
+    parking = [c for c in commits if c.wake_on_signal is not None]
+    rows = conn.execute(SQL["commit_turns"], {
+        "lease_s": lease_s,
+        "c_ids": ids,
+        "c_tokens": [c.lease_token for c in commits],
+        "c_next": [c.next_token for c in commits],
+        "c_states": [c.state.value if c.state else None for c in commits],
+        "c_outputs": [c.output_json for c in commits],
+        "c_errors": [json.dumps(c.error) if c.error is not None else None for c in commits],
+        "c_actions": [c.task.value for c in commits],
+        "c_delays": [c.delay for c in commits],
+        "c_close_wait": [c.close_wait and c.open_wait is None for c in commits],
+        "e_ids": [i for i, _ in events],
+        "e_positions": [e.position for _, e in events],
+        "e_kinds": [e.kind.value for _, e in events],
+        "e_names": [e.name for _, e in events],
+        "e_payloads": [json.dumps(e.payload) for _, e in events],
+        "e_wake_ins": [e.wake_in for _, e in events],
+        "w_ids": [i for i, _ in waits],
+        "w_positions": [w.position for _, w in waits],
+        "w_kinds": [w.kind for _, w in waits],
+        "w_names": [w.name for _, w in waits],
+        "w_deadline_ins": [w.deadline_in for _, w in waits],
+        "w_requests": [json.dumps(w.request) if w.request else None for _, w in waits],
+        "s_ids": [sid for sid, _ in consumed],
+        "s_positions": [pos for _, pos in consumed],
+        "p_ids": [c.execution_id for c in parking],
+        "p_names": [c.wake_on_signal for c in parking],
+    }).fetchall()
+    owned = {r["id"]: bool(r["cancel_requested"]) for r in rows}
     return {
         c.execution_id: CommitOutcome(c.execution_id in owned, owned.get(c.execution_id, False))
         for c in commits
     }
-
-
-def _queue_commit_statements(
-    conn: DictConnection, commits: Sequence[TurnCommit], attempt: uuid.UUID, lease_s: float
-) -> None:
-    """Queue the batch's writes behind the fence; each touches only fenced executions.
-
-    No NOTIFY here: a timer or a raced wake-up made due by this commit is the
-    committing worker's own to claim, and it pokes its claim loop in-process
-    (queue/worker.py). Hot commits stay clear of NOTIFY's commit-order lock.
-    """
-    events = [(c.execution_id, e) for c in commits for e in c.events]
-    if events:
-        conn.execute(SQL["insert_history"], {
-            "attempt": attempt,
-            "ids": [i for i, _ in events],
-            "positions": [e.position for _, e in events],
-            "kinds": [e.kind.value for _, e in events],
-            "names": [e.name for _, e in events],
-            "payloads": [json.dumps(e.payload) for _, e in events],
-            "wake_ins": [e.wake_in for _, e in events],
-        })
-    closing = [c.execution_id for c in commits if c.close_wait and c.open_wait is None]
-    if closing:
-        conn.execute(SQL["close_waits"], {"attempt": attempt, "ids": closing})
-    waits = [(c.execution_id, c.open_wait) for c in commits if c.open_wait is not None]
-    if waits:
-        conn.execute(SQL["open_waits"], {
-            "attempt": attempt,
-            "ids": [i for i, _ in waits],
-            "positions": [w.position for _, w in waits],
-            "kinds": [w.kind for _, w in waits],
-            "names": [w.name for _, w in waits],
-            "deadline_ins": [w.deadline_in for _, w in waits],
-            "requests": [json.dumps(w.request) if w.request else None for _, w in waits],
-        })
-    consumed = [(sid, pos) for c in commits for sid, pos in c.consumed_signals]
-    if consumed:
-        conn.execute(SQL["consume_signals"], {
-            "attempt": attempt,
-            "ids": [c.execution_id for c in commits if c.consumed_signals],
-            "signal_ids": [sid for sid, _ in consumed],
-            "positions": [pos for _, pos in consumed],
-        })
-    parking = [c for c in commits if c.wake_on_signal is not None]
-    by_action = {a: [c for c in commits if c.task is a] for a in TaskAction}
-    # Task rows last: until here they hold the lease token the guards rely on.
-    if by_action[TaskAction.DELETE]:
-        conn.execute(SQL["delete_tasks"], {
-            "ids": [c.execution_id for c in by_action[TaskAction.DELETE]],
-            "tokens": [c.lease_token for c in by_action[TaskAction.DELETE]],
-        })
-    if by_action[TaskAction.KEEP]:
-        conn.execute(SQL["keep_tasks"], {
-            "ids": [c.execution_id for c in by_action[TaskAction.KEEP]],
-            "tokens": [c.lease_token for c in by_action[TaskAction.KEEP]],
-            "next_tokens": [c.next_token for c in by_action[TaskAction.KEEP]],
-            "lease_s": lease_s,
-        })
-    if by_action[TaskAction.SCHEDULE]:
-        conn.execute(SQL["schedule_tasks"], {
-            "ids": [c.execution_id for c in by_action[TaskAction.SCHEDULE]],
-            "tokens": [c.lease_token for c in by_action[TaskAction.SCHEDULE]],
-            "delays": [c.delay for c in by_action[TaskAction.SCHEDULE]],
-        })
-    if parking:
-        conn.execute(SQL["wake_if_signal_pending"], {
-            "attempt": attempt,
-            "ids": [c.execution_id for c in parking],
-            "names": [c.wake_on_signal for c in parking],
-        })
 
 
 def _execution(row: dict[str, Any]) -> Execution:

@@ -101,10 +101,10 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
 class WorkflowContext:
     """What a workflow function can do. Every method is safe to replay."""
 
-    def __init__(self, claim: Claim, checkpoint: Checkpoint, *, lease_token: uuid.UUID) -> None:
+    def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
         self._claim = claim
         self._checkpoint = checkpoint
-        self._token = lease_token
+        self._token = claim.lease_token  # rotated by every commit that lands
         self._started = time.monotonic()
         self._position = 0
         self._recorded: dict[int, list[HistoryEvent]] = {}

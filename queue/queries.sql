@@ -157,9 +157,6 @@ FROM held
 WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
 
--- name: held_leases
-SELECT count(*) AS held FROM shardq.tasks WHERE lease_token IS NOT NULL AND run_at > now()
-
 -- name: get_execution
 SELECT id, tenant, workflow_name, workflow_version, workflow_id, state, input, output, error,
        cancel_requested, created_at, updated_at, finished_at

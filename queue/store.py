@@ -156,19 +156,18 @@ class Store:
         self, shard: Shard, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], lease_s: float
     ) -> set[uuid.UUID]:
         """Push back the expiry of leases still held; returns the ids that were extended."""
-        return self._lease_update(shard, "extend_leases", leases, {"lease_s": lease_s})
+        return self._lease_update(shard, SQL["extend_leases"], leases, {"lease_s": lease_s})
 
     def release_leases(
         self, shard: Shard, leases: Sequence[tuple[uuid.UUID, uuid.UUID]]
     ) -> set[uuid.UUID]:
         """Make leased tasks due now (shutdown); returns the ids released."""
-        released = self._lease_update(shard, "release_leases", leases, {}, notify=True)
-        return released
+        return self._lease_update(shard, SQL["release_leases"], leases, {}, notify=True)
 
     def _lease_update(
         self,
         shard: Shard,
-        query: str,
+        statement: str,
         leases: Sequence[tuple[uuid.UUID, uuid.UUID]],
         extra: dict[str, Any],
         *,
@@ -178,15 +177,10 @@ class Store:
             return set()
         params = {"ids": [i for i, _ in leases], "tokens": [t for _, t in leases], **extra}
         with self.transaction(shard) as conn:
-            done = {r["execution_id"] for r in conn.execute(SQL[query], params)}
+            done = {r["execution_id"] for r in conn.execute(statement, params)}
             if notify and done:
                 conn.execute(SQL["notify_wake"])
         return done
-
-    def held_leases(self, shard: Shard) -> int:
-        with self._connection(shard) as conn:
-            row = conn.execute(SQL["held_leases"]).fetchone()
-        return int(row["held"]) if row else 0
 
     # -- committing turns ----------------------------------------------------
 

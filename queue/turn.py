@@ -37,7 +37,7 @@ class TurnOutcome:
 
 
 def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnOutcome:
-    ctx = WorkflowContext(claim, checkpoint, lease_token=claim.lease_token)
+    ctx = WorkflowContext(claim, checkpoint)
     try:
         definition = registry.get(claim.workflow_name, claim.workflow_version)
     except UnknownWorkflow as exc:

@@ -90,10 +90,8 @@ class Worker:
                               max_batch=self.config.commit_batch)
             for s in self.shards
         }
-        self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
         self._listeners: list[WakeListener] = []
-        self.turns_done = 0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -120,7 +118,6 @@ class Worker:
         # process alive; its lease has been handed back by then.
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
         return thread
 
     def stop(self, *, drain_timeout_s: float | None = None) -> int:
@@ -227,7 +224,6 @@ class Worker:
             finally:
                 with self._idle:
                     self._inflight.pop(claim.execution_id, None)
-                    self.turns_done += 1
                     self._idle.notify_all()
                 # A freed slot may serve any shard, not only the one it came from.
                 self.wake()

@@ -53,6 +53,16 @@ def _timer_commit(execution_id: uuid.UUID, token: uuid.UUID, seconds: float) -> 
     )
 
 
+def _park_on_go(execution_id: uuid.UUID, token: uuid.UUID) -> TurnCommit:
+    """The commit a turn makes when its run starts waiting for signal `go`."""
+    return TurnCommit(
+        execution_id, token,
+        events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
+        state=State.WAITING, task=TaskAction.DELETE, wake_on_signal="go",
+        open_wait=OpenWait(0, "signal", "go"),
+    )
+
+
 def test_timer_is_not_claimable_before_its_wake_time(client: Client, store: Store) -> None:
     run = client.start("job", "timer-1")
     shard = _shard_of(client, run.execution_id)
@@ -153,12 +163,7 @@ def test_parked_runs_are_not_claimed_and_claims_carry_history_and_signals(
     run = client.start("job", "park-1")
     shard = _shard_of(client, run.execution_id)
     (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)[0]
-    park = TurnCommit(
-        run.execution_id, claim.lease_token,
-        events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
-        state=State.WAITING, task=TaskAction.DELETE, wake_on_signal="go",
-        open_wait=OpenWait(0, "signal", "go"),
-    )
+    park = _park_on_go(run.execution_id, claim.lease_token)
     assert store.commit_turns(shard, [park], lease_s=30)[run.execution_id].landed
     assert store.claim(shard, owner="a", limit=10, lease_s=30)[0] == []
     client.signal(run.execution_id, "other", {"x": 1})
@@ -179,12 +184,7 @@ def test_parking_races_a_signal_without_losing_the_wake_up(
         run = client.start("job", f"race-{attempt}")
         shard = _shard_of(client, run.execution_id)
         (claim,) = store.claim(shard, owner="a", limit=1, lease_s=30)[0]
-        park = TurnCommit(
-            run.execution_id, claim.lease_token,
-            events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
-            state=State.WAITING, task=TaskAction.DELETE, wake_on_signal="go",
-            open_wait=OpenWait(0, "signal", "go"),
-        )
+        park = _park_on_go(run.execution_id, claim.lease_token)
         barrier = threading.Barrier(2)
 
         def park_it(commit: TurnCommit, on: Shard, gate: threading.Barrier) -> None:

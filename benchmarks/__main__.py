@@ -30,6 +30,13 @@ from shardq.benchmarks.report import headline, table, targets
 from shardq.benchmarks.scenarios import SCENARIOS, floor_at
 
 
+def _positive(text: str) -> int:
+    (value,) = _ints(text) if "," not in text else (0,)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected one integer >= 1, got {text!r}")
+    return value
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
@@ -71,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wake-samples", type=int, help="signals timed in `wake` (>= 200 advised)")
     p.add_argument("--cycles", type=int, help="parked runs signalled in `cycle`")
     p.add_argument("--signal-threads", type=int, help="threads sending signals in `cycle`")
+    p.add_argument("--signal-batch", type=_positive,
+                   help="signals per Client.signal_many call in `cycle` (1: Client.signal)")
     p.add_argument("--backlogs", type=_ints, help="steps3 backlog depths (default 2000,20000)")
     p.add_argument("--steps3-seconds", type=float, help="closed-loop window per backlog")
     p.add_argument("--parked", type=int, help="parked runs beside the second drain")
@@ -93,7 +102,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
         "claim_n": args.jobs, "single_n": args.single, "floor_batches": args.floor_batches,
         "floor_rows": args.floor_rows, "floor_seconds": args.floor_seconds,
         "wake_samples": args.wake_samples, "cycle_runs": args.cycles,
-        "signal_threads": args.signal_threads, "steps3_backlogs": args.backlogs,
+        "signal_threads": args.signal_threads,
+        "signal_batch": args.signal_batch, "steps3_backlogs": args.backlogs,
         "steps3_seconds": args.steps3_seconds, "parked": args.parked,
         "parked_repeats": args.parked_repeats,
     }

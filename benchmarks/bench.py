@@ -44,6 +44,7 @@ class Sizes:
     wake_samples: int
     cycle_runs: int
     signal_threads: int
+    signal_batch: int
     steps3_backlogs: tuple[int, ...]
     steps3_seconds: float
     parked: int
@@ -53,14 +54,16 @@ class Sizes:
     def full(cls) -> Sizes:
         return cls(claim_n=20_000, single_n=1_000, floor_rows=200_000, floor_seconds=5.0,
                    floor_batches=(1, 10, 100), wake_samples=500, cycle_runs=10_000,
-                   signal_threads=8, steps3_backlogs=(2_000, 20_000), steps3_seconds=10.0,
+                   signal_threads=8, signal_batch=50,
+                   steps3_backlogs=(2_000, 20_000), steps3_seconds=10.0,
                    parked=1_000_000, parked_repeats=3)
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(claim_n=3_000, single_n=200, floor_rows=30_000, floor_seconds=1.0,
                    floor_batches=(1, 10, 100), wake_samples=200, cycle_runs=600,
-                   signal_threads=8, steps3_backlogs=(500, 2_000), steps3_seconds=2.0,
+                   signal_threads=8, signal_batch=50,
+                   steps3_backlogs=(500, 2_000), steps3_seconds=2.0,
                    parked=100_000, parked_repeats=1)
 
 

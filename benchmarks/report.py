@@ -129,7 +129,8 @@ def table(doc: Result) -> str:
         rows.append(("cycle", "durable cycles", _n(c["cycles_per_s"]) + " cycles/s",
                      f"{c['runs']:,} runs; start {c['start_s']:.2f} s, park {c['park_s']:.2f} s,"
                      f" signal {c['signal_s']:.2f} s ({_n(c['signals_per_s'])}/s, "
-                     f"{c['signal_threads']} threads), tail {c['resume_tail_s']:.2f} s"))
+                     f"{c['signal_threads']} threads x {c.get('signal_batch', 1)} per call), "
+                     f"tail {c['resume_tail_s']:.2f} s"))
     if "wake" in sc:
         w = sc["wake"]
         for key, label in (("step_ms", "signal -> resumed step"),

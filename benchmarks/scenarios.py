@@ -14,6 +14,7 @@ from shardq.benchmarks.db import BenchError, Poller, query
 from shardq.benchmarks.fleet import FleetConfig
 from shardq.benchmarks.floor import run_floor
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
+from shardq.queue.models import SignalRequest
 
 Scenario = Callable[[Bench], dict[str, Any]]
 PARKED_CHUNK = 100_000
@@ -146,7 +147,7 @@ def _steps3_at(b: Bench, backlog: int) -> dict[str, Any]:
 
 def cycle(b: Bench) -> dict[str, Any]:
     """start -> park on a signal -> signal -> resume -> complete, M runs at once."""
-    m, threads = b.sizes.cycle_runs, b.sizes.signal_threads
+    m, threads, batch = b.sizes.cycle_runs, b.sizes.signal_threads, b.sizes.signal_batch
     fleet = b.fleet()
     b.reset(checkpoint=True)
     time.sleep(1.0)
@@ -160,14 +161,14 @@ def cycle(b: Bench) -> dict[str, Any]:
                      label="cycle: parking", timeout=max(60.0, m / 100))
             t_parked = time.time()
             ids = [r.execution_id for r in started]
-            _signal_all(b, ids, threads)
+            _signal_all(b, ids, threads, batch)
             t_signalled = time.time()
             wait_for(lambda: _count_state(poller, "park", "cy-", "completed"), m,
                      label="cycle: completing", timeout=max(60.0, m / 100), interval=0.05)
         cpu = meter.stop(m)
     end = b.finished("park", "cy-", m)
     return {
-        "runs": m, "signal_threads": threads, "seconds": round(end - t0, 3),
+        "runs": m, "signal_threads": threads, "signal_batch": batch, "seconds": round(end - t0, 3),
         "cycles_per_s": round(m / (end - t0), 1),
         "start_s": round(t_started - t0, 3), "park_s": round(t_parked - t_started, 3),
         "signal_s": round(t_signalled - t_parked, 3),
@@ -183,15 +184,25 @@ def _count_state(poller: Poller, workflow: str, prefix: str, state: str) -> int:
                if r["state"] == state)
 
 
-def _signal_all(b: Bench, ids: list[uuid.UUID], threads: int) -> None:
+def _signal_all(b: Bench, ids: list[uuid.UUID], threads: int, batch: int) -> None:
+    """Each thread sends its share one by one (batch 1) or `batch` per signal_many call."""
     failures: list[BaseException] = []
     sent = [0] * threads
 
     def send(part: int) -> None:
+        mine = ids[part::threads]
         try:
-            for execution_id in ids[part::threads]:
-                b.client.signal(execution_id, "go", {"n": 1})
-                sent[part] += 1
+            for i in range(0, len(mine), batch):
+                chunk = mine[i:i + batch]
+                if batch == 1:
+                    b.client.signal(chunk[0], "go", {"n": 1})
+                else:
+                    results = b.client.signal_many([SignalRequest(x, "go", {"n": 1})
+                                                    for x in chunk])
+                    refused = [r.error for r in results if r.error is not None]
+                    if refused:
+                        raise refused[0]
+                sent[part] += len(chunk)
         except BaseException as exc:  # reported below
             failures.append(exc)
 

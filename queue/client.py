@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import heapq
 import json
 import time
@@ -12,7 +13,15 @@ from typing import Any
 
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, NotSerializable
 from shardq.queue.listing import DEFAULT_PAGE, Cursor, ListQuery
-from shardq.queue.models import Execution, HistoryEvent, Page, SignalResult, StartResult, State
+from shardq.queue.models import (
+    Execution,
+    HistoryEvent,
+    Page,
+    SignalRequest,
+    SignalResult,
+    StartResult,
+    State,
+)
 from shardq.queue.names import check_name
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.store import Store
@@ -191,18 +200,46 @@ class Client:
         """Deliver a named message; buffered if the run is not waiting for it yet.
 
         With an idempotency key, repeats collapse into the first delivery and come
-        back `delivered=False` (even after the run finished).
+        back `delivered=False` (even after the run finished). Raises
+        ExecutionNotFound or SignalRefused when the run cannot take it.
         """
-        ident = parse_execution_id(execution_id)
-        check_name(name, "signal")
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key.strip()
-        ):
-            raise InvalidArgument("idempotency_key must be a non-empty string when given")
-        return self.store.deliver_signal(
-            ident, tenant=tenant, name=name, payload_json=to_json(payload, f"signal {name!r}"),
-            idempotency_key=idempotency_key,
+        (result,) = self.signal_many(
+            [SignalRequest(execution_id, name, payload, idempotency_key)], tenant=tenant
         )
+        if result.error is not None:
+            raise result.error
+        return result
+
+    def signal_many(
+        self, signals: Sequence[SignalRequest], *, tenant: str = DEFAULT_TENANT
+    ) -> builtins.list[SignalResult]:
+        """Deliver many signals: one commit per shard touched, results in input order.
+
+        A signal the run cannot take comes back with `error` set (ExecutionNotFound,
+        SignalRefused) while the others land; invalid arguments raise before
+        anything is sent. Signals to one run are handled in the order given.
+        """
+        check_name(tenant, "tenant")
+        by_shard: dict[str, list[tuple[int, tuple[uuid.UUID, str, str, str | None]]]] = (
+            defaultdict(list)
+        )
+        for index, request in enumerate(signals):
+            ident = parse_execution_id(request.execution_id)
+            check_name(request.name, "signal")
+            key = request.idempotency_key
+            if key is not None and (not isinstance(key, str) or not key.strip()):
+                raise InvalidArgument("idempotency_key must be a non-empty string when given")
+            encoded = to_json(request.payload, f"signal {request.name!r}")
+            shard = self.map.for_execution(ident)
+            by_shard[shard.name].append((index, (ident, request.name, encoded, key)))
+        results: builtins.list[SignalResult | None] = [None] * len(signals)
+        for shard_name, rows in by_shard.items():
+            delivered = self.store.deliver_signals(
+                self.map.named([shard_name])[0], tenant=tenant, signals=[r for _, r in rows]
+            )
+            for (index, _), result in zip(rows, delivered, strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
 
     def cancel(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> State:
         """Cancel a run: at once when parked or queued, at its next checkpoint when running.

@@ -8,6 +8,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from shardq.queue.errors import WorkflowError
+
 
 class State(StrEnum):
     PENDING = "pending"
@@ -89,11 +91,26 @@ class PendingSignal:
 
 
 @dataclass(frozen=True)
+class SignalRequest:
+    """One signal for `Client.signal_many`."""
+
+    execution_id: str | uuid.UUID
+    name: str
+    payload: Any = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
 class SignalResult:
     execution_id: uuid.UUID
-    signal_id: int
+    signal_id: int | None
+    """The stored signal (the earlier one for a collapsed repeat); None when refused."""
     delivered: bool
-    """False when the idempotency key had already landed: the repeat was collapsed."""
+    """False when the idempotency key had already landed (the repeat was collapsed)
+    or the signal was refused."""
+    error: WorkflowError | None = None
+    """Why the signal was refused (ExecutionNotFound, SignalRefused); `signal_many` only,
+    `signal` raises it."""
 
 
 @dataclass(frozen=True)

@@ -47,57 +47,10 @@ CROSS JOIN LATERAL (
 -- name: notify_wake
 SELECT pg_notify('shardq_wake', '')
 
--- name: relax_commit
--- For the claim's transaction only. Losing a claim in a server crash just
--- leaves the task due (its turn's fenced commit then fails), and the turn's
--- own durable commit flushes the WAL past the claim anyway.
-SET LOCAL synchronous_commit = off
-
 -- name: claim_tasks
--- Lease up to `limit` due tasks. While leased, run_at is the lease expiry, so
--- an expired lease is simply due again and any worker re-claims it. The id
--- array and the lateral lookups keep every access an index scan whatever the
--- planner thinks of the CTE's size.
-WITH leased AS (
-    UPDATE shardq.tasks t
-    SET lease_token = gen_random_uuid(),
-        lease_owner = %(owner)s,
-        run_at = now() + make_interval(secs => %(lease_s)s),
-        claims = t.claims + 1
-    WHERE t.execution_id = ANY(ARRAY(
-        SELECT execution_id
-        FROM shardq.tasks
-        WHERE run_at <= now()
-        ORDER BY run_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ))
-    RETURNING t.execution_id, t.lease_token, t.claims
-)
-SELECT
-    l.execution_id, l.lease_token, l.claims,
-    x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input::text AS input,
-    x.state, x.cancel_requested, now() AS db_now,
-    -- A run never claimed before has nothing to replay (only lease holders
-    -- write the events replay reads): skip the history probe. A woken or
-    -- retried run is not `pending` on its first claim of a new task row, or
-    -- has claimed this row before.
-    CASE WHEN l.claims = 1 AND x.state = 'pending' THEN '[]' ELSE
-        (SELECT coalesce(json_agg(json_build_array(h.seq, h.position, h.kind, h.name, h.payload)
-                                  ORDER BY h.seq), '[]')
-         FROM shardq.history h WHERE h.execution_id = l.execution_id)::text
-    END AS history,
-    (SELECT coalesce(json_agg(json_build_array(s.id, s.name, s.payload) ORDER BY s.id), '[]')
-     FROM shardq.signals s
-     WHERE s.execution_id = l.execution_id AND s.consumed_at IS NULL)::text AS signals
-FROM leased l
-CROSS JOIN LATERAL (
-    SELECT * FROM shardq.executions e WHERE e.id = l.execution_id OFFSET 0
-) x
-
--- name: next_due_in
--- Seconds until the earliest task (timer, retry or lease expiry) is due.
-SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM shardq.tasks
+-- Lease up to `limit` due tasks with what replay needs; the last row carries
+-- the seconds until the next task is due. schema/0003 holds the body.
+SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens: schema/0002 holds the body.
@@ -170,56 +123,24 @@ WHERE execution_id = %(id)s
 ORDER BY seq
 
 -- name: lock_task
--- Senders and cancellers lock in the workers' order: task row first, then the
--- executions row. A parked run has no task row; then this locks nothing.
+-- Cancellers (and signal senders, in schema/0003) lock in the workers' order:
+-- task row first, then the executions row. A parked run has no task row; then
+-- this locks nothing.
 SELECT lease_token IS NOT NULL AND run_at > now() AS leased
 FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
 
 -- name: lock_execution
 SELECT state, tenant FROM shardq.executions WHERE id = %(id)s FOR UPDATE
 
--- name: deliver_signal
--- Runs after lock_task and lock_execution in the same transaction, so its
--- snapshot already shows a parking commit that held those locks: a run that
--- parked on this name a moment ago is woken, never missed. Refusals insert
--- nothing; the caller reads the reason from the returned row.
-WITH target AS (
-    SELECT id, state, tenant FROM shardq.executions WHERE id = %(id)s
-), earlier AS (
-    SELECT id FROM shardq.signals WHERE execution_id = %(id)s AND idempotency_key = %(key)s
-), pending AS (
-    SELECT count(*) AS n FROM shardq.signals WHERE execution_id = %(id)s AND consumed_at IS NULL
-), admitted AS (
-    SELECT t.id FROM target t
-    WHERE t.tenant = %(tenant)s
-      AND t.state NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
-      AND NOT EXISTS (SELECT 1 FROM earlier)
-      AND (SELECT n FROM pending) < %(max_pending)s
-), inserted AS (
-    INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
-    SELECT id, %(tenant)s, %(name)s, %(payload)s::jsonb, %(key)s FROM admitted
-    RETURNING id, execution_id
-), recorded AS (
-    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-    SELECT execution_id, NULL, 'signal.received', %(name)s, jsonb_build_object('signal_id', id)
-    FROM inserted
-), woken AS (
-    -- Due now if the run is parked on this name and no worker holds it.
-    INSERT INTO shardq.tasks (execution_id, run_at)
-    SELECT w.execution_id, now()
-    FROM shardq.waits w JOIN inserted i ON i.execution_id = w.execution_id
-    WHERE w.kind = 'signal' AND w.name = %(name)s
-    ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
-    WHERE shardq.tasks.lease_token IS NULL
-    RETURNING execution_id
+-- name: deliver_signals
+-- One tenant's signals to runs on this shard, in one transaction; a row per
+-- signal in input order. schema/0003 holds the body.
+SELECT ord, state, tenant, earlier_id, pending, signal_id
+FROM shardq.deliver_signals(
+    %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
+    %(max_pending)s
 )
-SELECT
-    (SELECT state FROM target) AS state,
-    (SELECT tenant FROM target) AS tenant,
-    (SELECT id FROM earlier) AS earlier_id,
-    (SELECT n FROM pending) AS pending,
-    (SELECT id FROM inserted) AS signal_id,
-    (SELECT count(pg_notify('shardq_wake', '')) FROM woken) AS woken
+ORDER BY ord
 
 -- name: cancel_now
 -- Cancel a run no worker holds: it ends here, its task and wait go away.

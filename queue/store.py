@@ -141,15 +141,10 @@ class Store:
         none), read in the same round trip.
         """
         with self._connection(shard) as conn:
-            with conn.pipeline(), conn.transaction():
-                conn.execute(SQL["relax_commit"])
-                claimed = conn.execute(
-                    SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
-                )
-                due = conn.execute(SQL["next_due_in"])
-            rows = claimed.fetchall()
-            next_due = due.fetchone()
-        seconds = None if next_due is None else next_due["seconds"]
+            rows = conn.execute(
+                SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
+            ).fetchall()
+        seconds = rows.pop()["next_due_in"]  # the function's last row: see schema/0003
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(
@@ -208,45 +203,31 @@ class Store:
 
     # -- signals and cancellation ----------------------------------------------
 
-    def deliver_signal(
+    def deliver_signals(
         self,
-        execution_id: uuid.UUID,
+        shard: Shard,
         *,
         tenant: str,
-        name: str,
-        payload_json: str,
-        idempotency_key: str | None,
-    ) -> SignalResult:
-        """Store a signal, record it in history and wake the run if it waits on it.
+        signals: Sequence[tuple[uuid.UUID, str, str, str | None]],
+    ) -> list[SignalResult]:
+        """Deliver (execution id, name, payload JSON, idempotency key) signals in one commit.
 
-        One transaction, pipelined into a single round trip.
+        Each is stored, recorded in its run's history and wakes the run if it
+        waits on that name. Results come back in input order; a refused signal
+        (unknown run, finished run, too many pending) carries its error and the
+        others land. One statement: shardq.deliver_signals() (schema/0003).
         """
-        shard = self.map.for_execution(execution_id)
         params = {
-            "id": execution_id, "tenant": tenant, "name": name, "payload": payload_json,
-            "key": idempotency_key, "max_pending": MAX_PENDING_SIGNALS,
+            "tenant": tenant,
+            "ids": [s[0] for s in signals],
+            "names": [s[1] for s in signals],
+            "payloads": [s[2] for s in signals],
+            "keys": [s[3] for s in signals],
+            "max_pending": MAX_PENDING_SIGNALS,
         }
         with self._connection(shard) as conn:
-            with conn.pipeline(), conn.transaction():
-                conn.execute(SQL["lock_task"], {"id": execution_id})
-                conn.execute(SQL["lock_execution"], {"id": execution_id})
-                delivered = conn.execute(SQL["deliver_signal"], params)
-            row = delivered.fetchone()
-        assert row is not None
-        if row["state"] is None or row["tenant"] != tenant:
-            raise ExecutionNotFound(f"execution {execution_id} not found")
-        if row["earlier_id"] is not None:
-            return SignalResult(execution_id, row["earlier_id"], delivered=False)
-        if State(row["state"]).terminal:
-            raise SignalRefused(
-                f"execution {execution_id} is {row['state']}: it takes no more signals"
-            )
-        if row["signal_id"] is None:
-            raise SignalRefused(
-                f"execution {execution_id} already has {row['pending']} unconsumed signals "
-                f"(at most {MAX_PENDING_SIGNALS})"
-            )
-        return SignalResult(execution_id, row["signal_id"], delivered=True)
+            rows = conn.execute(SQL["deliver_signals"], params).fetchall()
+        return [_signal_result(s[0], tenant, row) for s, row in zip(signals, rows, strict=True)]
 
     def cancel(self, execution_id: uuid.UUID, *, tenant: str) -> State:
         """Cancel now if no worker holds the run, else ask its worker to stop at a checkpoint."""
@@ -314,6 +295,27 @@ def _commit_turns(
         c.execution_id: CommitOutcome(c.execution_id in owned, owned.get(c.execution_id, False))
         for c in commits
     }
+
+
+def _signal_result(execution_id: uuid.UUID, tenant: str, row: dict[str, Any]) -> SignalResult:
+    if row["state"] is None or row["tenant"] != tenant:
+        return _refused(execution_id, ExecutionNotFound(f"execution {execution_id} not found"))
+    if row["earlier_id"] is not None:
+        return SignalResult(execution_id, row["earlier_id"], delivered=False)
+    if State(row["state"]).terminal:
+        return _refused(execution_id, SignalRefused(
+            f"execution {execution_id} is {row['state']}: it takes no more signals"
+        ))
+    if row["signal_id"] is None:
+        return _refused(execution_id, SignalRefused(
+            f"execution {execution_id} already has {row['pending']} unconsumed signals "
+            f"(at most {MAX_PENDING_SIGNALS})"
+        ))
+    return SignalResult(execution_id, row["signal_id"], delivered=True)
+
+
+def _refused(execution_id: uuid.UUID, error: ExecutionNotFound | SignalRefused) -> SignalResult:
+    return SignalResult(execution_id, None, delivered=False, error=error)
 
 
 def _execution(row: dict[str, Any]) -> Execution:

@@ -12,11 +12,12 @@ import pytest
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
-from shardq.queue.models import State
+from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.shards.routing import InvalidExecutionId
 
 from .support import all_rows, wait_until
 
@@ -105,6 +106,53 @@ def test_idempotency_key_collapses_repeats(client: Client, start_worker: StartWo
         client.signal(run.execution_id, "paid", {"n": 3})
     with pytest.raises(SignalRefused):
         client.signal(run.execution_id, "paid", {"n": 3}, idempotency_key="evt-3")
+
+
+def test_signal_many_lands_per_signal_and_keeps_order(
+    client: Client, start_worker: StartWorker
+) -> None:
+    runs = [client.start("two_payments", f"m-{i}").execution_id for i in range(6)]
+    finished = client.start("two_payments", "m-done").execution_id
+    assert client.cancel(finished) is State.CANCELLED
+    stranger = client.start("two_payments", "m-acme", tenant="acme").execution_id
+    requests = [
+        # Two to one run in one call: consumed in the order given.
+        SignalRequest(runs[0], "paid", {"n": 1}),
+        SignalRequest(runs[0], "paid", {"n": 2}),
+        SignalRequest(finished, "paid", 0),
+        SignalRequest(stranger, "paid", 0),
+        # A key repeated inside one call collapses like a repeat across calls.
+        SignalRequest(runs[1], "paid", "a", idempotency_key="k"),
+        SignalRequest(runs[1], "paid", "a", idempotency_key="k"),
+        SignalRequest(runs[1], "paid", "b"),
+        *[SignalRequest(r, "paid", {"r": i}) for i, r in enumerate(runs[2:])],
+        *[SignalRequest(r, "paid", {"r": i, "again": True}) for i, r in enumerate(runs[2:])],
+    ]
+    results = client.signal_many(requests)
+    assert [r.execution_id for r in results] == [r.execution_id for r in requests]
+    assert isinstance(results[2].error, SignalRefused) and results[2].signal_id is None
+    assert isinstance(results[3].error, ExecutionNotFound)
+    assert (results[4].delivered, results[5].delivered) == (True, False)
+    assert results[5].signal_id == results[4].signal_id
+    assert all(r.delivered and r.error is None for i, r in enumerate(results) if i not in (2, 3, 5))
+    start_worker(registry)
+    release.set()
+    outputs = [client.wait(r, timeout=10).output for r in runs]
+    assert outputs[:2] == [[{"n": 1}, {"n": 2}], ["a", "b"]]
+    assert outputs[2:] == [[{"r": i}, {"r": i, "again": True}] for i in range(4)]
+    assert state_of(client, finished) is State.CANCELLED
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals WHERE execution_id = %s",
+                    stranger) == [(0,), (0,)]
+
+
+def test_signal_many_checks_every_argument_before_sending(client: Client) -> None:
+    run = client.start("two_payments", "m-bad").execution_id
+    with pytest.raises(InvalidArgument):
+        client.signal_many([SignalRequest(run, "paid", 1), SignalRequest(run, "bad name", 2)])
+    with pytest.raises(InvalidExecutionId):
+        client.signal_many([SignalRequest(run, "paid", 1), SignalRequest("not-an-id", "paid")])
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
+    assert client.signal_many([]) == []
 
 
 def test_signals_are_scoped_to_their_tenant(client: Client) -> None:

@@ -1,10 +1,13 @@
 """Commit turn writes for one shard, grouping those that arrive together into one transaction.
 
-Turn threads hand a commit over and block until it is durable. Whatever queued
-up while the previous transaction ran goes into the next one (group commit): at
-low load each commit is its own transaction, under load hundreds share one.
-Per-execution order holds because an execution's turn waits for each commit
-before it makes the next.
+Whatever queued up while the previous transaction ran goes into the next one
+(group commit): at low load each commit is its own transaction, under load
+hundreds share one. A mid-turn checkpoint blocks its turn until it is durable
+(`submit`); the commit that ends a turn is handed over with a callback
+(`submit_async`) so the turn's thread takes the next claimed run at once; a
+one-step job never blocks a thread on the database. Per-execution order holds
+because an execution makes its next commit only after the previous one's
+outcome is known.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 import queue
 import threading
 import uuid
-from concurrent.futures import Future
+from collections.abc import Callable
 
 from tenacity import (
     Retrying,
@@ -29,7 +32,29 @@ from shardq.shards.config import Shard
 
 log = logging.getLogger(__name__)
 
-Pending = tuple[TurnCommit, "Future[CommitOutcome]"]
+Result = CommitOutcome | Exception
+"""A commit's outcome, or why it could not be made (StoreRejected, ShardUnavailable...)."""
+OnDone = Callable[[Result], None]
+Pending = tuple[TurnCommit, OnDone]
+
+
+class _Waiter:
+    """The cheapest one-shot hand-off between two threads: a lock released once."""
+
+    __slots__ = ("_lock", "result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.result: Result = CommitOutcome(landed=False)
+
+    def __call__(self, result: Result) -> None:
+        self.result = result
+        self._lock.release()
+
+    def wait(self) -> Result:
+        self._lock.acquire()
+        return self.result
 
 
 class Completer:
@@ -51,6 +76,7 @@ class Completer:
         self._retry_for_s = lease_s / 2 if retry_for_s is None else retry_for_s
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._closed = threading.Event()
+        self._closing = threading.Lock()
         self._thread = threading.Thread(
             target=self._run, name=f"shardq-completer-{shard.name}", daemon=True
         )
@@ -61,17 +87,32 @@ class Completer:
 
     def close(self) -> None:
         """Stop taking commits; later submitters are told their lease is gone."""
-        self._closed.set()
-        self._queue.put(None)
+        with self._closing:
+            self._closed.set()
+            self._queue.put(None)
         self._thread.join(timeout=10)
 
     def submit(self, commit: TurnCommit) -> CommitOutcome:
         """Block until `commit` is durable (or refused by its fence); raises on store errors."""
-        if self._closed.is_set():
-            return CommitOutcome(landed=False)
-        future: Future[CommitOutcome] = Future()
-        self._queue.put((commit, future))
-        return future.result()
+        waiter = _Waiter()
+        self.submit_async(commit, waiter)
+        result = waiter.wait()
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def submit_async(self, commit: TurnCommit, on_done: OnDone) -> None:
+        """Queue `commit`; `on_done` gets its outcome or error on the completer's thread.
+
+        `on_done` must be quick and must not block on this completer (it may
+        queue another commit). After close() it is called at once with
+        `landed=False`.
+        """
+        with self._closing:  # nothing may be queued behind the closing sentinel
+            if not self._closed.is_set():
+                self._queue.put((commit, on_done))
+                return
+        on_done(CommitOutcome(landed=False))
 
     def _run(self) -> None:
         while True:
@@ -103,14 +144,14 @@ class Completer:
             except queue.Empty:
                 return
             if item is not None:
-                item[1].set_result(CommitOutcome(landed=False))
+                _call(item[1], CommitOutcome(landed=False))
 
     def _apply(self, batch: list[Pending]) -> None:
         try:
             outcomes = self._commit([c for c, _ in batch])
         except StoreRejected as exc:
             if len(batch) == 1:
-                batch[0][1].set_exception(exc)
+                _call(batch[0][1], exc)
                 return
             # One commit poisoned the group: commit each alone so the others land.
             for item in batch:
@@ -121,11 +162,11 @@ class Completer:
                 "commit failed", extra={"shard": self._shard.name, "error": str(exc),
                                         "commits": len(batch)},
             )
-            for _, future in batch:
-                future.set_exception(exc)
+            for _, on_done in batch:
+                _call(on_done, exc)
             return
-        for commit, future in batch:
-            future.set_result(outcomes[commit.execution_id])
+        for commit, on_done in batch:
+            _call(on_done, outcomes[commit.execution_id])
 
     def _commit(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
         results: dict[uuid.UUID, CommitOutcome] = {}
@@ -150,3 +191,10 @@ class Completer:
                     )
                 return results
         raise AssertionError("unreachable: tenacity reraises")
+
+
+def _call(on_done: OnDone, result: Result) -> None:
+    try:
+        on_done(result)
+    except Exception:  # one bad callback must not stop the shard's commits
+        log.exception("commit callback failed")

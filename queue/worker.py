@@ -21,13 +21,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shardq.queue.completer import Completer
-from shardq.queue.errors import ShardUnavailable
+from shardq.queue.completer import Completer, Result
+from shardq.queue.errors import ShardUnavailable, StoreRejected
 from shardq.queue.listener import WakeListener
-from shardq.queue.models import Claim, CommitOutcome, TaskAction, TurnCommit
+from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
-from shardq.queue.turn import run_turn
+from shardq.queue.turn import refused_by_store, run_turn
 from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 
@@ -91,6 +91,10 @@ class Worker:
             for s in self.shards
         }
         self._claimers: list[threading.Thread] = []
+        # Claim in worthwhile batches under backlog, yet at once when idle.
+        self._claim_threshold = max(
+            1, min(self.config.batch_size, self.config.concurrency) // 2
+        )
         self._listeners: list[WakeListener] = []
 
     # -- lifecycle -------------------------------------------------------------
@@ -166,8 +170,7 @@ class Worker:
 
     def _claim_loop(self, shard: Shard) -> None:
         wake = self._wakes[shard.name]
-        # Claim in worthwhile batches under backlog, yet at once when idle.
-        threshold = max(1, min(self.config.batch_size, self.config.concurrency) // 2)
+        threshold = self._claim_threshold
         failures = 0
         while not self._stopping.is_set():
             free = self._free_slots()
@@ -217,18 +220,21 @@ class Worker:
                 return
             shard, claim = item
             try:
-                self._run_one(shard, claim)
+                final = self._run_one(shard, claim)
             except Exception:
                 log.exception("turn crashed; its lease will expire and another worker retries",
                               extra={"execution_id": str(claim.execution_id)})
-            finally:
-                with self._idle:
-                    self._inflight.pop(claim.execution_id, None)
-                    self._idle.notify_all()
-                # A freed slot may serve any shard, not only the one it came from.
-                self.wake()
+                final = None
+            if final is None:
+                self._release(claim.execution_id)
+            else:
+                # The run stays in flight (its lease heartbeated) until the commit
+                # is durable; this thread moves on to the next claimed run.
+                self._completers[shard.name].submit_async(
+                    final, functools.partial(self._turn_ended, shard, final)
+                )
 
-    def _run_one(self, shard: Shard, claim: Claim) -> None:
+    def _run_one(self, shard: Shard, claim: Claim) -> TurnCommit | None:
         completer = self._completers[shard.name]
         entry = self._inflight[claim.execution_id]
 
@@ -236,13 +242,41 @@ class Worker:
             outcome = completer.submit(commit)
             if outcome.landed:
                 entry.token = commit.next_token
-                if commit.task is TaskAction.SCHEDULE or commit.wake_on_signal is not None:
-                    # A new timer, a retry backoff or a signal that raced the
-                    # parking: re-read the next due time instead of a NOTIFY.
-                    self._wakes[shard.name].set()
             return outcome
 
-        run_turn(claim, self.registry, checkpoint)
+        return run_turn(claim, self.registry, checkpoint)
+
+    def _turn_ended(self, shard: Shard, commit: TurnCommit, result: Result) -> None:
+        """The outcome of a turn's last commit (on the completer's thread)."""
+        if isinstance(result, StoreRejected) and commit.state is not State.FAILED:
+            failure = refused_by_store(commit.execution_id, commit.lease_token, result)
+            self._completers[shard.name].submit_async(
+                failure, functools.partial(self._turn_ended, shard, failure)
+            )
+            return
+        if isinstance(result, Exception):
+            # The store stayed unavailable through the completer's retries: never
+            # blamed on the workflow; the lease expires and the run resumes from
+            # its last durable commit.
+            log.warning("commit failed; turn abandoned",
+                        extra={"execution_id": str(commit.execution_id), "error": str(result)})
+        elif not result.landed:
+            log.warning("lease lost at commit", extra={"execution_id": str(commit.execution_id)})
+        elif commit.task is TaskAction.SCHEDULE or commit.wake_on_signal is not None:
+            # A new timer, a retry backoff or a signal that raced the parking:
+            # re-read the next due time instead of waiting for a NOTIFY.
+            self._wakes[shard.name].set()
+        self._release(commit.execution_id)
+
+    def _release(self, execution_id: uuid.UUID) -> None:
+        with self._idle:
+            self._inflight.pop(execution_id, None)
+            free = self.config.concurrency - len(self._inflight)
+            self._idle.notify_all()
+        # A freed slot may serve any shard, not only the one it came from; only
+        # a worthwhile batch of free slots wakes the claim loops.
+        if free >= self._claim_threshold:
+            self.wake()
 
     # -- leases ----------------------------------------------------------------
 

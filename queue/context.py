@@ -121,8 +121,7 @@ class WorkflowContext:
         self._stored_state = claim.state
         self._cancel = claim.cancel_requested
         self._fatal: NonDeterminismError | None = None
-        self.random = random.Random(claim.execution_id.int)
-        """Deterministic randomness: the same sequence on every replay of this execution."""
+        self._random: random.Random | None = None
 
     # -- identity --------------------------------------------------------------
 
@@ -145,6 +144,13 @@ class WorkflowContext:
     @property
     def lease_token(self) -> uuid.UUID:
         return self._token
+
+    @property
+    def random(self) -> random.Random:
+        """Deterministic randomness: the same sequence on every replay of this execution."""
+        if self._random is None:  # seeding costs more than a no-op step: only on use
+            self._random = random.Random(self._claim.execution_id.int)
+        return self._random
 
     def uuid(self) -> uuid.UUID:
         """A UUID that is the same on every replay (drawn from `ctx.random`)."""
@@ -190,7 +196,7 @@ class WorkflowContext:
         except Exception as exc:
             self._step_failed(position, name, attempt, exc, policy)
         try:
-            encoded = json.loads(json.dumps(result, allow_nan=False))
+            encoded = _json_round_trip(result)
         except (TypeError, ValueError) as exc:
             problem = NotSerializable(
                 f"step {name!r} returned {type(result).__name__}, which is not "
@@ -396,6 +402,16 @@ class WorkflowContext:
         if commit.state is not None:
             self._stored_state = commit.state
         self._cancel = self._cancel or outcome.cancel_requested
+
+
+def _json_round_trip(value: Any) -> Any:
+    """`value` as JSON gives it back; scalars that JSON keeps as they are skip the trip."""
+    kind = type(value)
+    if value is None or kind is str or kind is bool or kind is int:
+        return value
+    if kind is float and math.isfinite(value):
+        return value
+    return json.loads(json.dumps(value, allow_nan=False))
 
 
 def _run_attempt(

@@ -53,20 +53,9 @@ SELECT pg_notify('shardq_wake', '')
 SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 
 -- name: commit_turns
--- A batch of turn commits, fenced by lease tokens: schema/0002 holds the body.
-SELECT id, cancel_requested
-FROM shardq.commit_turns(
-    %(lease_s)s,
-    %(c_ids)b::uuid[], %(c_tokens)b::uuid[], %(c_next)b::uuid[], %(c_states)s::text[],
-    %(c_outputs)s::jsonb[], %(c_errors)s::jsonb[], %(c_actions)s::text[],
-    %(c_delays)s::float8[], %(c_close_wait)s::boolean[],
-    %(e_ids)b::uuid[], %(e_positions)s::int[], %(e_kinds)s::text[], %(e_names)s::text[],
-    %(e_payloads)s::jsonb[], %(e_wake_ins)s::float8[],
-    %(w_ids)b::uuid[], %(w_positions)s::int[], %(w_kinds)s::text[], %(w_names)s::text[],
-    %(w_deadline_ins)s::float8[], %(w_requests)s::jsonb[],
-    %(s_ids)s::bigint[], %(s_positions)s::int[],
-    %(p_ids)b::uuid[], %(p_names)s::text[]
-)
+-- A batch of turn commits, fenced by lease tokens, as one JSON document:
+-- schema/0003 holds the body and the document's layout.
+SELECT id, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
 
 -- name: landed_commits
 -- After a lost connection: which commits of the failed attempt had landed.

@@ -15,10 +15,10 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from shardq.queue import listing
 from shardq.queue.errors import ExecutionNotFound, SignalRefused, StoreConflict, StoreRejected
@@ -140,11 +140,12 @@ class Store:
         Also returns the seconds until the next task is due (None when there is
         none), read in the same round trip.
         """
-        with self._connection(shard) as conn:
-            rows = conn.execute(
+        with self._connection(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
+            # Tuples: a batch of rows is parsed on the worker's hot path.
+            rows = cur.execute(
                 SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
             ).fetchall()
-        seconds = rows.pop()["next_due_in"]  # the function's last row: see schema/0003
+        seconds = rows.pop()[-1]  # the function's last row: next_due_in (schema/0003)
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(
@@ -250,51 +251,45 @@ class Store:
 def _commit_turns(
     conn: DictConnection, commits: Sequence[TurnCommit], lease_s: float
 ) -> dict[uuid.UUID, CommitOutcome]:
-    """The whole batch as one statement: shardq.commit_turns() (schema/0002).
+    """The whole batch as one statement: shardq.commit_turns() (schema/0003).
 
     At most one commit per execution, so the writes, grouped by table, keep
-    each execution's own order.
+    each execution's own order. The batch goes as one JSON document (its
+    layout is documented with the function).
     """
-    ids = [c.execution_id for c in commits]
-    if len(set(ids)) != len(ids):
+    ids = {c.execution_id for c in commits}
+    if len(ids) != len(commits):
         raise ValueError("commit_turns takes at most one commit per execution")
-    events = [(c.execution_id, e) for c in commits for e in c.events]
-    waits = [(c.execution_id, c.open_wait) for c in commits if c.open_wait is not None]
-    consumed = [pair for c in commits for pair in c.consumed_signals]
-    parking = [c for c in commits if c.wake_on_signal is not None]
-    rows = conn.execute(SQL["commit_turns"], {
-        "lease_s": lease_s,
-        "c_ids": ids,
-        "c_tokens": [c.lease_token for c in commits],
-        "c_next": [c.next_token for c in commits],
-        "c_states": [c.state.value if c.state else None for c in commits],
-        "c_outputs": [c.output_json for c in commits],
-        "c_errors": [json.dumps(c.error) if c.error is not None else None for c in commits],
-        "c_actions": [c.task.value for c in commits],
-        "c_delays": [c.delay for c in commits],
-        "c_close_wait": [c.close_wait and c.open_wait is None for c in commits],
-        "e_ids": [i for i, _ in events],
-        "e_positions": [e.position for _, e in events],
-        "e_kinds": [e.kind.value for _, e in events],
-        "e_names": [e.name for _, e in events],
-        "e_payloads": [json.dumps(e.payload) for _, e in events],
-        "e_wake_ins": [e.wake_in for _, e in events],
-        "w_ids": [i for i, _ in waits],
-        "w_positions": [w.position for _, w in waits],
-        "w_kinds": [w.kind for _, w in waits],
-        "w_names": [w.name for _, w in waits],
-        "w_deadline_ins": [w.deadline_in for _, w in waits],
-        "w_requests": [json.dumps(w.request) if w.request else None for _, w in waits],
-        "s_ids": [sid for sid, _ in consumed],
-        "s_positions": [pos for _, pos in consumed],
-        "p_ids": [c.execution_id for c in parking],
-        "p_names": [c.wake_on_signal for c in parking],
-    }).fetchall()
-    owned = {r["id"]: bool(r["cancel_requested"]) for r in rows}
+    rows: list[list[Any]] = []
+    events: list[list[Any]] = []
+    waits: list[list[Any]] = []
+    consumed: list[tuple[int, int]] = []
+    parking: list[list[str]] = []
+    for c in commits:
+        cid = str(c.execution_id)
+        rows.append([
+            cid, str(c.lease_token), str(c.next_token), c.state, _json_box(c.output_json),
+            c.error, c.task, c.delay, c.close_wait and c.open_wait is None,
+        ])
+        events.extend([cid, e.position, e.kind, e.name, e.payload, e.wake_in] for e in c.events)
+        if c.open_wait is not None:
+            w = c.open_wait
+            waits.append([cid, w.position, w.kind, w.name, w.deadline_in, w.request])
+        consumed.extend(c.consumed_signals)
+        if c.wake_on_signal is not None:
+            parking.append([cid, c.wake_on_signal])
+    batch = json.dumps({"c": rows, "e": events, "w": waits, "s": consumed, "p": parking})
+    found = conn.execute(SQL["commit_turns"], {"lease_s": lease_s, "batch": batch}).fetchall()
+    owned = {r["id"]: bool(r["cancel_requested"]) for r in found}
     return {
         c.execution_id: CommitOutcome(c.execution_id in owned, owned.get(c.execution_id, False))
         for c in commits
     }
+
+
+def _json_box(encoded: str | None) -> list[Any] | None:
+    """An output as `[value]` (a workflow may return null), or None for no output."""
+    return None if encoded is None else [json.loads(encoded)]
 
 
 def _signal_result(execution_id: uuid.UUID, tenant: str, row: dict[str, Any]) -> SignalResult:
@@ -336,25 +331,27 @@ def _execution(row: dict[str, Any]) -> Execution:
     )
 
 
-def _claim(row: dict[str, Any]) -> Claim:
-    db_now: datetime = row["db_now"]
+def _claim(row: tuple[Any, ...]) -> Claim:
+    """A claim_tasks() row (columns in the function's order) as a Claim."""
+    (execution_id, lease_token, claims, tenant, workflow_name, workflow_version, workflow_id,
+     input_json, state, cancel_requested, db_now, history, signals, _) = row
     return Claim(
-        execution_id=row["execution_id"],
-        lease_token=row["lease_token"],
-        claims=row["claims"],
-        tenant=row["tenant"],
-        workflow_name=row["workflow_name"],
-        workflow_version=row["workflow_version"],
-        workflow_id=row["workflow_id"],
-        input=json.loads(row["input"]),
-        state=State(row["state"]),
-        cancel_requested=row["cancel_requested"],
+        execution_id=execution_id,
+        lease_token=lease_token,
+        claims=claims,
+        tenant=tenant,
+        workflow_name=workflow_name,
+        workflow_version=workflow_version,
+        workflow_id=workflow_id,
+        input=json.loads(input_json),
+        state=State(state),
+        cancel_requested=cancel_requested,
         db_now=db_now,
         history=tuple(
             HistoryEvent(seq, position, kind, name, payload)
-            for seq, position, kind, name, payload in json.loads(row["history"])
-        ),
+            for seq, position, kind, name, payload in json.loads(history)
+        ) if history else (),
         signals=tuple(
-            PendingSignal(sid, name, payload) for sid, name, payload in json.loads(row["signals"])
-        ),
+            PendingSignal(sid, name, payload) for sid, name, payload in json.loads(signals)
+        ) if signals else (),
     )

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WorkerConfig:
     concurrency: int = 10
-    """Turns running at once, over all shards."""
+    """Turns running at once, over all shards (the turn threads)."""
     batch_size: int = 10
     """Most tasks one claim statement leases."""
     lease_s: float = 30.0
@@ -45,6 +45,8 @@ class WorkerConfig:
     """Safety poll: the longest a claim loop sleeps without a notification or a due timer."""
     drain_timeout_s: float = 30.0
     commit_batch: int = 500
+    """Most commits one transaction groups; also how many finished turns may wait for
+    their last commit before the worker stops claiming."""
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -81,7 +83,13 @@ class Worker:
         # drain must not lose its lease to another worker.
         self._drained = threading.Event()
         self._wakes = {s.name: threading.Event() for s in self.shards}
+        # Leases held: from the claim until the turn's last commit is settled.
         self._inflight: dict[uuid.UUID, _InFlight] = {}
+        # Of those, claimed runs whose turn has not returned (queued or running),
+        # and finished turns whose last commit is still in flight. Claims fill
+        # free turn threads, while a backlog of unsettled commits holds them back.
+        self._turning = 0
+        self._settling = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._turns: queue.SimpleQueue[tuple[Shard, Claim] | None] = queue.SimpleQueue()
@@ -165,15 +173,17 @@ class Worker:
     # -- claiming --------------------------------------------------------------
 
     def _free_slots(self) -> int:
-        with self._lock:
-            return self.config.concurrency - len(self._inflight)
+        """Runs a claim may take now (the caller holds the lock)."""
+        return min(self.config.concurrency - self._turning,
+                   self.config.commit_batch - self._settling)
 
     def _claim_loop(self, shard: Shard) -> None:
         wake = self._wakes[shard.name]
         threshold = self._claim_threshold
         failures = 0
         while not self._stopping.is_set():
-            free = self._free_slots()
+            with self._lock:
+                free = self._free_slots()
             if free < threshold:
                 wake.wait(self.config.poll_interval_s)
                 wake.clear()
@@ -186,6 +196,7 @@ class Worker:
                 )
                 # In flight before anything else can fail or stop() can look.
                 with self._lock:
+                    self._turning += len(claims)
                     for claim in claims:
                         self._inflight[claim.execution_id] = _InFlight(
                             shard, claim.execution_id, claim.lease_token
@@ -225,8 +236,13 @@ class Worker:
                 log.exception("turn crashed; its lease will expire and another worker retries",
                               extra={"execution_id": str(claim.execution_id)})
                 final = None
+            with self._lock:
+                self._turning -= 1
+                self._settling += final is not None
+                free = self._free_slots()
+            self._maybe_wake(free)
             if final is None:
-                self._release(claim.execution_id)
+                self._release(claim.execution_id, settled=False)
             else:
                 # The run stays in flight (its lease heartbeated) until the commit
                 # is durable; this thread moves on to the next claimed run.
@@ -266,13 +282,17 @@ class Worker:
             # A new timer, a retry backoff or a signal that raced the parking:
             # re-read the next due time instead of waiting for a NOTIFY.
             self._wakes[shard.name].set()
-        self._release(commit.execution_id)
+        self._release(commit.execution_id, settled=True)
 
-    def _release(self, execution_id: uuid.UUID) -> None:
+    def _release(self, execution_id: uuid.UUID, *, settled: bool) -> None:
         with self._idle:
             self._inflight.pop(execution_id, None)
-            free = self.config.concurrency - len(self._inflight)
+            self._settling -= settled
+            free = self._free_slots()
             self._idle.notify_all()
+        self._maybe_wake(free)
+
+    def _maybe_wake(self, free: int) -> None:
         # A freed slot may serve any shard, not only the one it came from; only
         # a worthwhile batch of free slots wakes the claim loops.
         if free >= self._claim_threshold:

@@ -77,6 +77,7 @@ class Completer:
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._closing = threading.Lock()
+        self._busy = False  # a batch is being applied: new commits should queue behind it
         self._thread = threading.Thread(
             target=self._run, name=f"shardq-completer-{shard.name}", daemon=True
         )
@@ -94,6 +95,11 @@ class Completer:
 
     def submit(self, commit: TurnCommit) -> CommitOutcome:
         """Block until `commit` is durable (or refused by its fence); raises on store errors."""
+        if not self._busy and self._queue.empty() and not self._closed.is_set():
+            # Nothing to group it with: commit on this thread and spare the two
+            # thread hand-offs (an idle worker's signal -> resumed step path).
+            # Racing an arriving batch is harmless: the executions differ.
+            return self._commit_alone(commit)
         waiter = _Waiter()
         self.submit_async(commit, waiter)
         result = waiter.wait()
@@ -119,6 +125,7 @@ class Completer:
             first = self._queue.get()
             if first is None:
                 break
+            self._busy = True
             batch = [first]
             ids = {first[0].execution_id}
             while len(batch) < self._max_batch:
@@ -135,7 +142,18 @@ class Completer:
                 batch.append(item)
                 ids.add(item[0].execution_id)
             self._apply(batch)
+            self._busy = False
         self._drain_closed()
+
+    def _commit_alone(self, commit: TurnCommit) -> CommitOutcome:
+        try:
+            return self._commit([commit])[commit.execution_id]
+        except StoreRejected:
+            raise
+        except Exception as exc:
+            log.warning("commit failed", extra={"shard": self._shard.name, "error": str(exc),
+                                                "commits": 1})
+            raise
 
     def _drain_closed(self) -> None:
         while True:

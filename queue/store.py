@@ -278,7 +278,8 @@ def _commit_turns(
         consumed.extend(c.consumed_signals)
         if c.wake_on_signal is not None:
             parking.append([cid, c.wake_on_signal])
-    batch = json.dumps({"c": rows, "e": events, "w": waits, "s": consumed, "p": parking})
+    parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking}
+    batch = json.dumps({k: v for k, v in parts.items() if v or k == "c"})
     found = conn.execute(SQL["commit_turns"], {"lease_s": lease_s, "batch": batch}).fetchall()
     owned = {r["id"]: bool(r["cancel_requested"]) for r in found}
     return {

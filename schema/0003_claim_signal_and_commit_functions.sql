@@ -30,6 +30,7 @@
 --   w: [execution_id, position, kind, name, deadline_in, request]
 --   s: [signal_id, position]
 --   p: [execution_id, signal_name]
+-- Every key but `c` is left out when it would be empty.
 DROP FUNCTION shardq.commit_turns(
     float8, uuid[], uuid[], uuid[], text[], jsonb[], jsonb[], text[], float8[], boolean[],
     uuid[], integer[], text[], text[], jsonb[], float8[],
@@ -52,25 +53,27 @@ DECLARE
     c_actions       text[];
     c_delays        float8[];
     c_close_wait    boolean[];
-    e_ids           uuid[];
+    e_ids           uuid[] := '{}';
     e_positions     integer[];
     e_kinds         text[];
     e_names         text[];
     e_payloads      jsonb[];
     e_wake_ins      float8[];
-    w_ids           uuid[];
+    w_ids           uuid[] := '{}';
     w_positions     integer[];
     w_kinds         text[];
     w_names         text[];
     w_deadline_ins  float8[];
     w_requests      jsonb[];
-    s_ids           bigint[];
+    s_ids           bigint[] := '{}';
     s_positions     integer[];
-    p_ids           uuid[];
+    p_ids           uuid[] := '{}';
     p_names         text[];
-    fenced  uuid[];
-    cancels boolean[];
-    acting  uuid[];
+    fenced          uuid[];
+    cancels         boolean[];
+    deleting        uuid[];
+    keeping         uuid[];
+    scheduling      uuid[];
 BEGIN
     SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
            array_agg((r->>1)::uuid ORDER BY o),
@@ -85,32 +88,41 @@ BEGIN
          c_close_wait
     FROM jsonb_array_elements(batch->'c') WITH ORDINALITY AS x(r, o);
 
-    SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
-           array_agg((r->>1)::integer ORDER BY o),
-           array_agg(r->>2 ORDER BY o),
-           array_agg(r->>3 ORDER BY o),
-           array_agg(r->4 ORDER BY o),
-           array_agg((r->>5)::float8 ORDER BY o)
-    INTO e_ids, e_positions, e_kinds, e_names, e_payloads, e_wake_ins
-    FROM jsonb_array_elements(batch->'e') WITH ORDINALITY AS x(r, o);
+    -- The other kinds are absent from the document when the batch has none.
+    IF batch ? 'e' THEN
+        SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
+               array_agg((r->>1)::integer ORDER BY o),
+               array_agg(r->>2 ORDER BY o),
+               array_agg(r->>3 ORDER BY o),
+               array_agg(r->4 ORDER BY o),
+               array_agg((r->>5)::float8 ORDER BY o)
+        INTO e_ids, e_positions, e_kinds, e_names, e_payloads, e_wake_ins
+        FROM jsonb_array_elements(batch->'e') WITH ORDINALITY AS x(r, o);
+    END IF;
 
-    SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
-           array_agg((r->>1)::integer ORDER BY o),
-           array_agg(r->>2 ORDER BY o),
-           array_agg(r->>3 ORDER BY o),
-           array_agg((r->>4)::float8 ORDER BY o),
-           array_agg(nullif(r->5, 'null') ORDER BY o)
-    INTO w_ids, w_positions, w_kinds, w_names, w_deadline_ins, w_requests
-    FROM jsonb_array_elements(batch->'w') WITH ORDINALITY AS x(r, o);
+    IF batch ? 'w' THEN
+        SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
+               array_agg((r->>1)::integer ORDER BY o),
+               array_agg(r->>2 ORDER BY o),
+               array_agg(r->>3 ORDER BY o),
+               array_agg((r->>4)::float8 ORDER BY o),
+               array_agg(nullif(r->5, 'null') ORDER BY o)
+        INTO w_ids, w_positions, w_kinds, w_names, w_deadline_ins, w_requests
+        FROM jsonb_array_elements(batch->'w') WITH ORDINALITY AS x(r, o);
+    END IF;
 
-    SELECT coalesce(array_agg((r->>0)::bigint ORDER BY o), '{}'),
-           array_agg((r->>1)::integer ORDER BY o)
-    INTO s_ids, s_positions
-    FROM jsonb_array_elements(batch->'s') WITH ORDINALITY AS x(r, o);
+    IF batch ? 's' THEN
+        SELECT coalesce(array_agg((r->>0)::bigint ORDER BY o), '{}'),
+               array_agg((r->>1)::integer ORDER BY o)
+        INTO s_ids, s_positions
+        FROM jsonb_array_elements(batch->'s') WITH ORDINALITY AS x(r, o);
+    END IF;
 
-    SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'), array_agg(r->>1 ORDER BY o)
-    INTO p_ids, p_names
-    FROM jsonb_array_elements(batch->'p') WITH ORDINALITY AS x(r, o);
+    IF batch ? 'p' THEN
+        SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'), array_agg(r->>1 ORDER BY o)
+        INTO p_ids, p_names
+        FROM jsonb_array_elements(batch->'p') WITH ORDINALITY AS x(r, o);
+    END IF;
 
     -- Lock the task rows still leased with each commit's token, in id order so
     -- two batches never deadlock; stamp and update their executions.
@@ -186,33 +198,30 @@ BEGIN
     END IF;
 
     -- Task rows last: until here they carry the lease token the fence matched.
-    SELECT array_agg(c.id) INTO acting
+    SELECT array_agg(c.id) FILTER (WHERE c.action = 'delete'),
+           array_agg(c.id) FILTER (WHERE c.action = 'keep'),
+           array_agg(c.id) FILTER (WHERE c.action = 'schedule')
+    INTO deleting, keeping, scheduling
     FROM unnest(c_ids, c_actions) AS c(id, action)
-    WHERE c.action = 'delete' AND c.id = ANY(fenced);
-    IF acting IS NOT NULL THEN
-        DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(acting);
+    WHERE c.id = ANY(fenced);
+    IF deleting IS NOT NULL THEN
+        DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(deleting);
     END IF;
 
     -- A checkpoint rotates the token and leaves run_at (the lease expiry) to
     -- the heartbeat, so the update stays HOT.
-    SELECT array_agg(c.id) INTO acting
-    FROM unnest(c_ids, c_actions) AS c(id, action)
-    WHERE c.action = 'keep' AND c.id = ANY(fenced);
-    IF acting IS NOT NULL THEN
+    IF keeping IS NOT NULL THEN
         UPDATE shardq.tasks t
         SET lease_token = c_next[array_position(c_ids, t.execution_id)]
-        WHERE t.execution_id = ANY(acting);
+        WHERE t.execution_id = ANY(keeping);
     END IF;
 
-    SELECT array_agg(c.id) INTO acting
-    FROM unnest(c_ids, c_actions) AS c(id, action)
-    WHERE c.action = 'schedule' AND c.id = ANY(fenced);
-    IF acting IS NOT NULL THEN
+    IF scheduling IS NOT NULL THEN
         UPDATE shardq.tasks t
         SET lease_token = NULL, lease_owner = NULL,
             run_at = now() + make_interval(
                 secs => c_delays[array_position(c_ids, t.execution_id)])
-        WHERE t.execution_id = ANY(acting);
+        WHERE t.execution_id = ANY(scheduling);
     END IF;
 
     -- A run parking on a signal that already arrived stays due.

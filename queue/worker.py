@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from shardq.queue.completer import Completer, Result
 from shardq.queue.errors import ShardUnavailable, StoreRejected
 from shardq.queue.listener import WakeListener
-from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
+from shardq.queue.models import Claim, CommitOutcome, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.turn import refused_by_store, run_turn
@@ -262,12 +262,16 @@ class Worker:
 
         return run_turn(claim, self.registry, checkpoint)
 
-    def _turn_ended(self, shard: Shard, commit: TurnCommit, result: Result) -> None:
+    def _turn_ended(
+        self, shard: Shard, commit: TurnCommit, result: Result, *, replaced: bool = False
+    ) -> None:
         """The outcome of a turn's last commit (on the completer's thread)."""
-        if isinstance(result, StoreRejected) and commit.state is not State.FAILED:
+        if isinstance(result, StoreRejected) and not replaced:
+            # Once: should the failing commit be refused too, the lease expires
+            # and the run is retried rather than replaced forever.
             failure = refused_by_store(commit.execution_id, commit.lease_token, result)
             self._completers[shard.name].submit_async(
-                failure, functools.partial(self._turn_ended, shard, failure)
+                failure, functools.partial(self._turn_ended, shard, failure, replaced=True)
             )
             return
         if isinstance(result, Exception):

@@ -328,9 +328,10 @@ $$;
 --
 -- Senders lock in the workers' order: every task row first (a parked run has
 -- none), then every executions row, each set in id order, so two batches, or a
--- batch and a worker's commit, never wait on each other in a cycle. Signals are
--- then handled one by one in input order: a later signal of the same batch sees
--- an earlier one (pending count, idempotency key, a wake already made).
+-- batch and a worker's commit, never wait on each other in a cycle. A batch
+-- with one signal per run (the usual one) is then a single set-based statement;
+-- one with several signals to a run is handled signal by signal in input order,
+-- so a later signal sees an earlier one (pending count, idempotency key, wake).
 CREATE FUNCTION shardq.deliver_signals(
     p_tenant      text,
     p_ids         uuid[],
@@ -358,6 +359,55 @@ BEGIN
     ORDER BY t.execution_id FOR UPDATE;
     PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(p_ids)
     ORDER BY x.id FOR UPDATE;
+
+    IF cardinality(p_ids) = (SELECT count(DISTINCT u) FROM unnest(p_ids) AS u) THEN
+        RETURN QUERY
+        WITH item AS (
+            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, x.state, x.tenant,
+                   (SELECT s.id FROM shardq.signals s
+                    WHERE s.execution_id = i.id AND s.idempotency_key = i.key) AS earlier_id,
+                   (SELECT count(*) FROM shardq.signals s
+                    WHERE s.execution_id = i.id AND s.consumed_at IS NULL) AS pending
+            FROM unnest(p_ids, p_names, p_payloads, p_keys)
+                 WITH ORDINALITY AS i(id, name, payload, key, ord)
+            LEFT JOIN LATERAL (
+                SELECT e.state, e.tenant FROM shardq.executions e WHERE e.id = i.id OFFSET 0
+            ) x ON true
+        ), inserted AS (
+            INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
+            SELECT it.id, p_tenant, it.name, it.payload, it.key FROM item it
+            WHERE it.tenant = p_tenant
+              AND it.state NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
+              AND it.earlier_id IS NULL
+              AND it.pending < p_max_pending
+            ORDER BY it.ord
+            RETURNING id, execution_id, name
+        ), recorded AS (
+            INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+            SELECT n.execution_id, NULL, 'signal.received', n.name,
+                   jsonb_build_object('signal_id', n.id)
+            FROM inserted n
+        ), woken AS (
+            -- Due now if the run is parked on this name and no worker holds it.
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at)
+            SELECT n.execution_id, now()
+            FROM inserted n
+            CROSS JOIN LATERAL (
+                SELECT w.kind, w.name FROM shardq.waits w
+                WHERE w.execution_id = n.execution_id OFFSET 0
+            ) w
+            WHERE w.kind = 'signal' AND w.name = n.name
+            ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
+            WHERE cur.lease_token IS NULL
+            RETURNING cur.execution_id
+        )
+        SELECT it.ord, it.state, it.tenant, it.earlier_id, it.pending, n.id,
+               -- A hint: one per transaction however many runs woke.
+               (SELECT count(pg_notify('shardq_wake', '')) FROM woken)
+        FROM item it LEFT JOIN inserted n ON n.execution_id = it.id
+        ORDER BY it.ord;
+        RETURN;
+    END IF;
 
     FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
         RETURN QUERY

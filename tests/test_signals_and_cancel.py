@@ -135,6 +135,15 @@ def test_signal_many_lands_per_signal_and_keeps_order(
     assert (results[4].delivered, results[5].delivered) == (True, False)
     assert results[5].signal_id == results[4].signal_id
     assert all(r.delivered and r.error is None for i, r in enumerate(results) if i not in (2, 3, 5))
+    # One signal per run (the set-based path): the same refusals and collapsing.
+    again = client.signal_many([
+        SignalRequest(runs[1], "paid", "a", idempotency_key="k"),
+        SignalRequest(finished, "paid", 0),
+        SignalRequest(stranger, "paid", 0),
+    ])
+    assert (again[0].delivered, again[0].signal_id) == (False, results[4].signal_id)
+    assert isinstance(again[1].error, SignalRefused)
+    assert isinstance(again[2].error, ExecutionNotFound)
     start_worker(registry)
     release.set()
     outputs = [client.wait(r, timeout=10).output for r in runs]
@@ -143,6 +152,17 @@ def test_signal_many_lands_per_signal_and_keeps_order(
     assert state_of(client, finished) is State.CANCELLED
     assert all_rows(client.map, "SELECT count(*) FROM shardq.signals WHERE execution_id = %s",
                     stranger) == [(0,), (0,)]
+
+
+def test_signal_many_wakes_every_parked_run(client: Client, start_worker: StartWorker) -> None:
+    start_worker(registry, poll_interval_s=60.0)
+    runs = [client.start("approval", f"mw-{i}", {"timeout": 60}).execution_id for i in range(8)]
+    wait_until(lambda: all(state_of(client, r) is State.WAITING for r in runs), what="parked")
+    results = client.signal_many(
+        [SignalRequest(r, "approved", {"i": i}) for i, r in enumerate(runs)]
+    )
+    assert all(r.delivered for r in results)
+    assert [client.wait(r, timeout=10).output for r in runs] == [{"i": i} for i in range(8)]
 
 
 def test_signal_many_checks_every_argument_before_sending(client: Client) -> None:

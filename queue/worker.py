@@ -184,37 +184,46 @@ class Worker:
         while not self._stopping.is_set():
             with self._lock:
                 free = self._free_slots()
-            if free < threshold:
+                limit = min(self.config.batch_size, free) if free >= threshold else 0
+                # Reserved before the claim, so the other shards' loops cannot
+                # take the same free slots while this claim is out.
+                self._turning += limit
+            if not limit:
                 wake.wait(self.config.poll_interval_s)
                 wake.clear()
                 continue
             wake.clear()
-            limit = min(self.config.batch_size, free)
+            claims: list[Claim] = []
+            due_in: float | None = None
+            error: ShardUnavailable | None = None
             try:
                 claims, due_in = self.store.claim(
                     shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
                 )
-                # In flight before anything else can fail or stop() can look.
+            except ShardUnavailable as exc:
+                error = exc
+            finally:
+                # In flight before anything else can fail or stop() can look;
+                # what the claim did not use of the reservation is given back.
                 with self._lock:
-                    self._turning += len(claims)
+                    self._turning -= limit - len(claims)
                     for claim in claims:
                         self._inflight[claim.execution_id] = _InFlight(
                             shard, claim.execution_id, claim.lease_token
                         )
-                for claim in claims:
-                    self._turns.put((shard, claim))
-                pause = self._sleep_time(due_in) if len(claims) < limit else 0.0
-            except ShardUnavailable as exc:
+            for claim in claims:
+                self._turns.put((shard, claim))
+            if error is not None:
                 failures += 1
                 if failures == 1:
-                    log.error("shard unavailable; retrying", extra={"error": str(exc)})
+                    log.error("shard unavailable; retrying", extra={"error": str(error)})
                 wake.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if failures:
                 log.warning("shard is back", extra={"shard": shard.name})
                 failures = 0
-            if pause > 0:
-                wake.wait(pause)
+            if len(claims) < limit:
+                wake.wait(self._sleep_time(due_in))
 
     def _sleep_time(self, due_in: float | None) -> float:
         """Until the next due task (timer, retry, lease expiry), capped by the safety poll."""

@@ -308,3 +308,37 @@ def test_step_timeout_bounds_each_attempt(client: Client, start_worker: StartWor
     assert "StepTimeout" in done.error["message"]
     failures = [e for e in client.history(done.id) if e.kind == "step.failed"]
     assert [f.payload["attempt"] for f in failures] == [1, 2]
+
+
+running = {"now": 0, "most": 0}
+gate = threading.Event()
+
+
+@registry.workflow("gated")
+def gated(ctx: WorkflowContext) -> str:
+    def hold() -> str:
+        with _lock:
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+        gate.wait(10)
+        with _lock:
+            running["now"] -= 1
+        return "done"
+
+    return ctx.step("hold", hold)
+
+
+def test_concurrency_bounds_the_turns_running_at_once(
+    client: Client, start_worker: StartWorker
+) -> None:
+    running.update(now=0, most=0)
+    gate.clear()
+    start_worker(registry, concurrency=3, batch_size=10)
+    runs = client.start_many("gated", [(f"g-{i}", None) for i in range(12)])
+    wait_until(lambda: running["now"] == 3, what="three turns running")
+    # Nothing beyond the three running turns is leased: the rest stay claimable.
+    leased = "SELECT count(*) FROM shardq.tasks WHERE lease_token IS NOT NULL"
+    assert sum(n for (n,) in all_rows(client.map, leased)) == 3
+    gate.set()
+    assert all(finish(client, r.execution_id).output == "done" for r in runs)
+    assert running["most"] == 3

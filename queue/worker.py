@@ -90,6 +90,7 @@ class Worker:
         # free turn threads, while a backlog of unsettled commits holds them back.
         self._turning = 0
         self._settling = 0
+        self._starved: set[str] = set()  # claim loops that last found no free slot
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._turns: queue.SimpleQueue[tuple[Shard, Claim] | None] = queue.SimpleQueue()
@@ -182,17 +183,13 @@ class Worker:
         threshold = self._claim_threshold
         failures = 0
         while not self._stopping.is_set():
-            with self._lock:
-                free = self._free_slots()
-                limit = min(self.config.batch_size, free) if free >= threshold else 0
-                # Reserved before the claim, so the other shards' loops cannot
-                # take the same free slots while this claim is out.
-                self._turning += limit
+            # Cleared before the slots are read: a wake from here on is kept
+            # for the wait below.
+            wake.clear()
+            limit = self._reserve(shard, threshold)
             if not limit:
                 wake.wait(self.config.poll_interval_s)
-                wake.clear()
                 continue
-            wake.clear()
             claims: list[Claim] = []
             due_in: float | None = None
             error: ShardUnavailable | None = None
@@ -203,14 +200,7 @@ class Worker:
             except ShardUnavailable as exc:
                 error = exc
             finally:
-                # In flight before anything else can fail or stop() can look;
-                # what the claim did not use of the reservation is given back.
-                with self._lock:
-                    self._turning -= limit - len(claims)
-                    for claim in claims:
-                        self._inflight[claim.execution_id] = _InFlight(
-                            shard, claim.execution_id, claim.lease_token
-                        )
+                self._claimed(shard, limit, claims)
             for claim in claims:
                 self._turns.put((shard, claim))
             if error is not None:
@@ -224,6 +214,39 @@ class Worker:
                 failures = 0
             if len(claims) < limit:
                 wake.wait(self._sleep_time(due_in))
+
+    def _reserve(self, shard: Shard, threshold: int) -> int:
+        """Take free slots for a claim (0 when too few are free to be worth one).
+
+        Reserved before the claim, so the other shards' loops cannot take the
+        same free slots while this claim is out.
+        """
+        with self._lock:
+            free = self._free_slots()
+            limit = min(self.config.batch_size, free) if free >= threshold else 0
+            self._turning += limit
+            if limit:
+                self._starved.discard(shard.name)
+            else:
+                self._starved.add(shard.name)
+            return limit
+
+    def _claimed(self, shard: Shard, reserved: int, claims: list[Claim]) -> None:
+        """Record what a claim leased, before anything else can fail or stop() can look.
+
+        What it did not use of its reservation is given back, and loops that
+        found no free slot meanwhile look again.
+        """
+        with self._lock:
+            self._turning -= reserved - len(claims)
+            for claim in claims:
+                self._inflight[claim.execution_id] = _InFlight(
+                    shard, claim.execution_id, claim.lease_token
+                )
+            starved = self._starved if len(claims) < reserved else set()
+            self._starved = self._starved - starved
+        for name in starved:
+            self._wakes[name].set()
 
     def _sleep_time(self, due_in: float | None) -> float:
         """Until the next due task (timer, retry, lease expiry), capped by the safety poll."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from shardq.benchmarks.db import BenchError, Poller, Shards, query
+from shardq.benchmarks.db import BenchError, Poller, Shards, analyze_as_autovacuum, query
 from shardq.benchmarks.fleet import Fleet, FleetConfig
 from shardq.benchmarks.measure import CpuMeter, wait_for
 from shardq.benchmarks.pyspy import summarize
@@ -163,11 +163,10 @@ class Bench:
             meter = CpuMeter(fleet.pids).start()
             t0 = time.time()
             self.client.start_many(workflow, items)
-            # Statistics, as autovacuum keeps them on a live queue: fresh tables
-            # of a few thousand rows otherwise plan as sequential scans. Inside
-            # the timed window, so its cost counts.
+            # Statistics, as autovacuum keeps them on a live queue. Inside the
+            # timed window, so its cost counts.
             for url in self.urls:
-                query(url, "analyze_queue")
+                analyze_as_autovacuum(url, n / len(self.urls))
             inserted = time.time() - t0
             self.wait_drained(n, label)
             cpu = meter.stop(n)

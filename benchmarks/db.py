@@ -49,6 +49,25 @@ def query(url: str, name: str, params: dict[str, Any] | None = None) -> list[Row
         return cur.fetchall() if cur.description else []
 
 
+def analyze_as_autovacuum(url: str, changed_rows: float) -> list[str]:
+    """ANALYZE the queue tables autovacuum would analyze after `changed_rows` new rows.
+
+    Its rule: more changed rows than threshold + scale factor x rows. A fresh
+    table of a few thousand rows would otherwise plan as sequential scans,
+    while re-analyzing a million-row table after each drain would charge the
+    drain for work autovacuum would not do. Returns the tables analyzed.
+    """
+    stale = [r["name"] for r in query(url, "analyze_rules")
+             if changed_rows > r["threshold"] + r["scale"] * r["reltuples"]]
+    if stale:
+        statement = sql.SQL("ANALYZE {}").format(
+            sql.SQL(", ").join(sql.Identifier("shardq", name) for name in stale)
+        )
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(statement)
+    return stale
+
+
 class Poller:
     """One open autocommit connection per shard for the tight progress polls."""
 

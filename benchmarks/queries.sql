@@ -56,8 +56,21 @@ WHERE tenant = 'default' AND workflow_name = 'wake_probe' AND state = 'completed
 -- name: execution_state
 SELECT state FROM shardq.executions WHERE id = %(id)s
 
--- name: analyze_queue
-ANALYZE shardq.executions, shardq.tasks, shardq.waits, shardq.history
+-- name: vacuum_queue
+-- After bulk-loading parked runs: what autovacuum does after a million inserts.
+VACUUM (ANALYZE) shardq.executions, shardq.tasks, shardq.waits, shardq.history
+
+-- name: analyze_rules
+-- What autovacuum's analyze trigger compares a table's changed rows against.
+SELECT c.relname AS name, greatest(c.reltuples, 0)::float8 AS reltuples,
+       coalesce((SELECT o.option_value FROM pg_options_to_table(c.reloptions) AS o
+                 WHERE o.option_name = 'autovacuum_analyze_scale_factor')::float8,
+                current_setting('autovacuum_analyze_scale_factor')::float8) AS scale,
+       coalesce((SELECT o.option_value FROM pg_options_to_table(c.reloptions) AS o
+                 WHERE o.option_name = 'autovacuum_analyze_threshold')::float8,
+                current_setting('autovacuum_analyze_threshold')::float8) AS threshold
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'shardq' AND c.relname IN ('executions', 'tasks', 'waits', 'history')
 
 -- name: checkpoint
 CHECKPOINT

@@ -290,7 +290,7 @@ def parked(b: Bench) -> dict[str, Any]:
 
     Each side drains `repeats` times (fresh run ids each time; the completed rows of
     earlier drains stay) and the median counts. The parked rows are inserted by SQL,
-    then ANALYZEd and CHECKPOINTed, as autovacuum and the checkpointer would have done
+    then VACUUM ANALYZEd and CHECKPOINTed, as autovacuum and the checkpointer would have done
     long before a real million runs had parked.
     """
     n, count, repeats = b.sizes.claim_n, b.sizes.parked, b.sizes.parked_repeats
@@ -303,7 +303,7 @@ def parked(b: Bench) -> dict[str, Any]:
     b.reset()
     insert_s = _insert_parked(b, count)
     for url in b.urls:
-        query(url, "analyze_queue")
+        query(url, "vacuum_queue")
     b.checkpoint()
     time.sleep(1.0)
     sizes = [r for url in b.urls for r in query(url, "table_sizes")]

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, NotSerializable
@@ -31,6 +32,8 @@ from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
 
 DEFAULT_TENANT = "default"
+PARALLEL_START_MIN = 1000
+"""From this many runs, `start_many` commits on its shards at once rather than in turn."""
 
 
 def to_json(value: Any, what: str) -> str:
@@ -112,14 +115,22 @@ class Client:
             shard = self.map.for_bucket(bucket)
             encoded = to_json(value, f"input of {definition.name} {workflow_id!r}")
             by_shard[shard.name].append((index, new_execution_id(bucket), workflow_id, encoded))
+        def insert(shard_name: str) -> list[StartResult]:
+            return self.store.start_executions(
+                self.map.named([shard_name])[0], tenant=tenant, workflow_name=definition.name,
+                workflow_version=definition.version,
+                items=[(i, w, v) for _, i, w, v in by_shard[shard_name]],
+            )
+
+        if len(by_shard) > 1 and len(items) >= PARALLEL_START_MIN:
+            # Big batches: the shards' commits overlap instead of queueing.
+            with ThreadPoolExecutor(len(by_shard), thread_name_prefix="shardq-start") as pool:
+                started = dict(zip(by_shard, pool.map(insert, by_shard), strict=True))
+        else:
+            started = {name: insert(name) for name in by_shard}
         results: list[StartResult | None] = [None] * len(items)
         for shard_name, rows in by_shard.items():
-            shard = self.map.named([shard_name])[0]
-            started = self.store.start_executions(
-                shard, tenant=tenant, workflow_name=definition.name,
-                workflow_version=definition.version, items=[(i, w, v) for _, i, w, v in rows],
-            )
-            for (index, *_), result in zip(rows, started, strict=True):
+            for (index, *_), result in zip(rows, started[shard_name], strict=True):
                 results[index] = result
         return [r for r in results if r is not None]
 

@@ -40,6 +40,7 @@ from shardq.shards.sqlfile import load_queries
 log = logging.getLogger(__name__)
 
 SQL = load_queries("shardq.queue", "queries.sql")
+_STATES = {s.value: s for s in State}  # State(value) costs ~3 us: felt in a 20k-run start
 MAX_PENDING_SIGNALS = 1000
 """Unconsumed signals one execution may buffer; beyond it a sender is refused."""
 
@@ -105,7 +106,7 @@ class Store:
                 found = conn.execute(SQL["find_executions"], {**params, "workflow_ids": missing})
                 rows.update({r["workflow_id"]: r for r in found})
         return [
-            StartResult(rows[wf]["id"], rows[wf]["created"], State(rows[wf]["state"]))
+            StartResult(rows[wf]["id"], rows[wf]["created"], _STATES[rows[wf]["state"]])
             for _, wf, _ in items
         ]
 

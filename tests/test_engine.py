@@ -168,6 +168,18 @@ def test_start_is_idempotent_on_workflow_id(client: Client, start_worker: StartW
     assert client.get(first.execution_id).input == {"n": 1}
 
 
+def test_a_big_start_many_commits_every_shard_and_stays_idempotent(client: Client) -> None:
+    keys = [(f"bulk-{i}", {"i": i}) for i in range(1_200)]  # the shards insert at once
+    first = client.start_many("three_steps", keys)
+    assert all(r.created for r in first)
+    per_shard = all_rows(client.map, "SELECT count(*) FROM shardq.tasks")
+    assert sum(n for (n,) in per_shard) == 1_200 and all(n > 0 for (n,) in per_shard)
+    again = client.start_many("three_steps", [*keys[::-1], ("bulk-new", None)])
+    assert [r.created for r in again] == [False] * 1_200 + [True]
+    assert [r.execution_id for r in again[:-1]] == [r.execution_id for r in first[::-1]]
+    assert client.get(first[7].execution_id).input == {"i": 7}
+
+
 def test_bad_starts_are_refused_with_clear_errors(client: Client) -> None:
     with pytest.raises(UnknownWorkflow, match="unknown workflow 'nope'"):
         client.start("nope", "x")

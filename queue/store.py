@@ -2,10 +2,11 @@
 
 Every statement comes from queue/queries.sql (the listing's dynamic filters
 from queue/listing.py). Each method is one transaction on the shard its
-arguments route to, and as few round trips as the statement shapes allow: a
-lone statement on an autocommit connection, several as one pipeline. The
-driver's errors stop here: callers see ShardUnavailable, StoreRejected,
-StoreConflict and the engine's own errors.
+arguments route to, and as few round trips as the statement shapes allow: the
+hot paths (claim, commit, signal) are one statement each, calls of the
+functions in schema/0003 on an autocommit connection. The driver's errors
+stop here: callers see ShardUnavailable, StoreRejected, StoreConflict and the
+engine's own errors.
 """
 
 from __future__ import annotations

@@ -23,16 +23,15 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.migrations import migrate
+from shardq.shards.servers import LOCAL_DSN, answers, database_url
 from shardq.shards.sqlfile import load_queries
 
 SQL = load_queries("shardq.benchmarks", "queries.sql")
-LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 ENV_DSN = "SHARDQ_BENCH_DSN"
 ENV_SHARDS = "SHARDQ_SHARDS"
 Row = dict[str, Any]
@@ -57,14 +56,13 @@ def analyze_as_autovacuum(url: str, changed_rows: float) -> list[str]:
     while re-analyzing a million-row table after each drain would charge the
     drain for work autovacuum would not do. Returns the tables analyzed.
     """
-    stale = [r["name"] for r in query(url, "analyze_rules")
-             if changed_rows > r["threshold"] + r["scale"] * r["reltuples"]]
-    if stale:
-        statement = sql.SQL("ANALYZE {}").format(
-            sql.SQL(", ").join(sql.Identifier("shardq", name) for name in stale)
-        )
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(statement)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        stale = [r["name"] for r in conn.execute(SQL["analyze_rules"])
+                 if changed_rows > r["threshold"] + r["scale"] * r["reltuples"]]
+        if stale:
+            conn.execute(sql.SQL("ANALYZE {}").format(
+                sql.SQL(", ").join(sql.Identifier("shardq", name) for name in stale)
+            ))
     return stale
 
 
@@ -93,28 +91,6 @@ class Poller:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _answers(dsn: str) -> bool:
-    try:
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
-
-
-def _url(admin_dsn: str, dbname: str) -> str:
-    """The admin DSN's server and user, pointed at `dbname`, as a postgresql:// URL."""
-    params = conninfo_to_dict(admin_dsn)
-    host, port = params.get("host"), params.get("port")
-    user, password = params.get("user"), params.get("password")
-    auth = f"{user}{':' + str(password) if password else ''}@" if user else ""
-    if host and not str(host).startswith("/"):
-        return f"postgresql://{auth}{host}{':' + str(port) if port else ''}/{dbname}"
-    extra = [f"host={host}"] if host else []
-    extra += [f"port={port}"] if port else []
-    return f"postgresql://{auth}/{dbname}" + ("?" + "&".join(extra) if extra else "")
 
 
 @dataclass
@@ -187,7 +163,7 @@ def _create(count: int, log: Any) -> Shards:
     embedded: EmbeddedPostgres | None = None
     if explicit:
         dsn, source = explicit, f"server {ENV_DSN}"
-    elif _answers(LOCAL_DSN):
+    elif answers(LOCAL_DSN):
         dsn, source = LOCAL_DSN, "server 127.0.0.1:5432"
     else:
         log("no server at 127.0.0.1:5432; starting an embedded PostgreSQL (fsync off!)")
@@ -201,7 +177,7 @@ def _create(count: int, log: Any) -> Shards:
                 name = f"{prefix}_s{i}"
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
                 shards.created.append(name)
-                shards.urls.append(_url(dsn, name))
+                shards.urls.append(database_url(dsn, name))
     except BaseException:
         shards.drop()
         raise

@@ -272,10 +272,10 @@ class Worker:
                 self._turning -= 1
                 self._settling += final is not None
                 free = self._free_slots()
-            self._maybe_wake(free)
             if final is None:
                 self._release(claim.execution_id, settled=False)
             else:
+                self._maybe_wake(free)
                 # The run stays in flight (its lease heartbeated) until the commit
                 # is durable; this thread moves on to the next claimed run.
                 self._completers[shard.name].submit_async(

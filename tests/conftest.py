@@ -15,25 +15,16 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from shardq.queue.registry import Registry
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
+from shardq.shards.servers import LOCAL_DSN, answers, database_url
 
-LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
-
-
-def _answers(dsn: str) -> bool:
-    try:
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
 
 
 class Server:
@@ -45,20 +36,7 @@ class Server:
         self.created: list[str] = []
 
     def url(self, dbname: str) -> str:
-        params = conninfo_to_dict(self.admin_dsn)
-        params["dbname"] = dbname
-        host = params.pop("host", None)
-        port = params.pop("port", None)
-        user = params.pop("user", None)
-        base = f"postgresql://{str(user) + '@' if user else ''}"
-        if host and not str(host).startswith("/"):
-            base += f"{host}{':' + str(port) if port else ''}/{dbname}"
-            query = []
-        else:
-            base += f"/{dbname}"
-            query = [f"host={host}"] if host else []
-            query += [f"port={port}"] if port else []
-        return base + ("?" + "&".join(query) if query else "")
+        return database_url(self.admin_dsn, dbname)
 
     def create_databases(self, count: int, tag: str = "") -> list[str]:
         names = [f"{self.prefix}{tag}_s{i}_{secrets.token_hex(2)}" for i in range(count)]
@@ -82,7 +60,7 @@ def pg_server() -> Iterator[Server]:
     embedded = None
     if explicit and explicit != "embedded":
         dsn = explicit
-    elif not explicit and _answers(LOCAL_DSN):
+    elif not explicit and answers(LOCAL_DSN):
         dsn = LOCAL_DSN
     else:
         from shardq.shards.embedded import EmbeddedPostgres

@@ -8,6 +8,7 @@ import pytest
 
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ConfigError
+from shardq.shards.servers import database_url
 
 from .support import run_cli
 
@@ -120,3 +121,11 @@ def test_client_refuses_a_map_the_shards_were_not_migrated_with(shard_map: Shard
     swapped = ShardMap.from_urls([s.url for s in reversed(shard_map.shards)])
     with pytest.raises(MapMismatch, match="recorded as shard-1, this map calls it shard-0"):
         Client(swapped, registry)
+
+
+def test_database_url_keeps_server_and_credentials() -> None:
+    tcp = database_url("host=db1 port=6543 user=app password=p@ss dbname=postgres", "shard 1")
+    assert tcp == "postgresql://app:p%40ss@db1:6543/shard%201"
+    sock = database_url("postgresql://postgres@/postgres?host=/tmp/pg%20x&port=5999", "s0")
+    assert sock == "postgresql://postgres@/s0?host=/tmp/pg%20x&port=5999"
+    assert ShardMap.from_urls([tcp]).shards[0].url == tcp

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -70,3 +71,22 @@ def _slow(workflow_id: str, i: int, seconds: float, trace: str | None) -> int:
         with open(trace, "a") as out:
             out.write(f"{workflow_id} {i}\n")
     return i
+
+
+@registry.workflow("slow_after_signal")
+def slow_after_signal(ctx: WorkflowContext) -> Any:
+    """Wait for "go", then hand its payload to a step taking `seconds` that appends
+    `<id> start|done <payload>` lines to the file `trace`: crash tests kill the
+    worker between a signal's consumption and the next commit."""
+    payload = ctx.wait_for_signal("go")
+    return ctx.step("use", _slow_use, ctx.workflow_id, payload,
+                    float(ctx.input["seconds"]), ctx.input["trace"])
+
+
+def _slow_use(workflow_id: str, payload: Any, seconds: float, trace: str) -> Any:
+    with open(trace, "a") as out:
+        out.write(f"{workflow_id} start {json.dumps(payload)}\n")
+    time.sleep(seconds)
+    with open(trace, "a") as out:
+        out.write(f"{workflow_id} done {json.dumps(payload)}\n")
+    return payload

@@ -9,6 +9,13 @@ Step results are buffered and committed before anything else can have an effect
 outside the workflow: before the next step runs, and with the commit that ends
 the turn (parking, completion, failure). A one-step job therefore costs one
 commit, and no step ever starts before its predecessors are durable.
+
+Events a replay would record again, identically, from what is already durable
+need no commit of their own before a step: a consumed signal (a run's signals
+become visible in id order, so a replay after a crash consumes the same one)
+and a fired timer (the database clock only moves on). A run resumed by a signal
+thus commits the consumption with its next step's result, one commit instead of
+two on the signal -> step path; until then the run reads `waiting`.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from shardq.queue.retry import RetryPolicy
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 Checkpoint = Callable[[TurnCommit], CommitOutcome]
+REPLAYABLE = frozenset({Event.SIGNAL_CONSUMED, Event.TIMER_FIRED})
+"""Event kinds a replay records identically from durable state (see the module doc)."""
 MAX_ERROR_TEXT = 8000
 
 
@@ -348,8 +357,11 @@ class WorkflowContext:
         return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
 
     def _flush(self) -> None:
-        """Commit buffered events (and the running state) before a side effect."""
-        if not self._buffer and not self._consumed and not self._close_wait:
+        """Commit buffered events (and the running state) before a side effect.
+
+        Nothing to commit when a replay would buffer the same events again.
+        """
+        if all(e.kind in REPLAYABLE for e in self._buffer):
             return
         self._commit(self._commit_for(state=State.RUNNING, task=TaskAction.KEEP))
 

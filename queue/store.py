@@ -219,6 +219,8 @@ class Store:
         waits on that name. Results come back in input order; a refused signal
         (unknown run, finished run, too many pending) carries its error and the
         others land. One statement: shardq.deliver_signals() (schema/0003).
+        It locks every target run before inserting, so one run's signals commit
+        in id order: replay relies on that to consume the same one again.
         """
         params = {
             "tenant": tenant,

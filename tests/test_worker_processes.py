@@ -387,6 +387,43 @@ def test_signal_wakes_a_parked_run_within_a_second_despite_a_60_s_poll(
         assert client.get(run.execution_id).output == {"x": 1}
 
 
+@pytest.mark.slow
+def test_kill_9_after_a_consumed_signal_replays_the_same_signal_into_the_step(
+    shard_map: ShardMap, client: Client, spawn: Spawn, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace"
+    run = client.start("slow_after_signal", "sig-kill", {"seconds": 1.0, "trace": str(trace)})
+    a = spawn("a", urls_of(shard_map), "--lease", "2")
+    wait_for(in_state(client, run.execution_id, State.WAITING), 15, "the run to park", a.stderr)
+    client.signal(run.execution_id, "go", {"n": 1})
+
+    def lines() -> list[str]:
+        return trace.read_text().splitlines() if trace.exists() else []
+
+    wait_for(lambda: lines() == ['sig-kill start {"n": 1}'], 15, "the step to start", a.stderr)
+    a.send(signal.SIGKILL)
+    assert a.wait_exit(10) == -signal.SIGKILL
+    # The consumption rides on the step's commit, which never happened.
+    assert "signal.consumed" not in [k for _, k, _ in history(shard_map, run.execution_id)]
+    assert client.get(run.execution_id).state is State.WAITING
+    # A later signal of the same name must not change what the replayed step receives.
+    client.signal(run.execution_id, "go", {"n": 2})
+
+    b = spawn("b", urls_of(shard_map), "--lease", "2")
+    done = client.wait(run.execution_id, timeout=30)
+    assert done.state is State.COMPLETED, b.stderr()
+    assert done.output == {"n": 1}
+    assert lines() == ['sig-kill start {"n": 1}', 'sig-kill start {"n": 1}',
+                       'sig-kill done {"n": 1}']
+    url = shard_map.for_execution(run.execution_id).url
+    # Consumption and step result landed in one transaction.
+    assert scalar(url, "SELECT count(DISTINCT xmin::text) FROM shardq.history "
+                       "WHERE execution_id = %s AND kind IN ('signal.consumed', 'step.completed')",
+                  run.execution_id) == 1
+    assert query(url, "SELECT payload FROM shardq.signals WHERE execution_id = %s "
+                      "AND consumed_at IS NULL", run.execution_id) == [({"n": 2},)]
+
+
 # -- shutdown ------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 `python -m shardq.benchmarks.pyspy FILE...` prints the top functions by self and by
 inclusive samples, and the share of samples per thread role (claim loop, turn
-threads, completer, listener, heartbeat). The suite writes such files with
+threads, completer, heartbeat). The suite writes such files with
 `--py-spy DIR` (py-spy must be installed: `pip install py-spy`).
 """
 
@@ -20,7 +20,6 @@ _ROLES = (
     ("Completer._run", "completer"),
     ("Worker._claim_loop", "claim loop"),
     ("Worker._turn_loop", "turn threads"),
-    ("WakeListener._run", "listener"),
     ("Worker._heartbeat_loop", "heartbeat"),
 )
 

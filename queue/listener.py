@@ -1,60 +1,140 @@
-"""LISTEN on a shard's wake channel and poke the shard's claim loop.
+"""What a shard's claim loop sleeps on: pokes from this process and the shard's NOTIFYs.
+
+The claim loop itself waits on the LISTEN connection's socket, together with a
+pipe that other threads poke, rather than a listener thread relaying each
+NOTIFY to it: on an idle worker every thread hand-off is a wake-up of a sleeping
+CPU, and this one sat on the signal -> resumed step path.
 
 A notification is only a hint that work may be due: notifications are lost
-while the connection is down, so every (re)connect also pokes the loop, which
-then claims and recomputes its timer. The claim loop's poll stays the
-correctness path.
+while the connection is down, so every (re)connect also counts as a wake-up,
+after which the loop claims and recomputes its timer. The claim loop's poll
+stays the correctness path.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
+import time
 
 import psycopg
 
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardUnavailable
-from shardq.shards.pools import connect
+from shardq.shards.pools import DictConnection, connect
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "shardq_wake"
+MAX_BACKOFF_S = 10.0
 
 
-class WakeListener:
-    def __init__(self, shard: Shard, wake: threading.Event, stopping: threading.Event) -> None:
+class WakeSource:
+    """A threading.Event-like flag that one thread waits on, also set by the shard's NOTIFYs.
+
+    Any thread may `set()`; only the claim loop calls `clear()` and `wait()`,
+    which also owns the LISTEN connection: it connects lazily, and after a loss
+    reconnects with backoff while the loop carries on polling.
+    """
+
+    def __init__(self, shard: Shard) -> None:
         self._shard = shard
-        self._wake = wake
-        self._stopping = stopping
-        self._thread = threading.Thread(
-            target=self._run, name=f"shardq-listen-{shard.name}", daemon=True
-        )
+        self._lock = threading.Lock()
+        self._flag = False
+        self._closed = False
+        # A byte sits in the pipe exactly while the flag is set, so select()
+        # sees a poke that came before the wait as well as during it.
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        self._conn: DictConnection | None = None
+        self._reconnect_at = 0.0
+        self._backoff = 0.5
 
-    def start(self) -> WakeListener:
-        self._thread.start()
-        return self
+    def set(self) -> None:
+        with self._lock:
+            # After close() the descriptor numbers may already belong to another file.
+            if not self._flag and not self._closed:
+                self._flag = True
+                os.write(self._write_fd, b"!")
 
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+    def clear(self) -> None:
+        with self._lock:
+            if self._flag and not self._closed:
+                self._flag = False
+                os.read(self._read_fd, 1)
 
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stopping.is_set():
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float) -> bool:
+        """Until set, a notification or `timeout` seconds; True when woken."""
+        deadline = time.monotonic() + timeout
+        while not self._flag:
+            conn = self._listening()
+            if self._flag:  # (re)connected: notifications may have been missed
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            limit = deadline - now
+            fds = [self._read_fd]
+            if conn is None:
+                limit = min(limit, max(0.0, self._reconnect_at - now))
+            else:
+                fds.append(conn.fileno())
+            ready, _, _ = select.select(fds, [], [], limit)
+            if conn is not None and conn.fileno() in ready and self._drain(conn):
+                return True
+        return True
+
+    def close(self) -> None:
+        """Drop the LISTEN connection and the pipe; later set() calls do nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        os.close(self._read_fd)
+        os.close(self._write_fd)
+
+    def _listening(self) -> DictConnection | None:
+        """The LISTEN connection, (re)opened when due; a fresh one sets the flag."""
+        if self._conn is not None or time.monotonic() < self._reconnect_at:
+            return self._conn
+        try:
+            conn = connect(self._shard, autocommit=True)
             try:
-                with connect(self._shard, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self._wake.set()
-                    backoff = 0.5
-                    while not self._stopping.is_set():
-                        for _ in conn.notifies(timeout=0.5):
-                            self._wake.set()
-            except (psycopg.Error, ShardUnavailable) as exc:
-                if self._stopping.is_set():
-                    return
-                log.warning(
-                    "wake listener lost its connection; reconnecting",
-                    extra={"shard": self._shard.name, "error": str(exc).splitlines()[0]},
-                )
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                conn.execute(f"LISTEN {CHANNEL}")
+            except BaseException:
+                conn.close()
+                raise
+        except (psycopg.Error, ShardUnavailable) as exc:
+            self._lost(exc)
+            return None
+        self._conn, self._backoff = conn, 0.5
+        self.set()
+        return conn
+
+    def _drain(self, conn: DictConnection) -> bool:
+        """Read what arrived on the LISTEN socket; True when it held a notification."""
+        try:
+            return sum(1 for _ in conn.notifies(timeout=0)) > 0
+        except psycopg.Error as exc:
+            self._lost(exc)
+            return False
+
+    def _lost(self, exc: BaseException) -> None:
+        log.warning(
+            "wake listener lost its connection; reconnecting",
+            extra={"shard": self._shard.name, "error": str(exc).splitlines()[0],
+                   "retry_in_s": self._backoff},
+        )
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._reconnect_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)

@@ -1,11 +1,11 @@
 """The worker: claim due runs on every served shard, run their turns, commit, repeat.
 
 Per shard, a claim loop leases batches of due tasks and hands them to a bounded
-pool of turn threads; a wake listener pokes the loop on NOTIFY; a completer
-groups the turns' commits. One heartbeat thread extends the leases of every
-turn in flight. `stop()` drains: no new claims, in-flight turns get until the
-drain deadline, and whatever is left is handed back at once rather than at
-lease expiry.
+pool of turn threads; between claims it sleeps on the shard's NOTIFYs and on
+pokes from this process. A completer per shard groups the turns' commits. One
+heartbeat thread extends the leases of every turn in flight. `stop()` drains:
+no new claims, in-flight turns get until the drain deadline, and whatever is
+left is handed back at once rather than at lease expiry.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from shardq.queue.completer import Completer, Result
 from shardq.queue.errors import ShardUnavailable, StoreRejected
-from shardq.queue.listener import WakeListener
+from shardq.queue.listener import WakeSource
 from shardq.queue.models import Claim, CommitOutcome, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
@@ -82,7 +82,7 @@ class Worker:
         # Heartbeats go on until the drain is over: a turn finishing during the
         # drain must not lose its lease to another worker.
         self._drained = threading.Event()
-        self._wakes = {s.name: threading.Event() for s in self.shards}
+        self._wakes = {s.name: WakeSource(s) for s in self.shards}
         # Leases held: from the claim until the turn's last commit is settled.
         self._inflight: dict[uuid.UUID, _InFlight] = {}
         # Of those, claimed runs whose turn has not returned (queued or running),
@@ -104,7 +104,6 @@ class Worker:
         self._claim_threshold = max(
             1, min(self.config.batch_size, self.config.concurrency) // 2
         )
-        self._listeners: list[WakeListener] = []
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -112,9 +111,6 @@ class Worker:
         for completer in self._completers.values():
             completer.start()
         for shard in self.shards:
-            self._listeners.append(
-                WakeListener(shard, self._wakes[shard.name], self._stopping).start()
-            )
             claim_loop = functools.partial(self._claim_loop, shard)
             self._claimers.append(self._spawn(f"shardq-claim-{shard.name}", claim_loop))
         for i in range(self.config.concurrency):
@@ -161,8 +157,9 @@ class Worker:
                                 extra={"shard": shard.name, "error": str(exc)})
         for completer in self._completers.values():
             completer.close()
-        for listener in self._listeners:
-            listener.join(timeout=2)
+        for shard, claimer in zip(self.shards, self._claimers, strict=True):
+            if not claimer.is_alive():  # a stuck one may still be waiting on it
+                self._wakes[shard.name].close()
         log.info("worker stopped", extra={"owner": self.config.owner, "released": released})
         return released
 

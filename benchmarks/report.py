@@ -135,7 +135,7 @@ def table(doc: Result) -> str:
         w = sc["wake"]
         for key, label in (("step_ms", "signal -> resumed step"),
                            ("resumed_ms", "signal -> workflow resumed"),
-                           ("completed_seen_ms", "signal -> seen completed"),
+                           ("completed_ms", "signal -> completion committed"),
                            ("signal_call_ms", "Client.signal call")):
             s = w[key]
             rows.append(("wake", label, f"p50 {s['p50']:.2f} ms",

@@ -87,6 +87,29 @@ def test_signal_to_a_parked_run_wakes_it(client: Client, start_worker: StartWork
     assert client.wait(run.execution_id, timeout=10).output == [1, 2]
 
 
+def test_a_worker_whose_listen_session_was_killed_listens_again(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry, poll_interval_s=60.0)
+    release.set()
+    run = client.start("two_payments", "p-relisten")
+    wait_until(lambda: state_of(client, run.execution_id) is State.WAITING, what="parked")
+    listeners = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                 "AND query = 'LISTEN shardq_wake'")
+    killed = all_rows(client.map, listeners)
+    assert len(killed) == len(client.map.shards)
+    all_rows(client.map, f"SELECT pg_terminate_backend(pid) FROM ({listeners}) l")
+    wait_until(lambda: len(set(all_rows(client.map, listeners)) - set(killed))
+               == len(client.map.shards), what="every shard listened to again")
+    time.sleep(0.5)  # the claim loops are back asleep on their 60 s poll
+    client.signal(run.execution_id, "paid", 1)
+    # Well inside the 60 s poll: only the new LISTEN session can have woken it.
+    wait_until(
+        lambda: [e for e in client.history(run.execution_id) if e.kind == "signal.consumed"],
+        what="the signal consumed", timeout=5,
+    )
+
+
 def test_idempotency_key_collapses_repeats(client: Client, start_worker: StartWorker) -> None:
     run = client.start("two_payments", "p-3")
     first = client.signal(run.execution_id, "paid", {"n": 1}, idempotency_key="evt-1")

@@ -157,13 +157,13 @@ def cycle(b: Bench) -> dict[str, Any]:
         started = b.client.start_many("park", [(f"cy-{i}", None) for i in range(m)])
         t_started = time.time()
         with Poller(b.urls) as poller:
-            wait_for(lambda: _count_state(poller, "park", "cy-", "waiting"), m,
+            wait_for(lambda: poller.total("parked_runs"), m,
                      label="cycle: parking", timeout=max(60.0, m / 100))
             t_parked = time.time()
             ids = [r.execution_id for r in started]
             _signal_all(b, ids, threads, batch)
             t_signalled = time.time()
-            wait_for(lambda: _count_state(poller, "park", "cy-", "completed"), m,
+            wait_for(lambda: max(0, m - poller.total("open_runs")), m,
                      label="cycle: completing", timeout=max(60.0, m / 100), interval=0.05)
         cpu = meter.stop(m)
     end = b.finished("park", "cy-", m)

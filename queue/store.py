@@ -255,7 +255,7 @@ class Store:
 def _commit_turns(
     conn: DictConnection, commits: Sequence[TurnCommit], lease_s: float
 ) -> dict[uuid.UUID, CommitOutcome]:
-    """The whole batch as one statement: shardq.commit_turns() (schema/0003).
+    """The whole batch as one statement: shardq.commit_turns() (schema/0004).
 
     At most one commit per execution, so the writes, grouped by table, keep
     each execution's own order. The batch goes as one JSON document (its

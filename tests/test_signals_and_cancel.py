@@ -70,6 +70,10 @@ def test_early_signals_are_buffered_and_consumed_oldest_first(
     assert [(e.position, e.payload["payload"]) for e in consumed] == [(1, {"n": 1}), (2, {"n": 2})]
     assert all_rows(client.map, "SELECT count(*) FROM shardq.signals WHERE consumed_at IS NULL") \
         == [(0,), (0,)]
+    # Each signal row names the call that consumed it.
+    assert all_rows(client.map, "SELECT payload, consumed_position FROM shardq.signals "
+                                "WHERE execution_id = %s ORDER BY id", run.execution_id) \
+        == [({"n": 1}, 1), ({"n": 2}, 2)]
 
 
 def test_signal_to_a_parked_run_wakes_it(client: Client, start_worker: StartWorker) -> None:

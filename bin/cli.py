@@ -243,7 +243,7 @@ def worker(
     import signal
     import threading
 
-    from shardq.queue.worker import Worker, WorkerConfig
+    from shardq.queue.worker import Worker, WorkerConfig, tune_gc_for_worker
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
 
@@ -265,6 +265,7 @@ def worker(
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    tune_gc_for_worker()  # the application's modules are imported by now
     pools = ShardPools(shard_map).open()
     running = Worker(pools, registry, shards=served, config=config).start()
     click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)

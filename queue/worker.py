@@ -11,6 +11,7 @@ left is handed back at once rather than at lease expiry.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import queue
@@ -32,6 +33,26 @@ from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 
 log = logging.getLogger(__name__)
+
+
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between young collections in a worker daemon (CPython's default: 700)."""
+
+
+def tune_gc_for_worker() -> None:
+    """Collector settings for a process that is above all a shardq worker (the CLI daemon).
+
+    A turn allocates a few hundred short-lived containers. At CPython's defaults
+    (a young collection every 700 allocations, a full one every 70,000) a
+    draining worker spent about a third of its CPU in the collector, most of it
+    walking the long-lived objects of its imports on each full collection.
+    Those are frozen out of collection here, and collections come ~30 times
+    less often; cyclic garbage is still collected. Call once, after imports.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 @dataclass(frozen=True)

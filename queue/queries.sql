@@ -55,7 +55,7 @@ SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens, as one JSON document:
 -- schema/0004 holds the body, schema/0003 the document's layout.
-SELECT id, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
+SELECT commit_ord, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
 
 -- name: landed_commits
 -- After a lost connection: which commits of the failed attempt had landed.

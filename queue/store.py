@@ -259,7 +259,8 @@ def _commit_turns(
 
     At most one commit per execution, so the writes, grouped by table, keep
     each execution's own order. The batch goes as one JSON document (its
-    layout is documented with the function).
+    layout is documented with the function); ids go as hex, which PostgreSQL
+    reads as uuid and Python writes fastest.
     """
     ids = {c.execution_id for c in commits}
     if len(ids) != len(commits):
@@ -270,9 +271,9 @@ def _commit_turns(
     consumed: list[tuple[int, int]] = []
     parking: list[list[str]] = []
     for c in commits:
-        cid = str(c.execution_id)
+        cid = c.execution_id.hex
         rows.append([
-            cid, str(c.lease_token), str(c.next_token), c.state, _json_box(c.output_json),
+            cid, c.lease_token.hex, c.next_token.hex, c.state, c.output_json,
             c.error, c.task, c.delay, c.close_wait and c.open_wait is None,
         ])
         events.extend([cid, e.position, e.kind, e.name, e.payload, e.wake_in] for e in c.events)
@@ -284,17 +285,18 @@ def _commit_turns(
             parking.append([cid, c.wake_on_signal])
     parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking}
     batch = json.dumps({k: v for k, v in parts.items() if v or k == "c"})
-    found = conn.execute(SQL["commit_turns"], {"lease_s": lease_s, "batch": batch}).fetchall()
-    owned = {r["id"]: bool(r["cancel_requested"]) for r in found}
+    with conn.cursor(row_factory=tuple_row) as cur:
+        # (position in the batch from 1, cancel requested) of each commit that landed
+        landed: dict[int, bool] = dict(
+            cur.execute(SQL["commit_turns"], {"lease_s": lease_s, "batch": batch})
+        )
     return {
-        c.execution_id: CommitOutcome(c.execution_id in owned, owned.get(c.execution_id, False))
-        for c in commits
+        c.execution_id: _LOST if i not in landed else _CANCEL if landed[i] else _LANDED
+        for i, c in enumerate(commits, 1)
     }
 
 
-def _json_box(encoded: str | None) -> list[Any] | None:
-    """An output as `[value]` (a workflow may return null), or None for no output."""
-    return None if encoded is None else [json.loads(encoded)]
+_LANDED, _CANCEL, _LOST = CommitOutcome(True), CommitOutcome(True, True), CommitOutcome(False)
 
 
 def _signal_result(execution_id: uuid.UUID, tenant: str, row: dict[str, Any]) -> SignalResult:

@@ -5,11 +5,22 @@
 -- function. Like the task writes (schema/0003), it now finds its rows by
 -- primary key and reads each one's position with array_position().
 --
+-- On the worker's side, building the batch and reading the answer had become
+-- the larger part of a completion's CPU, so the document and the answer get
+-- cheaper to handle: a commit's output travels as its JSON text (a string;
+-- JSON null for no output), which the worker has at hand, instead of a value
+-- the worker decoded only to encode it again; and the function answers with
+-- each landed commit's position in `c` (from 1) instead of its execution id.
+-- `batch` is otherwise as schema/0003 describes it:
+--   c: [id, token, next, state, output, error, action, delay, close_wait]
+--      (output: the output's JSON text, or null when the commit sets none)
+--
 -- The rest of the body is schema/0003's, unchanged: a function is replaced
 -- whole.
+DROP FUNCTION shardq.commit_turns(float8, jsonb);
 
-CREATE OR REPLACE FUNCTION shardq.commit_turns(lease_s float8, batch jsonb)
-RETURNS TABLE (id uuid, cancel_requested boolean)
+CREATE FUNCTION shardq.commit_turns(lease_s float8, batch jsonb)
+RETURNS TABLE (commit_ord integer, cancel_requested boolean)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -41,6 +52,7 @@ DECLARE
     p_ids           uuid[] := '{}';
     p_names         text[];
     fenced          uuid[];
+    fenced_ords     integer[];
     cancels         boolean[];
     deleting        uuid[];
     keeping         uuid[];
@@ -50,7 +62,7 @@ BEGIN
            array_agg((r->>1)::uuid ORDER BY o),
            array_agg((r->>2)::uuid ORDER BY o),
            array_agg(r->>3 ORDER BY o),
-           array_agg(CASE WHEN jsonb_typeof(r->4) = 'array' THEN r->4->0 END ORDER BY o),
+           array_agg(CASE WHEN jsonb_typeof(r->4) = 'string' THEN (r->>4)::jsonb END ORDER BY o),
            array_agg(nullif(r->5, 'null') ORDER BY o),
            array_agg(r->>6 ORDER BY o),
            array_agg((r->>7)::float8 ORDER BY o),
@@ -99,7 +111,7 @@ BEGIN
     -- two batches never deadlock; stamp and update their executions.
     WITH req AS (
         SELECT * FROM unnest(c_ids, c_tokens, c_next, c_states, c_outputs, c_errors)
-            AS r(id, token, next, state, output, error)
+            WITH ORDINALITY AS r(id, token, next, state, output, error, ord)
     ), locked AS (
         SELECT t.execution_id
         FROM shardq.tasks t
@@ -118,10 +130,11 @@ BEGIN
                                THEN now() ELSE x.finished_at END
         FROM req r JOIN locked l ON l.execution_id = r.id
         WHERE x.id = r.id AND x.id = ANY(c_ids)
-        RETURNING x.id, x.cancel_requested
+        RETURNING x.id, r.ord, x.cancel_requested
     )
-    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.cancel_requested), '{}')
-    INTO fenced, cancels
+    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.ord::integer), '{}'),
+           coalesce(array_agg(u.cancel_requested), '{}')
+    INTO fenced, fenced_ords, cancels
     FROM updated u;
 
     IF cardinality(fenced) = 0 THEN
@@ -207,6 +220,6 @@ BEGIN
         SET run_at = now(), lease_token = NULL, lease_owner = NULL;
     END IF;
 
-    RETURN QUERY SELECT * FROM unnest(fenced, cancels);
+    RETURN QUERY SELECT * FROM unnest(fenced_ords, cancels);
 END
 $$;

@@ -5,6 +5,12 @@
 -- function. Like the task writes (schema/0003), it now finds its rows by
 -- primary key and reads each one's position with array_position().
 --
+-- Two more per-row scans of a whole array went the same way: the executions
+-- UPDATE repeated its join key as `x.id = ANY(c_ids)`, which the B-tree
+-- re-sorted on each of its n index probes (half the statement's time on a
+-- batch of 100); and the writes filtered each row by `= ANY(fenced)`, which
+-- is now skipped when every commit of the batch held its lease.
+--
 -- On the worker's side, building the batch and reading the answer had become
 -- the larger part of a completion's CPU, so the document and the answer get
 -- cheaper to handle: a commit's output travels as its JSON text (a string;
@@ -53,6 +59,7 @@ DECLARE
     p_names         text[];
     fenced          uuid[];
     fenced_ords     integer[];
+    all_fenced      boolean;
     cancels         boolean[];
     deleting        uuid[];
     keeping         uuid[];
@@ -129,7 +136,7 @@ BEGIN
             finished_at = CASE WHEN r.state IN ('completed', 'failed', 'cancelled', 'timed_out')
                                THEN now() ELSE x.finished_at END
         FROM req r JOIN locked l ON l.execution_id = r.id
-        WHERE x.id = r.id AND x.id = ANY(c_ids)
+        WHERE x.id = r.id
         RETURNING x.id, r.ord, x.cancel_requested
     )
     SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.ord::integer), '{}'),
@@ -140,6 +147,9 @@ BEGIN
     IF cardinality(fenced) = 0 THEN
         RETURN;
     END IF;
+    -- Usually every lease held: the per-row `= ANY(fenced)` filters below,
+    -- a scan of the whole array per row, are then skipped.
+    all_fenced := cardinality(fenced) = cardinality(c_ids);
 
     IF cardinality(e_ids) > 0 THEN
         INSERT INTO shardq.history (execution_id, position, kind, name, payload)
@@ -150,7 +160,7 @@ BEGIN
                END
         FROM unnest(e_ids, e_positions, e_kinds, e_names, e_payloads, e_wake_ins)
              WITH ORDINALITY AS e(execution_id, position, kind, name, payload, wake_in, ord)
-        WHERE e.execution_id = ANY(fenced)
+        WHERE (all_fenced OR e.execution_id = ANY(fenced))
         ORDER BY e.ord;
     END IF;
 
@@ -167,7 +177,7 @@ BEGIN
                w.request
         FROM unnest(w_ids, w_positions, w_kinds, w_names, w_deadline_ins, w_requests)
              AS w(id, position, kind, name, deadline_in, request)
-        WHERE w.id = ANY(fenced)
+        WHERE (all_fenced OR w.id = ANY(fenced))
         ON CONFLICT (execution_id) DO UPDATE
         SET position = excluded.position, kind = excluded.kind, name = excluded.name,
             deadline = excluded.deadline, request = excluded.request;
@@ -176,7 +186,8 @@ BEGIN
     IF cardinality(s_ids) > 0 THEN
         UPDATE shardq.signals s
         SET consumed_at = now(), consumed_position = s_positions[array_position(s_ids, s.id)]
-        WHERE s.id = ANY(s_ids) AND s.consumed_at IS NULL AND s.execution_id = ANY(fenced);
+        WHERE s.id = ANY(s_ids) AND s.consumed_at IS NULL
+          AND (all_fenced OR s.execution_id = ANY(fenced));
     END IF;
 
     -- Task rows last: until here they carry the lease token the fence matched.
@@ -185,7 +196,7 @@ BEGIN
            array_agg(c.id) FILTER (WHERE c.action = 'schedule')
     INTO deleting, keeping, scheduling
     FROM unnest(c_ids, c_actions) AS c(id, action)
-    WHERE c.id = ANY(fenced);
+    WHERE all_fenced OR c.id = ANY(fenced);
     IF deleting IS NOT NULL THEN
         DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(deleting);
     END IF;
@@ -211,7 +222,7 @@ BEGIN
         INSERT INTO shardq.tasks (execution_id, run_at)
         SELECT p.id, now()
         FROM unnest(p_ids, p_names) AS p(id, name)
-        WHERE p.id = ANY(fenced)
+        WHERE (all_fenced OR p.id = ANY(fenced))
           AND EXISTS (
             SELECT 1 FROM shardq.signals s
             WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL

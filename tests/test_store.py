@@ -106,6 +106,43 @@ def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
     }
 
 
+def test_a_batch_writes_the_commits_that_hold_their_lease_and_nothing_of_the_others(
+    client: Client, store: Store, shard_map: ShardMap
+) -> None:
+    shard = shard_map.shards[0]
+    runs = []
+    for i in range(200):  # until three runs land on the first shard
+        run = client.start("job", f"mixed-{i}")
+        if _shard_of(client, run.execution_id) == shard:
+            runs.append(run)
+        if len(runs) == 3:
+            break
+    held, lost, parked = (r.execution_id for r in runs)
+    claims = {c.execution_id: c for c in store.claim(shard, owner="a", limit=3, lease_s=30)[0]}
+    stolen = uuid.uuid4()  # another worker took `lost` over
+    with psycopg.connect(shard.url, autocommit=True) as conn:
+        conn.execute("UPDATE shardq.tasks SET lease_token = %s WHERE execution_id = %s",
+                     (stolen, lost))
+
+    def done(execution_id: uuid.UUID) -> TurnCommit:
+        return TurnCommit(execution_id, claims[execution_id].lease_token,
+                          events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": 1})],
+                          state=State.COMPLETED, output_json="1", task=TaskAction.DELETE)
+
+    outcome = store.commit_turns(
+        shard, [done(held), done(lost), _park_on_go(parked, claims[parked].lease_token)],
+        lease_s=30,
+    )
+    assert [outcome[i].landed for i in (held, lost, parked)] == [True, False, True]
+    assert client.get(held).output == 1 and client.get(held).state is State.COMPLETED
+    assert client.get(lost).state is State.PENDING and store.read_history(lost) == []
+    assert rows(shard.url, "SELECT lease_token FROM shardq.tasks WHERE execution_id = %s",
+                lost) == [(stolen,)]
+    assert client.get(parked).state is State.WAITING
+    assert rows(shard.url, "SELECT execution_id, name FROM shardq.waits") == [(parked, "go")]
+    assert [e.kind for e in store.read_history(parked)] == ["signal.waiting"]
+
+
 def test_a_commit_that_landed_is_recognised_and_never_applied_twice(
     client: Client, store: Store
 ) -> None:

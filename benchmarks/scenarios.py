@@ -248,7 +248,9 @@ def wake(b: Bench) -> dict[str, Any]:
     bar.close()
     problems = b.stop_fleet()
     resumed, stepped, finished, signal_call = [], [], [], []
+    slowest: list[tuple[float, float, float]] = []  # (step ms, signal call ms, s into sampling)
     outputs = [r for url in b.urls for r in query(url, "wake_outputs")]
+    first = min(t0 for t0, _ in sent.values())
     for row in outputs:
         t0, t_signal = sent[row["workflow_id"]]
         out = json.loads(row["output"])
@@ -256,6 +258,7 @@ def wake(b: Bench) -> dict[str, Any]:
         stepped.append(1000 * (out["step_at"] - t0))
         finished.append(1000 * (row["finished"] - t0))
         signal_call.append(1000 * (t_signal - t0))
+        slowest.append((round(stepped[-1], 2), round(signal_call[-1], 2), round(t0 - first, 2)))
     if len(outputs) != samples:
         raise BenchError(f"wake: {len(outputs)} of {samples} probes completed")
     step = _ms(percentiles(stepped))
@@ -265,6 +268,8 @@ def wake(b: Bench) -> dict[str, Any]:
         "completed_ms": _ms(percentiles(finished)),
         "signal_call_ms": _ms(percentiles(signal_call)),
         "p50_ms": step["p50"], "p95_ms": step["p95"], "p99_ms": step["p99"],
+        # Whether the tail is scattered or one stall: when in the sampling each came.
+        "slowest": sorted(slowest, reverse=True)[:10],
         "worker_log_problems": problems[:10],
     }
 

@@ -56,7 +56,7 @@ class Sizes:
                    floor_batches=(1, 10, 100), wake_samples=500, cycle_runs=10_000,
                    signal_threads=8, signal_batch=50,
                    steps3_backlogs=(2_000, 20_000), steps3_seconds=10.0,
-                   parked=1_000_000, parked_repeats=3)
+                   parked=1_000_000, parked_repeats=5)
 
     @classmethod
     def quick(cls) -> Sizes:

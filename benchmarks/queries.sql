@@ -10,6 +10,7 @@ SELECT current_setting('server_version') AS server_version,
        current_setting('full_page_writes') AS full_page_writes,
        current_setting('wal_level') AS wal_level,
        current_setting('shared_buffers') AS shared_buffers,
+       current_setting('autovacuum') AS autovacuum,
        current_setting('max_connections') AS max_connections,
        current_setting('shared_preload_libraries') AS shared_preload_libraries
 

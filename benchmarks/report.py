@@ -88,7 +88,8 @@ def table(doc: Result) -> str:
            if env["machine"]["engine_files_modified"] else ""),
         f"PostgreSQL {pg['server_version']}: fsync={pg['fsync']} "
         f"synchronous_commit={pg['synchronous_commit']} full_page_writes={pg['full_page_writes']}"
-        f" shared_buffers={pg['shared_buffers']}; one durable commit p50 "
+        f" shared_buffers={pg['shared_buffers']} autovacuum={pg.get('autovacuum', '?')};"
+        f" one durable commit p50 "
         f"{commit.get('p50_ms')} ms, p99 {commit.get('p99_ms')} ms",
         f"machine: {env['machine']['cores']} cores, Python {env['machine']['python']}; "
         f"load {env['machine']['load_average_1m_at_start']} at start; "

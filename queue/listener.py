@@ -65,9 +65,6 @@ class WakeSource:
                 self._flag = False
                 os.read(self._read_fd, 1)
 
-    def is_set(self) -> bool:
-        return self._flag
-
     def wait(self, timeout: float) -> bool:
         """Until set, a notification or `timeout` seconds; True when woken."""
         deadline = time.monotonic() + timeout

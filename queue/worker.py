@@ -178,9 +178,14 @@ class Worker:
                                 extra={"shard": shard.name, "error": str(exc)})
         for completer in self._completers.values():
             completer.close()
-        for shard, claimer in zip(self.shards, self._claimers, strict=True):
-            if not claimer.is_alive():  # a stuck one may still be waiting on it
-                self._wakes[shard.name].close()
+        # A claim loop still alive (stuck past its join) may be waiting on its own;
+        # none was started when stop() comes without start().
+        waiting = {
+            s.name for s, c in zip(self.shards, self._claimers, strict=False) if c.is_alive()
+        }
+        for name, wake in self._wakes.items():
+            if name not in waiting:
+                wake.close()
         log.info("worker stopped", extra={"owner": self.config.owner, "released": released})
         return released
 

@@ -54,7 +54,8 @@ SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens, as one JSON document:
--- schema/0004 holds the body, schema/0003 the document's layout.
+-- schema/0004 holds the body; the document's layout is schema/0003's, outputs
+-- as 0004 changed them.
 SELECT commit_ord, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
 
 -- name: landed_commits

@@ -34,3 +34,14 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     config = report["config"]
     assert (config["shards"], config["worker_processes"], config["batch_size"]) == (2, 1, 10)
     assert report["environment"]["postgres"]["fsync"] in ("on", "off")
+    assert report["environment"]["postgres"]["autovacuum"] in ("on", "off")
+    wake = report["scenarios"]["wake"]
+    # Exactly the timed samples, the warm-up probes left out; the slowest with when
+    # in the sampling each came.
+    assert wake["samples"] == 20
+    slowest = wake["slowest"]
+    assert len(slowest) == 10
+    assert [s[0] for s in slowest] == sorted((s[0] for s in slowest), reverse=True)
+    assert slowest[0][0] == pytest.approx(wake["step_ms"]["max"], abs=0.01)
+    assert all(s[2] >= 0 for s in slowest)
+    assert wake["completed_ms"]["p50"] >= wake["step_ms"]["p50"]

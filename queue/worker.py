@@ -10,11 +10,11 @@ left is handed back at once rather than at lease expiry.
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -114,7 +114,7 @@ class Worker:
         self._starved: set[str] = set()  # claim loops that last found no free slot
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._turns: queue.SimpleQueue[tuple[Shard, Claim] | None] = queue.SimpleQueue()
+        self._turns: _TurnQueue = _TurnQueue()
         self._completers = {
             s.name: Completer(self.store, s, lease_s=self.config.lease_s,
                               max_batch=self.config.commit_batch)
@@ -164,8 +164,7 @@ class Worker:
             while self._inflight and time.monotonic() < deadline:
                 self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))
             leftover = list(self._inflight.values())
-        for _ in range(self.config.concurrency):
-            self._turns.put(None)
+        self._turns.put_many([None] * self.config.concurrency)
         self._drained.set()
         released = 0
         for shard in self.shards:
@@ -224,8 +223,8 @@ class Worker:
                 error = exc
             finally:
                 self._claimed(shard, limit, claims)
-            for claim in claims:
-                self._turns.put((shard, claim))
+            if claims:
+                self._turns.put_many([(shard, claim) for claim in claims])
             if error is not None:
                 failures += 1
                 if failures == 1:
@@ -379,3 +378,48 @@ class Worker:
                     if execution_id not in kept:
                         log.debug("lease not extended (finished or lost)",
                                   extra={"execution_id": str(execution_id)})
+
+
+_Item = tuple[Shard, Claim] | None
+
+
+class _TurnQueue:
+    """Claimed runs waiting for a turn thread, waking idle threads one at a time.
+
+    A queue that wakes a waiting thread per item woke the whole pool for every
+    claimed batch, though a few threads finish no-op turns faster than the rest
+    wake up. Here at most one idle thread is being woken at any moment: each
+    one, once running, wakes the next if work is left. Busy threads take work
+    without sleeping, so fast turns stay on the threads already running, while
+    slow ones still fan out to every idle thread (one wake-up latency apart).
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque[_Item] = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._idle = 0  # threads waiting in get()
+        self._waking = 0  # of those, notified and not yet running
+
+    def put_many(self, items: list[_Item]) -> None:
+        with self._ready:
+            self._items.extend(items)
+            self._wake_one()
+
+    def get(self) -> _Item:
+        with self._ready:
+            while not self._items:
+                self._idle += 1
+                self._ready.wait()
+                self._idle -= 1
+                self._waking -= 1
+            item = self._items.popleft()
+            if self._items:
+                self._wake_one()
+            return item
+
+    def _wake_one(self) -> None:
+        # Holds the lock. Condition.wait() only returns after a notify (no
+        # timeout here), so `_waking` counts exactly the notified sleepers.
+        if self._idle and not self._waking:
+            self._waking += 1
+            self._ready.notify(1)

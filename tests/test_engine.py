@@ -354,3 +354,19 @@ def test_concurrency_bounds_the_turns_running_at_once(
     gate.set()
     assert all(finish(client, r.execution_id).output == "done" for r in runs)
     assert running["most"] == 3
+
+
+def test_a_claimed_batch_of_blocking_turns_reaches_every_turn_thread(
+    client: Client, start_worker: StartWorker
+) -> None:
+    # Idle turn threads are woken one at a time, each waking the next while work
+    # is left: blocking steps must still end up on all of them.
+    running.update(now=0, most=0)
+    gate.clear()
+    start_worker(registry, concurrency=16, batch_size=16)
+    runs = client.start_many("gated", [(f"fan-{i}", None) for i in range(16)])
+    try:
+        wait_until(lambda: running["now"] == 16, what="sixteen turns running at once")
+    finally:
+        gate.set()
+    assert all(finish(client, r.execution_id).output == "done" for r in runs)

@@ -13,7 +13,7 @@ import pytest
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import InvalidArgument, NotSerializable, StepFailed, UnknownWorkflow
-from shardq.queue.models import Execution, State
+from shardq.queue.models import Execution, StartResult, State
 from shardq.queue.registry import Registry
 from shardq.queue.retry import RetryPolicy
 from shardq.queue.worker import Worker
@@ -340,14 +340,26 @@ def gated(ctx: WorkflowContext) -> str:
     return ctx.step("hold", hold)
 
 
+def _gated_runs(client: Client, start_worker: StartWorker, *, runs: int, concurrency: int,
+                batch_size: int) -> list[StartResult]:
+    """Start a worker and `runs` gated runs; wait until `concurrency` turns hold the gate."""
+    running.update(now=0, most=0)
+    gate.clear()
+    start_worker(registry, concurrency=concurrency, batch_size=batch_size)
+    started = client.start_many("gated", [(f"g{concurrency}-{i}", None) for i in range(runs)])
+    try:
+        wait_until(lambda: running["now"] == concurrency,
+                   what=f"{concurrency} turns running at once")
+    except BaseException:
+        gate.set()
+        raise
+    return started
+
+
 def test_concurrency_bounds_the_turns_running_at_once(
     client: Client, start_worker: StartWorker
 ) -> None:
-    running.update(now=0, most=0)
-    gate.clear()
-    start_worker(registry, concurrency=3, batch_size=10)
-    runs = client.start_many("gated", [(f"g-{i}", None) for i in range(12)])
-    wait_until(lambda: running["now"] == 3, what="three turns running")
+    runs = _gated_runs(client, start_worker, runs=12, concurrency=3, batch_size=10)
     # Nothing beyond the three running turns is leased: the rest stay claimable.
     leased = "SELECT count(*) FROM shardq.tasks WHERE lease_token IS NOT NULL"
     assert sum(n for (n,) in all_rows(client.map, leased)) == 3
@@ -361,12 +373,6 @@ def test_a_claimed_batch_of_blocking_turns_reaches_every_turn_thread(
 ) -> None:
     # Idle turn threads are woken one at a time, each waking the next while work
     # is left: blocking steps must still end up on all of them.
-    running.update(now=0, most=0)
-    gate.clear()
-    start_worker(registry, concurrency=16, batch_size=16)
-    runs = client.start_many("gated", [(f"fan-{i}", None) for i in range(16)])
-    try:
-        wait_until(lambda: running["now"] == 16, what="sixteen turns running at once")
-    finally:
-        gate.set()
+    runs = _gated_runs(client, start_worker, runs=16, concurrency=16, batch_size=16)
+    gate.set()
     assert all(finish(client, r.execution_id).output == "done" for r in runs)

@@ -36,35 +36,32 @@ from shardq.shards.config import ShardMap
 
 @dataclass(frozen=True)
 class Sizes:
-    claim_n: int
-    single_n: int
-    floor_rows: int
-    floor_seconds: float
-    floor_batches: tuple[int, ...]
-    wake_samples: int
-    cycle_runs: int
-    signal_threads: int
-    signal_batch: int
-    steps3_backlogs: tuple[int, ...]
-    steps3_seconds: float
-    parked: int
-    parked_repeats: int
+    """How big each scenario runs; the defaults are the full suite."""
+
+    claim_n: int = 20_000
+    single_n: int = 1_000
+    floor_rows: int = 200_000
+    floor_seconds: float = 5.0
+    floor_batches: tuple[int, ...] = (1, 10, 100)
+    wake_samples: int = 500
+    cycle_runs: int = 10_000
+    signal_threads: int = 8
+    signal_batch: int = 50
+    steps3_backlogs: tuple[int, ...] = (2_000, 20_000)
+    steps3_seconds: float = 10.0
+    parked: int = 1_000_000
+    parked_repeats: int = 5
 
     @classmethod
     def full(cls) -> Sizes:
-        return cls(claim_n=20_000, single_n=1_000, floor_rows=200_000, floor_seconds=5.0,
-                   floor_batches=(1, 10, 100), wake_samples=500, cycle_runs=10_000,
-                   signal_threads=8, signal_batch=50,
-                   steps3_backlogs=(2_000, 20_000), steps3_seconds=10.0,
-                   parked=1_000_000, parked_repeats=5)
+        return cls()
 
     @classmethod
     def quick(cls) -> Sizes:
+        """Every scenario small: the whole suite in under a minute."""
         return cls(claim_n=3_000, single_n=200, floor_rows=30_000, floor_seconds=1.0,
-                   floor_batches=(1, 10, 100), wake_samples=200, cycle_runs=600,
-                   signal_threads=8, signal_batch=50,
-                   steps3_backlogs=(500, 2_000), steps3_seconds=2.0,
-                   parked=100_000, parked_repeats=1)
+                   wake_samples=200, cycle_runs=600, steps3_backlogs=(500, 2_000),
+                   steps3_seconds=2.0, parked=100_000, parked_repeats=1)
 
 
 @dataclass

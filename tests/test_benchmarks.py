@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from shardq.benchmarks.report import table
+
 from .conftest import Server
 from .support import ROOT
 
@@ -18,18 +20,26 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
     env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
     result = subprocess.run(
-        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "claim", "wake",
+        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "claim", "cycle", "wake",
          "-n", "300", "--single", "20", "--floor-rows", "3000", "--floor-seconds", "0.5",
          "--floor-batches", "10", "--workers", "1", "--concurrency", "10",
-         "--batch-size", "10", "--wake-samples", "20", "--json", "--no-progress"],
+         "--batch-size", "10", "--wake-samples", "20", "--cycles", "40",
+         "--signal-threads", "2", "--signal-batch", "10", "--json", "--no-progress"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
+    assert report["failures"] == {}
     assert report["floor_batch"] == 10
     assert report["floor_jobs_per_s"] > 0
     assert report["drain_jobs_per_s"] > 0
     assert report["enqueue_single_per_s"] > 0
+    # Every run enqueued before the workers started was drained and checked completed.
+    assert report["scenarios"]["claim"]["enqueue_first"]["jobs"] == 300 + 20
+    assert report["scenarios"]["cycle"]["runs"] == 40
+    assert report["cycles_per_s"] > 0
+    assert report["shardq_over_floor"] == pytest.approx(
+        report["drain_jobs_per_s"] / report["floor_jobs_per_s"], abs=0.001)
     assert 0 < report["wake_p50_ms"] <= report["wake_p99_ms"]
     config = report["config"]
     assert (config["shards"], config["worker_processes"], config["batch_size"]) == (2, 1, 10)
@@ -45,3 +55,8 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     assert slowest[0][0] == pytest.approx(wake["step_ms"]["max"], abs=0.01)
     assert all(s[2] >= 0 for s in slowest)
     assert wake["completed_ms"]["p50"] >= wake["step_ms"]["p50"]
+    # The table a user reads is rendered from the same document.
+    text = table(report)
+    for line in ("raw SKIP LOCKED k=10", "drain, workers first", "durable cycles",
+                 "signal -> resumed step", "shardq / floor at k=10"):
+        assert line in text, text

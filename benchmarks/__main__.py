@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from shardq.benchmarks.bench import Bench, Sizes
 from shardq.benchmarks.db import (
     ENV_SHARDS,
@@ -29,6 +31,7 @@ from shardq.benchmarks.fleet import FleetConfig
 from shardq.benchmarks.measure import Progress
 from shardq.benchmarks.report import headline, table, targets
 from shardq.benchmarks.scenarios import SCENARIOS, floor_at
+from shardq.shards.errors import ShardqError
 
 
 def _positive(text: str) -> int:
@@ -167,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             gc.disable()
             try:
                 results[name] = SCENARIOS[name](bench)
-            except (BenchError, TimeoutError) as exc:
+            except (BenchError, TimeoutError, psycopg.Error, ShardqError) as exc:
+                # One scenario's failure (a shard gone, a run not finishing) leaves
+                # the others to report.
                 failures[name] = str(exc)
                 log(f"{name} failed: {exc}")
                 bench.stop_fleet()

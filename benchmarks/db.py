@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from shardq.benchmarks.measure import percentiles
 from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.migrations import migrate
@@ -79,8 +80,9 @@ class Poller:
     def each(self, name: str, params: dict[str, Any] | None = None) -> list[list[Row]]:
         return [c.execute(SQL[name], params or {}).fetchall() for c in self._conns]
 
-    def total(self, name: str, params: dict[str, Any] | None = None, column: str = "n") -> int:
-        return sum(int(rows[0][column]) for rows in self.each(name, params))
+    def total(self, name: str, params: dict[str, Any] | None = None) -> int:
+        """The sum over the shards of the query's one `n`."""
+        return sum(int(rows[0]["n"]) for rows in self.each(name, params))
 
     def close(self) -> None:
         for conn in self._conns:
@@ -199,10 +201,9 @@ def commit_latency(url: str, samples: int = 200) -> Row:
             t = time.perf_counter()
             conn.execute(statement, prepare=True)
             times.append(1000 * (time.perf_counter() - t))
-    times.sort()
-    return {"samples": samples, "p50_ms": round(times[len(times) // 2], 3),
-            "p99_ms": round(times[int(len(times) * 0.99) - 1], 3),
-            "mean_ms": round(sum(times) / len(times), 3)}
+    stats = percentiles(times)
+    return {"samples": samples, "p50_ms": round(stats["p50"], 3),
+            "p99_ms": round(stats["p99"], 3), "mean_ms": round(stats["mean"], 3)}
 
 
 ENGINE_DIRS = ("queue", "schema", "shards", "bin", "outbox")

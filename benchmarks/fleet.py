@@ -22,6 +22,8 @@ from typing import Any
 from shardq.benchmarks.db import BenchError, Poller
 
 APP = "shardq.benchmarks.workflows:registry"
+POOL_MAX = 10
+"""Connections per shard in each worker process (a claim loop, a completer, turns' checkpoints)."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,9 @@ class FleetConfig:
 
 
 class Fleet:
-    def __init__(self, urls: Sequence[str], config: FleetConfig, *, pool_max: int = 10) -> None:
+    def __init__(self, urls: Sequence[str], config: FleetConfig) -> None:
         self.urls = list(urls)
         self.config = config
-        self.pool_max = pool_max
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
         self._dir = Path(tempfile.mkdtemp(prefix="shardq-bench-"))
@@ -63,7 +64,7 @@ class Fleet:
 
     def start(self) -> Fleet:
         env = {**os.environ, "SHARDQ_SHARDS": ",".join(self.urls),
-               "SHARDQ_POOL_MAX": str(self.pool_max)}
+               "SHARDQ_POOL_MAX": str(POOL_MAX)}
         env.pop("SHARDQ_SHARDS_FILE", None)
         for i in range(self.config.workers):
             log = self._dir / f"worker-{i}.log"

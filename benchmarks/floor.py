@@ -16,7 +16,6 @@ or `max_seconds` passed; jobs/s = rows deleted / elapsed.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue
 import threading
 import time
@@ -46,7 +45,9 @@ class _Run:
     done: list[tuple[int, float] | None] = field(default_factory=list)
 
 
-def _drain_shard(run: _Run, index: int, ready: threading.Barrier) -> None:
+def _drain_shard(
+    run: _Run, index: int, ready: threading.Barrier, finished: threading.Semaphore
+) -> None:
     done = 0
     try:
         with psycopg.connect(run.urls[index], autocommit=True) as conn:
@@ -61,19 +62,22 @@ def _drain_shard(run: _Run, index: int, ready: threading.Barrier) -> None:
                 conn.execute(delete, {"ids": ids}, prepare=True)
                 done += len(ids)
             run.done[index] = (done, time.time())
+            finished.release()
             # Keep the backend alive until the parent has read the CPU counters.
             run.release.wait(60)
     finally:
         if run.done[index] is None:
             run.done[index] = (done, time.time())
+            finished.release()
 
 
 def floor_process(run: _Run) -> None:
-    """Child process body: one draining thread per shard; reports (jobs, end time, cpu s)."""
+    """Child process body: one draining thread per shard; reports (jobs, end time)."""
     run.done = [None] * len(run.urls)
     local_ready = threading.Barrier(len(run.urls) + 1, timeout=60)
+    finished = threading.Semaphore(0)
     threads = [
-        threading.Thread(target=_drain_shard, args=(run, i, local_ready), daemon=True)
+        threading.Thread(target=_drain_shard, args=(run, i, local_ready, finished), daemon=True)
         for i in range(len(run.urls))
     ]
     for t in threads:
@@ -82,13 +86,10 @@ def floor_process(run: _Run) -> None:
     run.ready.put(1)
     run.go.wait()
     run.deadline = time.time() + run.max_seconds
-    cpu = os.times()
-    while any(d is None for d in run.done):
-        time.sleep(0.001)
-    after = os.times()
-    finished = [d for d in run.done if d is not None]
-    run.results.put((sum(n for n, _ in finished), max(end for _, end in finished),
-                     after.user + after.system - cpu.user - cpu.system))
+    for _ in threads:
+        finished.acquire()
+    ends = [d for d in run.done if d is not None]
+    run.results.put((sum(n for n, _ in ends), max(end for _, end in ends)))
     for t in threads:
         t.join(70)
 
@@ -120,11 +121,13 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
                 ready.get(timeout=60)
             except queue.Empty:
                 raise BenchError("floor processes did not connect within 60 s") from None
-        meter = CpuMeter().start()
+        # The floor processes are this phase's "workers"; they stay alive (and
+        # readable in /proc) until `release`.
+        meter = CpuMeter([p.pid for p in procs if p.pid is not None]).start()
         started = time.time()
         go.set()
         bar = Progress(f"floor k={k}", max_seconds, unit=" s", rate=False)
-        outcomes: list[tuple[int, float, float]] = []
+        outcomes: list[tuple[int, float]] = []
         while len(outcomes) < len(procs):
             try:
                 outcomes.append(results.get(timeout=0.2))
@@ -133,7 +136,7 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
                 if not any(p.is_alive() for p in procs) and results.empty():
                     raise BenchError("a floor process died") from None
         bar.close()
-        cpu = meter.stop()
+        cpu = meter.stop(sum(n for n, _ in outcomes))
     finally:
         release.set()
         for p in procs:
@@ -144,12 +147,8 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
         # then runs beside whatever the next scenario times.
         for url in urls:
             query(url, "floor_truncate")
-    jobs = sum(n for n, _, _ in outcomes)
-    elapsed = max(end for _, end, _ in outcomes) - started
-    workers_cpu = sum(c for _, _, c in outcomes)
-    cpu.update(workers_cpu_s=round(workers_cpu, 2),
-               workers_us_per_job=round(1e6 * workers_cpu / max(jobs, 1), 1),
-               postgres_us_per_job=round(1e6 * cpu["postgres_cpu_s"] / max(jobs, 1), 1))
+    jobs = sum(n for n, _ in outcomes)
+    elapsed = max(end for _, end in outcomes) - started
     return {
         "k": k,
         "jobs": jobs,

@@ -64,13 +64,12 @@ def wait_for(
     label: str,
     timeout: float,
     interval: float = 0.02,
-    unit: str = "",
 ) -> float:
     """Poll `check()` (a count going up) until it reaches `target`; monotonic end time.
 
     Raises TimeoutError naming the label and how far it got.
     """
-    bar = Progress(label, target, unit=unit)
+    bar = Progress(label, target)
     deadline = time.monotonic() + timeout
     try:
         while True:

@@ -55,18 +55,10 @@ WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %
   AND state IN ('failed', 'cancelled', 'timed_out')
 LIMIT 3
 
--- name: state_counts
-SELECT state, count(*) AS n FROM shardq.executions
-WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %(prefix)s
-GROUP BY state
-
 -- name: wake_outputs
 SELECT workflow_id, output::text AS output, extract(epoch FROM finished_at)::float8 AS finished
 FROM shardq.executions
 WHERE tenant = 'default' AND workflow_name = 'wake_probe' AND state = 'completed'
-
--- name: execution_state
-SELECT state FROM shardq.executions WHERE id = %(id)s
 
 -- name: vacuum_queue
 -- After bulk-loading parked runs: what autovacuum does after a million inserts.

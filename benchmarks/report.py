@@ -136,7 +136,7 @@ def table(doc: Result) -> str:
         w = sc["wake"]
         for key, label in (("step_ms", "signal -> resumed step"),
                            ("resumed_ms", "signal -> workflow resumed"),
-                           ("completed_ms", "signal -> completion committed"),
+                           ("completed_ms", "signal -> completing commit began"),
                            ("signal_call_ms", "Client.signal call")):
             s = w[key]
             rows.append(("wake", label, f"p50 {s['p50']:.2f} ms",

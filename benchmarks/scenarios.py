@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from shardq.benchmarks.bench import Bench
-from shardq.benchmarks.db import BenchError, Poller, query
+from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
 from shardq.benchmarks.fleet import FleetConfig
-from shardq.benchmarks.floor import run_floor
+from shardq.benchmarks.floor import drain, run_floor
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.queue.models import SignalRequest
 
@@ -36,6 +36,29 @@ def floor_at(b: Bench, batches_wanted: tuple[int, ...]) -> dict[str, Any]:
     return {"runs": runs, "batch_size": b.fleet_config.batch_size,
             "jobs_per_s": next(r["jobs_per_s"] for r in runs
                                if r["k"] == b.fleet_config.batch_size)}
+
+
+def durable(b: Bench) -> dict[str, Any]:
+    """shardq's Store with no worker: `noop` runs drained by bare loops (floor.py, `durable`).
+
+    Same runs, batch size and processes as the claim drain. `jobs_per_s` is the
+    drain alone, as the raw floor's is; `with_insert_jobs_per_s` adds the bulk
+    insert and its ANALYZE before it, which the workers-first drain times too.
+    """
+    n, k = b.sizes.claim_n, b.fleet_config.batch_size
+    b.stop_fleet()  # nothing but the bare loops may take these runs
+    b.reset(checkpoint=True)
+    t = time.perf_counter()
+    b.client.start_many("noop", [(f"df-{i}", None) for i in range(n)])
+    for url in b.urls:
+        analyze_as_autovacuum(url, n / len(b.urls))
+    insert_s = time.perf_counter() - t
+    result = drain(b.urls, "durable", k=k, workers=b.fleet_config.workers,
+                   max_seconds=max(60.0, n / 100))
+    b.finished("noop", "df-", n)  # every run completed, or the scenario fails
+    b.reset()
+    return {**result, "insert_s": round(insert_s, 3),
+            "with_insert_jobs_per_s": round(n / (insert_s + result["seconds"]), 1)}
 
 
 def claim(b: Bench) -> dict[str, Any]:
@@ -62,11 +85,15 @@ def claim(b: Bench) -> dict[str, Any]:
     b.wait_drained(total, "drain (enqueue first)")
     cpu_first = meter.stop(total)
     end = b.finished("noop", "ef-", total)
+    # At small sizes the first worker up can drain everything before the last
+    # one reports serving: then there is no "after start-up" to time.
+    after_startup = end - spawned - startup_s
     enqueue_first = {
         "jobs": total, "seconds": round(end - spawned, 3),
         "jobs_per_s": round(total / (end - spawned), 1),
         "worker_startup_s": round(startup_s, 3),
-        "jobs_per_s_after_startup": round(total / max(1e-9, end - spawned - startup_s), 1),
+        "jobs_per_s_after_startup": (round(total / after_startup, 1)
+                                     if after_startup > 0.01 else None),
         "cpu": cpu_first,
     }
     # Workers first: the same processes, now idle; one bulk insert, timed to the last commit.
@@ -364,6 +391,7 @@ def _insert_parked(b: Bench, count: int) -> float:
 
 SCENARIOS: dict[str, Scenario] = {
     "floor": floor,
+    "durable": durable,
     "claim": claim,
     "steps3": steps3,
     "cycle": cycle,

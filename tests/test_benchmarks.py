@@ -6,10 +6,17 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
+from shardq.benchmarks.floor import durable_batches
 from shardq.benchmarks.report import table
+from shardq.benchmarks.workflows import registry
+from shardq.queue.client import Client
+from shardq.queue.worker import Worker
+from shardq.shards.config import ShardMap
+from shardq.shards.pools import ShardPools
 
 from .conftest import Server
 from .support import ROOT
@@ -20,7 +27,8 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
     env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
     result = subprocess.run(
-        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "claim", "cycle", "wake",
+        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "durable", "claim", "cycle",
+         "wake",
          "-n", "300", "--single", "20", "--floor-rows", "3000", "--floor-seconds", "0.5",
          "--floor-batches", "10", "--workers", "1", "--concurrency", "10",
          "--batch-size", "10", "--wake-samples", "20", "--cycles", "40",
@@ -40,6 +48,13 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     assert report["cycles_per_s"] > 0
     assert report["shardq_over_floor"] == pytest.approx(
         report["drain_jobs_per_s"] / report["floor_jobs_per_s"], abs=0.001)
+    # The durable floor drained (and the suite checked completed) every one of its runs.
+    durable = report["scenarios"]["durable"]
+    assert (durable["jobs"], durable["k"]) == (300, 10)
+    assert report["durable_over_floor"] == pytest.approx(
+        durable["jobs_per_s"] / report["floor_jobs_per_s"], abs=0.001)
+    assert report["shardq_over_durable_floor"] == pytest.approx(
+        report["drain_jobs_per_s"] / durable["with_insert_jobs_per_s"], abs=0.001)
     assert 0 < report["wake_p50_ms"] <= report["wake_p99_ms"]
     config = report["config"]
     assert (config["shards"], config["worker_processes"], config["batch_size"]) == (2, 1, 10)
@@ -58,5 +73,34 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     # The table a user reads is rendered from the same document.
     text = table(report)
     for line in ("raw SKIP LOCKED k=10", "drain, workers first", "durable cycles",
-                 "signal -> resumed step", "shardq / floor at k=10"):
+                 "signal -> resumed step", "shardq / floor at k=10",
+                 "shardq's Store, no worker k=10", "durable floor / floor"):
         assert line in text, text
+
+
+def _written(client: Client, execution_id: object) -> tuple[object, ...]:
+    """What a run left behind that a user reads: its ending and its history."""
+    run = client.get(str(execution_id))
+    assert run is not None
+    events = [(e.position, e.kind, e.name, e.payload) for e in client.history(str(execution_id))]
+    return run.state, run.output, run.error, events
+
+
+def test_the_durable_floor_writes_what_a_noop_turn_writes(
+    shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
+) -> None:
+    """Else shardq / durable floor would compare the worker with less (or more) work."""
+    client = Client(shard_map, registry, pools=pools)
+    by_engine = client.start("noop", "by-engine").execution_id
+    worker = start_worker(registry)
+    client.wait(str(by_engine), timeout=15)
+    worker.stop()
+    by_floor = client.start("noop", "by-floor").execution_id
+    drained = 0
+    for shard in shard_map.shards:
+        with durable_batches(shard.url, 10) as batch:
+            while n := batch():
+                drained += n
+    assert drained == 1
+    assert _written(client, by_floor) == _written(client, by_engine)
+    assert _written(client, by_floor)[0] == "completed"

@@ -174,6 +174,35 @@ class Bench:
             "insert_s": round(inserted, 3), "cpu": cpu, **top, **profile,
         }
 
+    def backlog_drain(self, workflow: str, prefix: str, items: list[tuple[str, Any]],
+                      label: str) -> dict[str, Any]:
+        """A backlog already queued, drained by idle workers: timed from their thaw.
+
+        The workers are frozen (SIGSTOP) while `items` are bulk-inserted and
+        analyzed as autovacuum would, then continued: the window holds the drain
+        alone, as the floors' windows do.
+        """
+        fleet = self.fleet()
+        n = len(items)
+        # The instruments attach first: py-spy takes half a second to.
+        with self.statements() as top, self.profiled(fleet) as profile:
+            with fleet.frozen():
+                t = time.time()
+                self.client.start_many(workflow, items)
+                for url in self.urls:
+                    analyze_as_autovacuum(url, n / len(self.urls))
+                inserted = time.time() - t
+                meter = CpuMeter(fleet.pids).start()
+                t0 = time.time()
+            self.wait_drained(n, label)
+            cpu = meter.stop(n)
+        end = self.finished(workflow, prefix, n)
+        seconds = end - t0
+        return {
+            "jobs": n, "seconds": round(seconds, 3), "jobs_per_s": round(n / seconds, 1),
+            "insert_s": round(inserted, 3), "cpu": cpu, **top, **profile,
+        }
+
     # -- optional instruments --------------------------------------------------
 
     @contextmanager

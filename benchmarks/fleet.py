@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,21 @@ class Fleet:
                 if "level=error" in line or "level=warning" in line or "Traceback" in line:
                     found.append(line[:300])
         return found
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every worker stopped (SIGSTOP) inside the block, continued (SIGCONT) on leaving it.
+
+        A NOTIFY sent meanwhile waits in each worker's LISTEN socket, so the
+        thawed workers wake at once to whatever was queued while they slept.
+        """
+        for proc in self.procs:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for proc in self.procs:
+                proc.send_signal(signal.SIGCONT)
 
     def stop(self, grace: float = 15.0) -> None:
         for proc in self.procs:

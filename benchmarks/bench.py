@@ -121,6 +121,11 @@ class Bench:
         if checkpoint:
             self.checkpoint()
 
+    def vacuum(self) -> None:
+        """Remove the dead rows earlier drains left (autovacuum may be off on the server)."""
+        for url in self.urls:
+            query(url, "vacuum_dead")
+
     def checkpoint(self) -> None:
         for url in self.urls:
             try:

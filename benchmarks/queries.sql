@@ -64,6 +64,12 @@ WHERE tenant = 'default' AND workflow_name = 'wake_probe' AND state = 'completed
 -- After bulk-loading parked runs: what autovacuum does after a million inserts.
 VACUUM (ANALYZE) shardq.executions, shardq.tasks, shardq.waits, shardq.history
 
+-- name: vacuum_dead
+-- Between drains: the dead rows a drain leaves, removed as the queue tables'
+-- autovacuum settings would have by then (the statistics are left to the
+-- drain's own analyze_as_autovacuum).
+VACUUM shardq.executions, shardq.tasks, shardq.waits, shardq.history
+
 -- name: analyze_rules
 -- What autovacuum's analyze trigger compares a table's changed rows against.
 SELECT c.relname AS name, greatest(c.reltuples, 0)::float8 AS reltuples,

@@ -18,9 +18,9 @@ elapsed. Two loops:
   shardq's own Store (claim_tasks(), then one commit_turns() of the commits a
   `noop` turn ends with: its step's event, state completed, task deleted),
   with no worker around it: no turn threads, no replay, no completer. It is
-  what shardq's data model costs the server, so the raw floor over it is the
-  part of the gap no worker could close, and it over shardq's drain is the
-  worker's part.
+  what shardq's rows and SQL cost, so its rate over the raw floor's bounds
+  what any worker could reach, and shardq's drain over it is the worker's
+  share.
 """
 
 from __future__ import annotations

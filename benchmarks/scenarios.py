@@ -341,17 +341,17 @@ def parked(b: Bench) -> dict[str, Any]:
     b.reset(checkpoint=True)
     time.sleep(1.0)
 
-    def drain(side: str, label: str, r: int) -> dict[str, Any]:
+    def one_drain(side: str, label: str, r: int) -> dict[str, Any]:
         # Both sides start each drain from vacuumed tables: left to pile up
         # (the machine's autovacuum may be off), the dead tasks of earlier
         # drains slowed the empty side's later drains more than a million
         # parked runs slowed the other's (ratio 1.08-1.24).
         b.vacuum()
-        return b.backlog_drain("noop", f"{side}{r}-", [(f"{side}{r}-{i}", None)
-                                                      for i in range(n)],
+        items = [(f"{side}{r}-{i}", None) for i in range(n)]
+        return b.backlog_drain("noop", f"{side}{r}-", items,
                                f"drain beside {label} parked ({r + 1}/{repeats})")
 
-    empty = [drain("p0", "0", r) for r in range(repeats)]
+    empty = [one_drain("p0", "0", r) for r in range(repeats)]
     b.reset()
     insert_s = _insert_parked(b, count)
     for url in b.urls:
@@ -359,7 +359,7 @@ def parked(b: Bench) -> dict[str, Any]:
     b.checkpoint()
     time.sleep(1.0)
     sizes = [r for url in b.urls for r in query(url, "table_sizes")]
-    full = [drain("pN", f"{count:,}", r) for r in range(repeats)]
+    full = [one_drain("pN", f"{count:,}", r) for r in range(repeats)]
     b.reset()
     without, with_parked = (statistics.median(r["jobs_per_s"] for r in side)
                             for side in (empty, full))

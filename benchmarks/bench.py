@@ -12,6 +12,7 @@ outside the timed window, and must equal the number started.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -157,48 +158,30 @@ class Bench:
         return max(float(r["last_finished"]) for r in rows if r["last_finished"] is not None)
 
     def timed_drain(self, workflow: str, prefix: str, items: list[tuple[str, Any]],
-                    label: str) -> dict[str, Any]:
-        """Workers already idle: bulk-insert `items` in one start_many, time until all complete."""
-        fleet = self.fleet()
-        n = len(items)
-        with self.statements() as top, self.profiled(fleet) as profile:
-            meter = CpuMeter(fleet.pids).start()
-            t0 = time.time()
-            self.client.start_many(workflow, items)
-            inserted = time.time() - t0
-            # Statistics, as autovacuum keeps them on a live queue. Inside the
-            # timed window, so its cost counts.
-            for url in self.urls:
-                analyze_as_autovacuum(url, n / len(self.urls))
-            self.wait_drained(n, label)
-            cpu = meter.stop(n)
-        end = self.finished(workflow, prefix, n)
-        seconds = end - t0
-        return {
-            "jobs": n, "seconds": round(seconds, 3), "jobs_per_s": round(n / seconds, 1),
-            "insert_s": round(inserted, 3), "cpu": cpu, **top, **profile,
-        }
+                    label: str, *, backlog: bool = False) -> dict[str, Any]:
+        """Idle workers, `items` bulk-inserted in one start_many, timed until all complete.
 
-    def backlog_drain(self, workflow: str, prefix: str, items: list[tuple[str, Any]],
-                      label: str) -> dict[str, Any]:
-        """A backlog already queued, drained by idle workers: timed from their thaw.
-
-        The workers are frozen (SIGSTOP) while `items` are bulk-inserted and
-        analyzed as autovacuum would, then continued: the window holds the drain
-        alone, as the floors' windows do.
+        Workers first (the default), the window opens just before the insert and
+        holds it, with the ANALYZE autovacuum would run after it. With `backlog`,
+        the workers are frozen (SIGSTOP) through the insert and the ANALYZE and
+        the window opens as they continue: it holds the drain alone, as the
+        floors' windows do. `insert_s` is the start_many alone either way.
         """
         fleet = self.fleet()
         n = len(items)
         # The instruments attach first: py-spy takes half a second to.
         with self.statements() as top, self.profiled(fleet) as profile:
-            with fleet.frozen():
+            with fleet.frozen() if backlog else contextlib.nullcontext():
+                if not backlog:
+                    meter, t0 = CpuMeter(fleet.pids).start(), time.time()
                 t = time.time()
                 self.client.start_many(workflow, items)
+                inserted = time.time() - t
+                # Statistics, as autovacuum keeps them on a live queue.
                 for url in self.urls:
                     analyze_as_autovacuum(url, n / len(self.urls))
-                inserted = time.time() - t
-                meter = CpuMeter(fleet.pids).start()
-                t0 = time.time()
+                if backlog:
+                    meter, t0 = CpuMeter(fleet.pids).start(), time.time()
             self.wait_drained(n, label)
             cpu = meter.stop(n)
         end = self.finished(workflow, prefix, n)

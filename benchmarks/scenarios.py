@@ -49,9 +49,9 @@ def durable(b: Bench) -> dict[str, Any]:
     b.reset(checkpoint=True)
     t = time.perf_counter()
     b.client.start_many("noop", [(f"df-{i}", None) for i in range(n)])
+    insert_s = time.perf_counter() - t
     for url in b.urls:
         analyze_as_autovacuum(url, n / len(b.urls))
-    insert_s = time.perf_counter() - t
     result = drain(b.urls, "durable", k=k, workers=b.fleet_config.workers,
                    max_seconds=max(60.0, n / 100))
     b.finished("noop", "df-", n)  # every run completed, or the scenario fails
@@ -99,8 +99,8 @@ def claim(b: Bench) -> dict[str, Any]:
     # drains alone too: this is the drain the ratios compare.
     b.reset(checkpoint=True)
     time.sleep(1.5)  # every claim loop back asleep on its poll; only NOTIFY wakes them
-    backlog = b.backlog_drain("noop", "bl-", [(f"bl-{i}", None) for i in range(n)],
-                              "drain (backlog)")
+    backlog = b.timed_drain("noop", "bl-", [(f"bl-{i}", None) for i in range(n)],
+                            "drain (backlog)", backlog=True)
     # Workers first: idle again; one bulk insert, timed with it to the last commit.
     b.reset(checkpoint=True)
     time.sleep(1.5)
@@ -348,8 +348,8 @@ def parked(b: Bench) -> dict[str, Any]:
         # parked runs slowed the other's (ratio 1.08-1.24).
         b.vacuum()
         items = [(f"{side}{r}-{i}", None) for i in range(n)]
-        return b.backlog_drain("noop", f"{side}{r}-", items,
-                               f"drain beside {label} parked ({r + 1}/{repeats})")
+        return b.timed_drain("noop", f"{side}{r}-", items,
+                             f"drain beside {label} parked ({r + 1}/{repeats})", backlog=True)
 
     empty = [one_drain("p0", "0", r) for r in range(repeats)]
     b.reset()

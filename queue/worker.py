@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from shardq.queue.completer import Completer, Result
@@ -35,6 +35,10 @@ from shardq.shards.pools import ShardPools
 log = logging.getLogger(__name__)
 
 
+COALESCE_S = 0.001
+"""How long a claim loop with a few free turn threads waits for more to free up."""
+COALESCE_MAX_S = 0.005
+"""The longest a due run waits for a worthwhile batch while a turn thread is free."""
 GC_YOUNG_THRESHOLD = 20_000
 """Allocations between young collections in a worker daemon (CPython's default: 700)."""
 
@@ -84,6 +88,14 @@ class _InFlight:
     shard: Shard
     execution_id: uuid.UUID
     token: uuid.UUID
+
+
+@dataclass
+class _Partial:
+    """A claim loop's wait for a worthwhile batch of free turn threads."""
+
+    since: float
+    free: int
 
 
 class Worker:
@@ -202,15 +214,15 @@ class Worker:
 
     def _claim_loop(self, shard: Shard) -> None:
         wake = self._wakes[shard.name]
-        threshold = self._claim_threshold
+        partial: _Partial | None = None
         failures = 0
         while not self._stopping.is_set():
             # Cleared before the slots are read: a wake from here on is kept
             # for the wait below.
             wake.clear()
-            limit = self._reserve(shard, threshold)
+            limit, partial = self._reserve(shard, partial)
             if not limit:
-                wake.wait(self.config.poll_interval_s)
+                wake.wait(self.config.poll_interval_s if partial is None else COALESCE_S)
                 continue
             claims: list[Claim] = []
             due_in: float | None = None
@@ -237,27 +249,41 @@ class Worker:
             if len(claims) < limit:
                 wake.wait(self._sleep_time(due_in))
 
-    def _reserve(self, shard: Shard, threshold: int) -> int:
-        """Take free slots for a claim (0 when too few are free to be worth one).
+    def _reserve(self, shard: Shard, partial: _Partial | None) -> tuple[int, _Partial | None]:
+        """Take free slots for a claim: (how many, the partial batch still being waited for).
 
-        Reserved before the claim, so the other shards' loops cannot take the
-        same free slots while this claim is out.
+        Under a backlog of short turns, slots free up many per millisecond, and
+        waiting for half a batch of them keeps claims large (a claim statement
+        costs the server about as much as several jobs). Turns that hold their
+        threads (a long step) free nothing, and a due run must not wait behind
+        them while a thread is idle: a partial batch is claimed as soon as no
+        slot freed for COALESCE_S, and at the latest after COALESCE_MAX_S.
+        Slots are reserved before the claim, so the other shards' loops cannot
+        take the same free slots while this claim is out.
         """
         with self._lock:
             free = self._free_slots()
-            limit = min(self.config.batch_size, free) if free >= threshold else 0
-            self._turning += limit
-            if limit:
-                self._starved.discard(shard.name)
-            else:
+            if not free:
                 self._starved.add(shard.name)
-            return limit
+                return 0, None
+            if free < self._claim_threshold:
+                now = time.monotonic()
+                if partial is None:
+                    return 0, _Partial(now, free)
+                if free > partial.free and now - partial.since < COALESCE_MAX_S:
+                    partial.free = free
+                    return 0, partial
+            limit = min(self.config.batch_size, free)
+            self._turning += limit
+            self._starved.discard(shard.name)
+            return limit, None
 
     def _claimed(self, shard: Shard, reserved: int, claims: list[Claim]) -> None:
         """Record what a claim leased, before anything else can fail or stop() can look.
 
         What it did not use of its reservation is given back, and loops that
-        found no free slot meanwhile look again.
+        found no free slot meanwhile look again (never this one: woken by its own
+        empty claim, an idle loop would spin).
         """
         with self._lock:
             self._turning -= reserved - len(claims)
@@ -265,10 +291,9 @@ class Worker:
                 self._inflight[claim.execution_id] = _InFlight(
                     shard, claim.execution_id, claim.lease_token
                 )
-            starved = self._starved if len(claims) < reserved else set()
-            self._starved = self._starved - starved
-        for name in starved:
-            self._wakes[name].set()
+            starved = self._starved - {shard.name} if len(claims) < reserved else set()
+            self._starved -= starved
+        self._wake(starved)
 
     def _sleep_time(self, due_in: float | None) -> float:
         """Until the next due task (timer, retry, lease expiry), capped by the safety poll."""
@@ -293,11 +318,11 @@ class Worker:
             with self._lock:
                 self._turning -= 1
                 self._settling += final is not None
-                free = self._free_slots()
+                woken = self._claimers_to_wake()
             if final is None:
                 self._release(claim.execution_id, settled=False)
             else:
-                self._maybe_wake(free)
+                self._wake(woken)
                 # The run stays in flight (its lease heartbeated) until the commit
                 # is durable; this thread moves on to the next claimed run.
                 self._completers[shard.name].submit_async(
@@ -346,15 +371,30 @@ class Worker:
         with self._idle:
             self._inflight.pop(execution_id, None)
             self._settling -= settled
-            free = self._free_slots()
+            woken = self._claimers_to_wake()
             self._idle.notify_all()
-        self._maybe_wake(free)
+        self._wake(woken)
 
-    def _maybe_wake(self, free: int) -> None:
-        # A freed slot may serve any shard, not only the one it came from; only
-        # a worthwhile batch of free slots wakes the claim loops.
+    def _claimers_to_wake(self) -> Collection[str]:
+        """Claim loops a change of free slots concerns (the caller holds the lock).
+
+        A freed slot may serve any shard, not only the one it came from: a
+        worthwhile batch of free slots wakes every loop, and the first free slot
+        wakes the loops that had found none (they sleep until the safety poll
+        otherwise). Loops waiting for a partial batch look again on their own.
+        """
+        free = self._free_slots()
         if free >= self._claim_threshold:
-            self.wake()
+            self._starved.clear()
+            return self._wakes.keys()
+        if free and self._starved:
+            starved, self._starved = self._starved, set()
+            return starved
+        return ()
+
+    def _wake(self, names: Collection[str]) -> None:
+        for name in names:
+            self._wakes[name].set()
 
     # -- leases ----------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from shardq.queue.retry import RetryPolicy
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for
 
 from .support import all_rows, wait_until
 
@@ -342,14 +343,14 @@ def gated(ctx: WorkflowContext) -> str:
 
 def _gated_runs(client: Client, start_worker: StartWorker, *, runs: int, concurrency: int,
                 batch_size: int) -> list[StartResult]:
-    """Start a worker and `runs` gated runs; wait until `concurrency` turns hold the gate."""
+    """Start a worker and `runs` gated runs; wait until as many turns as can hold the gate."""
     running.update(now=0, most=0)
     gate.clear()
     start_worker(registry, concurrency=concurrency, batch_size=batch_size)
     started = client.start_many("gated", [(f"g{concurrency}-{i}", None) for i in range(runs)])
+    holding = min(runs, concurrency)
     try:
-        wait_until(lambda: running["now"] == concurrency,
-                   what=f"{concurrency} turns running at once")
+        wait_until(lambda: running["now"] == holding, what=f"{holding} turns running at once")
     except BaseException:
         gate.set()
         raise
@@ -376,3 +377,31 @@ def test_a_claimed_batch_of_blocking_turns_reaches_every_turn_thread(
     runs = _gated_runs(client, start_worker, runs=16, concurrency=16, batch_size=16)
     gate.set()
     assert all(finish(client, r.execution_id).output == "done" for r in runs)
+
+
+def _workflow_id_on(client: Client, shard_index: int, workflow: str, prefix: str) -> str:
+    """A workflow_id whose run routes to the shard at `shard_index`."""
+    target = client.map.shards[shard_index]
+    return next(
+        key for key in (f"{prefix}-{i}" for i in range(10_000))
+        if client.map.for_bucket(bucket_for("default", workflow, key)) == target
+    )
+
+
+def test_a_due_run_starts_while_a_turn_thread_is_idle_on_every_shard(
+    client: Client, start_worker: StartWorker
+) -> None:
+    # Six of ten turn threads held by long steps: four are idle, fewer than half
+    # a batch. A claim loop that waited for half a batch of free threads left due
+    # runs unclaimed until the safety poll (30 s here), on whichever shard.
+    _gated_runs(client, start_worker, runs=6, concurrency=10, batch_size=10)
+    try:
+        quick = [
+            client.start("three_steps", _workflow_id_on(client, i, "three_steps", "idle"))
+            for i in range(len(client.map.shards))
+        ]
+        done = [finish(client, r.execution_id, timeout=5) for r in quick]
+        assert [d.state for d in done] == [State.COMPLETED] * len(quick)
+        assert running["now"] == 6, "the long steps were still holding their threads"
+    finally:
+        gate.set()

@@ -24,7 +24,7 @@ TRUNCATE shardq.history, shardq.signals, shardq.waits, shardq.tasks, shardq.outb
 -- name: listeners
 -- Worker wake listeners connected to this shard (the readiness barrier).
 SELECT count(*) AS n FROM pg_stat_activity
-WHERE datname = current_database() AND query = 'LISTEN shardq_wake'
+WHERE datname = current_database() AND query = format('LISTEN %%I', shardq.wake_channel())
 
 -- name: active_tasks
 -- Tasks due now or leased (lease expiry is minutes away), through the tasks_due

@@ -126,32 +126,33 @@ json_option = click.option(
 @json_option
 @click.option("--shard", "only", multiple=True, help="Migrate only this shard (repeatable).")
 @click.option(
-    "--migrations-dir",
+    "--schema-dir",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
     hidden=True,
-    help="Apply migrations from this folder instead of the packaged schema/ (tests).",
+    help="Apply this folder instead of the packaged schema/ (tests).",
 )
 @pass_settings
-def migrate(settings: Settings, only: tuple[str, ...], migrations_dir: Path | None) -> None:
+def migrate(settings: Settings, only: tuple[str, ...], schema_dir: Path | None) -> None:
     """Apply schema/ to every shard (idempotent, safe to race)."""
-    from shardq.shards.migrations import load_migrations
+    from shardq.shards.migrations import load_schema
     from shardq.shards.migrations import migrate as run_migrations
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()
         targets = shard_map.named(list(only)) if only else None
-        results = run_migrations(
-            shard_map, shards=targets, migrations=load_migrations(migrations_dir)
-            if migrations_dir else None,
-        )
+        schema = load_schema(schema_dir) if schema_dir else None
+        results = run_migrations(shard_map, shards=targets, schema=schema)
     rows = [
-        {"shard": r.shard.name, "applied": r.applied, "schema_version": r.version}
+        {"shard": r.shard.name, "applied": r.applied, "functions": r.functions,
+         "schema_version": r.version}
         for r in results
     ]
     text = "\n".join(
-        f"{r['shard']}: " + (f"applied {r['applied']}" if r["applied"] else "up to date")
-        + f", schema version {r['schema_version']}"
-        for r in rows
+        f"{r.shard.name}: "
+        + (f"applied {r.applied}" if r.applied else "no new migrations")
+        + (f", functions {', '.join(r.functions)}" if r.functions else "")
+        + f", schema version {r.version}"
+        for r in results
     )
     emit(settings, {"fingerprint": shard_map.fingerprint, "shards": rows}, text)
 
@@ -162,12 +163,13 @@ def migrate(settings: Settings, only: tuple[str, ...], migrations_dir: Path | No
 def shards_command(settings: Settings) -> None:
     """Show the shard map, each shard's reachability and schema version."""
     from shardq.shards.config import redact
-    from shardq.shards.migrations import check_shard, latest_version
+    from shardq.shards.migrations import check_shard, load_schema
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()
-        required = latest_version()
-        statuses = [check_shard(shard_map, s, required=required) for s in shard_map.shards]
+        schema = load_schema()
+        required = schema.version
+        statuses = [check_shard(shard_map, s, schema=schema) for s in shard_map.shards]
     rows: list[dict[str, Any]] = [
         {
             "name": st.shard.name,

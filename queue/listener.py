@@ -21,13 +21,13 @@ import time
 
 import psycopg
 
+from shardq.queue.store import listen_for_wakes
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import DictConnection, connect
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "shardq_wake"
 MAX_BACKOFF_S = 10.0
 
 
@@ -105,7 +105,7 @@ class WakeSource:
         try:
             conn = connect(self._shard, autocommit=True)
             try:
-                conn.execute(f"LISTEN {CHANNEL}")
+                listen_for_wakes(conn)
             except BaseException:
                 conn.close()
                 raise

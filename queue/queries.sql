@@ -27,7 +27,7 @@ WITH input AS (
     SELECT id, now() FROM inserted
 ), notified AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
-    SELECT pg_notify('shardq_wake', '') WHERE EXISTS (SELECT 1 FROM inserted)
+    SELECT pg_notify(shardq.wake_channel(), '') WHERE EXISTS (SELECT 1 FROM inserted)
 )
 SELECT i.id, i.workflow_id, i.state, true AS created
 FROM inserted i LEFT JOIN notified ON true
@@ -45,17 +45,20 @@ CROSS JOIN LATERAL (
 ) x
 
 -- name: notify_wake
-SELECT pg_notify('shardq_wake', '')
+SELECT pg_notify(shardq.wake_channel(), '')
+
+-- name: listen_statement
+-- The LISTEN for the wake channel, built where the channel's name is defined.
+SELECT format('LISTEN %%I', shardq.wake_channel()) AS statement
 
 -- name: claim_tasks
 -- Lease up to `limit` due tasks with what replay needs; the last row carries
--- the seconds until the next task is due. schema/0003 holds the body.
+-- the seconds until the next task is due. Body: schema/functions/claim_tasks.sql.
 SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 
 -- name: commit_turns
--- A batch of turn commits, fenced by lease tokens, as one JSON document:
--- schema/0004 holds the body; the document's layout is schema/0003's, outputs
--- as 0004 changed them.
+-- A batch of turn commits, fenced by lease tokens, as one JSON document.
+-- Body and the document's layout: schema/functions/commit_turns.sql.
 SELECT commit_ord, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
 
 -- name: landed_commits
@@ -113,7 +116,7 @@ WHERE execution_id = %(id)s
 ORDER BY seq
 
 -- name: lock_task
--- Cancellers (and signal senders, in schema/0003) lock in the workers' order:
+-- Cancellers (and signal senders, in deliver_signals) lock in the workers' order:
 -- task row first, then the executions row. A parked run has no task row; then
 -- this locks nothing.
 SELECT lease_token IS NOT NULL AND run_at > now() AS leased
@@ -124,7 +127,7 @@ SELECT state, tenant FROM shardq.executions WHERE id = %(id)s FOR UPDATE
 
 -- name: deliver_signals
 -- One tenant's signals to runs on this shard, in one transaction; a row per
--- signal in input order. schema/0003 holds the body.
+-- signal in input order. Body: schema/functions/deliver_signals.sql.
 SELECT ord, state, tenant, earlier_id, pending, signal_id
 FROM shardq.deliver_signals(
     %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],

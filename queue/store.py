@@ -4,7 +4,7 @@ Every statement comes from queue/queries.sql (the listing's dynamic filters
 from queue/listing.py). Each method is one transaction on the shard its
 arguments route to, and as few round trips as the statement shapes allow: the
 hot paths (claim, commit, signal) are one statement each, calls of the
-functions in schema/0003 on an autocommit connection. The driver's errors
+functions in schema/functions/ on an autocommit connection. The driver's errors
 stop here: callers see ShardUnavailable, StoreRejected, StoreConflict and the
 engine's own errors.
 """
@@ -147,7 +147,7 @@ class Store:
             rows = cur.execute(
                 SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
             ).fetchall()
-        seconds = rows.pop()[-1]  # the function's last row: next_due_in (schema/0003)
+        seconds = rows.pop()[-1]  # the function's last row: next_due_in
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(
@@ -218,7 +218,7 @@ class Store:
         Each is stored, recorded in its run's history and wakes the run if it
         waits on that name. Results come back in input order; a refused signal
         (unknown run, finished run, too many pending) carries its error and the
-        others land. One statement: shardq.deliver_signals() (schema/0003).
+        others land. One statement: shardq.deliver_signals().
         It locks every target run before inserting, so one run's signals commit
         in id order: replay relies on that to consume the same one again.
         """
@@ -252,10 +252,17 @@ class Store:
             return State.CANCELLED
 
 
+def listen_for_wakes(conn: DictConnection) -> None:
+    """Make `conn` (autocommit, outside any pool) receive the shard's wake NOTIFYs."""
+    statement = conn.execute(SQL["listen_statement"], {}).fetchone()
+    assert statement is not None
+    conn.execute(statement["statement"])
+
+
 def _commit_turns(
     conn: DictConnection, commits: Sequence[TurnCommit], lease_s: float
 ) -> dict[uuid.UUID, CommitOutcome]:
-    """The whole batch as one statement: shardq.commit_turns() (schema/0004).
+    """The whole batch as one statement: shardq.commit_turns().
 
     At most one commit per execution, so the writes, grouped by table, keep
     each execution's own order. The batch goes as one JSON document (its

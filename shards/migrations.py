@@ -1,9 +1,23 @@
-"""Apply the numbered files of `schema/` to every shard, and check shards before use.
+"""Apply `schema/` to every shard, and check shards before use.
+
+`schema/` holds two kinds of files. Numbered migrations (`NNNN_words.sql`)
+shape tables and indexes: each is applied once, in order, and never edited
+after it shipped. Function files (`functions/NAME.sql`, one `CREATE OR
+REPLACE` each) hold the current body of one SQL function: a function is
+re-applied whenever its file changes, so a change to it is a diff of one file,
+not a new copy in a new migration. Migrations come first, then functions.
 
 Per shard: take a session advisory lock (two migrators racing serialize here, so
 each file is applied once), create the bookkeeping tables, check or record the
 shard's place in the map, then apply each missing file in its own transaction
 together with its bookkeeping row: a file that fails half-way leaves nothing.
+
+Every body a function ever had on a shard is recorded, so a migrator of an
+older release finds its bodies already applied and never puts an old body back
+over a newer one. That is also why a body must stay compatible with the callers
+of the release before it (rolling deploys run both): a change of signature, of
+the batch document, or of the answer gets a new function name
+(`commit_turns_v2`), and a later migration drops the old one.
 """
 
 from __future__ import annotations
@@ -30,7 +44,17 @@ log = logging.getLogger(__name__)
 SQL = load_queries("shardq.shards", "queries.sql")
 # Any constant works; this one spells "shardqmg" so it is recognisable in pg_locks.
 MIGRATION_LOCK_KEY = int.from_bytes(b"shardqmg", "big") & 0x7FFF_FFFF_FFFF_FFFF
+CURRENT_SCHEMA_FILE = "current.sql"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_FUNCTION_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql$")
+# A migration whose text was rewritten after it shipped (its function bodies
+# moved to functions/) names the checksums it replaces; shards that applied
+# those keep working.
+_REPLACES = re.compile(r"^-- replaces checksum: ([0-9a-f]{64})$", re.MULTILINE)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -41,7 +65,51 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+        return _sha256(self.sql)
+
+    @property
+    def label(self) -> str:
+        return f"{self.version:04d}_{self.name}.sql"
+
+    @property
+    def bookkeeping(self) -> tuple[str, dict[str, Any]]:
+        return SQL["record_migration"], {"version": self.version, "name": self.name,
+                                    "checksum": self.checksum}
+
+    def matches(self, recorded_checksum: str) -> bool:
+        return recorded_checksum == self.checksum or recorded_checksum in _REPLACES.findall(
+            self.sql
+        )
+
+
+@dataclass(frozen=True)
+class Function:
+    """The current body of one SQL function (`functions/NAME.sql`)."""
+
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return _sha256(self.sql)
+
+    @property
+    def label(self) -> str:
+        return f"functions/{self.name}.sql"
+
+    @property
+    def bookkeeping(self) -> tuple[str, dict[str, Any]]:
+        return SQL["record_function"], {"name": self.name, "checksum": self.checksum}
+
+
+@dataclass(frozen=True)
+class Schema:
+    migrations: list[Migration]
+    functions: list[Function]
+
+    @property
+    def version(self) -> int:
+        return self.migrations[-1].version if self.migrations else 0
 
 
 @dataclass
@@ -50,6 +118,7 @@ class ShardMigration:
 
     shard: Shard
     applied: list[int] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)
     version: int = 0
 
 
@@ -64,43 +133,52 @@ class ShardStatus:
     problem: str | None
 
 
-def load_migrations(directory: Path | Traversable | None = None) -> list[Migration]:
-    """The numbered migration files, in order; a malformed name or a gap is an error."""
+def load_schema(directory: Path | Traversable | None = None) -> Schema:
+    """The numbered migrations, in order, and the function files of a schema folder.
+
+    A malformed file name or a gap in the numbering is an error.
+    """
     folder = directory if directory is not None else resources.files("shardq.schema")
-    found = []
+    migrations = []
     for entry in folder.iterdir():
-        if not entry.name.endswith(".sql"):
+        # current.sql is the generated picture of the whole schema, not a migration.
+        if not entry.name.endswith(".sql") or entry.name == CURRENT_SCHEMA_FILE:
             continue
         match = _FILE.match(entry.name)
         if not match:
             raise MigrationError(f"{entry.name}: migration files are named NNNN_lower_words.sql")
-        found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    for expected, migration in enumerate(found, start=1):
+        migrations.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    migrations.sort(key=lambda m: m.version)
+    for expected, migration in enumerate(migrations, start=1):
         if migration.version != expected:
-            raise MigrationError(f"migration {expected:04d} is missing before {migration.name}")
-    return found
-
-
-def latest_version(migrations: list[Migration] | None = None) -> int:
-    migrations = load_migrations() if migrations is None else migrations
-    return migrations[-1].version if migrations else 0
+            raise MigrationError(f"migration {expected:04d} is missing before {migration.label}")
+    functions = []
+    function_folder = folder.joinpath("functions")
+    if function_folder.is_dir():
+        for entry in function_folder.iterdir():
+            if not entry.name.endswith(".sql"):
+                continue
+            match = _FUNCTION_FILE.match(entry.name)
+            if not match:
+                raise MigrationError(f"functions/{entry.name}: function files are named "
+                                     "lower_words.sql")
+            functions.append(Function(match[1], entry.read_text(encoding="utf-8")))
+    functions.sort(key=lambda f: f.name)
+    return Schema(migrations, functions)
 
 
 def migrate(
     shard_map: ShardMap,
     *,
     shards: list[Shard] | None = None,
-    migrations: list[Migration] | None = None,
+    schema: Schema | None = None,
 ) -> list[ShardMigration]:
     """Bring every shard (or `shards`) to the newest schema. Re-running is a no-op."""
-    migrations = load_migrations() if migrations is None else migrations
-    return [_migrate_shard(shard_map, s, migrations) for s in shards or shard_map.shards]
+    schema = load_schema() if schema is None else schema
+    return [_migrate_shard(shard_map, s, schema) for s in shards or shard_map.shards]
 
 
-def _migrate_shard(
-    shard_map: ShardMap, shard: Shard, migrations: list[Migration]
-) -> ShardMigration:
+def _migrate_shard(shard_map: ShardMap, shard: Shard, schema: Schema) -> ShardMigration:
     result = ShardMigration(shard)
     with connect(shard, autocommit=True) as conn:
         conn.execute(SQL["take_migration_lock"], {"key": MIGRATION_LOCK_KEY})
@@ -108,40 +186,46 @@ def _migrate_shard(
             conn.execute(SQL["create_bookkeeping"])
             _check_or_record_identity(conn, shard_map, shard)
             done = {row["version"]: row for row in conn.execute(SQL["applied_migrations"])}
-            for migration in migrations:
+            for migration in schema.migrations:
                 recorded = done.get(migration.version)
                 if recorded is None:
                     _apply(conn, shard, migration)
                     result.applied.append(migration.version)
-                elif recorded["checksum"] != migration.checksum:
+                elif not migration.matches(recorded["checksum"]):
                     raise MigrationError(
-                        f"{shard.label}: migration {migration.version:04d}_{migration.name} "
-                        "was edited after it was applied; add a new migration instead"
+                        f"{shard.label}: migration {migration.label} was edited after it "
+                        "was applied; add a new migration instead"
                     )
             result.version = max([*done, *result.applied], default=0)
+            applied = _applied_functions(conn)
+            for function in schema.functions:
+                if (function.name, function.checksum) not in applied:
+                    _apply(conn, shard, function)
+                    result.functions.append(function.name)
         finally:
             if not conn.closed:
                 conn.execute(SQL["release_migration_lock"], {"key": MIGRATION_LOCK_KEY})
     return result
 
 
-def _apply(conn: DictConnection, shard: Shard, migration: Migration) -> None:
-    label = f"{migration.version:04d}_{migration.name}.sql"
+def _applied_functions(conn: DictConnection) -> set[tuple[str, str]]:
+    return {(r["name"], r["checksum"]) for r in conn.execute(SQL["applied_functions"])}
+
+
+def _apply(conn: DictConnection, shard: Shard, file: Migration | Function) -> None:
+    """One schema file and its bookkeeping row, in one transaction."""
+    record, params = file.bookkeeping
     try:
         with conn.transaction():
             # No parameters: psycopg sends the file through the simple query
             # protocol, which runs several statements in one call.
-            conn.execute(migration.sql.encode())
-            conn.execute(
-                SQL["record_migration"],
-                {"version": migration.version, "name": migration.name,
-                 "checksum": migration.checksum},
-            )
+            conn.execute(file.sql.encode())
+            conn.execute(record, params)
     except psycopg.Error as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MigrationError(f"{shard.label}: {label} failed, nothing of it applied: "
+        raise MigrationError(f"{shard.label}: {file.label} failed, nothing of it applied: "
                              f"{first_line}") from exc
-    log.info("applied migration", extra={"shard": shard.name, "migration": label})
+    log.info("applied schema file", extra={"shard": shard.name, "file": file.label})
 
 
 def _check_or_record_identity(conn: DictConnection, shard_map: ShardMap, shard: Shard) -> None:
@@ -177,9 +261,9 @@ def _compare_identity(shard_map: ShardMap, shard: Shard, row: dict[str, Any]) ->
     raise MapMismatch(f"{shard.label}: shard map mismatch: {difference}")
 
 
-def check_shard(shard_map: ShardMap, shard: Shard, *, required: int | None = None) -> ShardStatus:
+def check_shard(shard_map: ShardMap, shard: Shard, *, schema: Schema | None = None) -> ShardStatus:
     """Reachability, server and schema version, and map agreement of one shard."""
-    required = latest_version() if required is None else required
+    schema = load_schema() if schema is None else schema
     try:
         with connect(shard, autocommit=True) as conn:
             status = conn.execute(SQL["shard_status"]).fetchone()
@@ -191,6 +275,7 @@ def check_shard(shard_map: ShardMap, shard: Shard, *, required: int | None = Non
             assert version is not None
             schema_version = int(version["version"])
             identity = conn.execute(SQL["read_identity"]).fetchone()
+            functions = _applied_functions(conn) if status["has_function_bookkeeping"] else set()
     except ShardUnavailable as exc:
         return ShardStatus(shard, False, None, None, str(exc).removeprefix(shard.label + ": "))
     problem = None
@@ -199,8 +284,11 @@ def check_shard(shard_map: ShardMap, shard: Shard, *, required: int | None = Non
             _compare_identity(shard_map, shard, identity)
         except MapMismatch as exc:
             problem = str(exc).removeprefix(shard.label + ": ")
-    if problem is None and schema_version < required:
-        problem = f"schema behind: version {schema_version}, this code needs {required}"
+    if problem is None and schema_version < schema.version:
+        problem = f"schema behind: version {schema_version}, this code needs {schema.version}"
+    stale = [f.label for f in schema.functions if (f.name, f.checksum) not in functions]
+    if problem is None and stale:
+        problem = f"schema behind: {', '.join(stale)} not applied (run `shardq migrate`)"
     return ShardStatus(shard, True, server, schema_version, problem)
 
 
@@ -210,7 +298,8 @@ def verify_shards(shard_map: ShardMap, shards: list[Shard] | None = None) -> lis
     Unreachable shards are returned, not raised: a daemon serves the shards it can
     reach and picks the others up when they come back.
     """
-    statuses = [check_shard(shard_map, s) for s in shards or shard_map.shards]
+    schema = load_schema()
+    statuses = [check_shard(shard_map, s, schema=schema) for s in shards or shard_map.shards]
     for status in statuses:
         if status.reachable and status.problem:
             error = MapMismatch if "map mismatch" in status.problem else SchemaBehind

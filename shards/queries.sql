@@ -15,6 +15,13 @@ CREATE TABLE IF NOT EXISTS shardq.schema_migrations (
     checksum   text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 );
+-- Every body each function file ever had on this shard (see shards/migrations.py).
+CREATE TABLE IF NOT EXISTS shardq.schema_functions (
+    name       text NOT NULL,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, checksum)
+);
 CREATE TABLE IF NOT EXISTS shardq.shard_identity (
     singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     shard_name  text NOT NULL,
@@ -30,6 +37,12 @@ SELECT version, name, checksum FROM shardq.schema_migrations ORDER BY version
 INSERT INTO shardq.schema_migrations (version, name, checksum)
 VALUES (%(version)s, %(name)s, %(checksum)s)
 
+-- name: applied_functions
+SELECT name, checksum FROM shardq.schema_functions
+
+-- name: record_function
+INSERT INTO shardq.schema_functions (name, checksum) VALUES (%(name)s, %(checksum)s)
+
 -- name: read_identity
 SELECT shard_name, fingerprint, layout::text AS layout FROM shardq.shard_identity
 
@@ -40,6 +53,7 @@ VALUES (%(shard_name)s, %(fingerprint)s, %(layout)s::jsonb)
 -- name: shard_status
 SELECT
     to_regclass('shardq.schema_migrations') IS NOT NULL AS has_bookkeeping,
+    to_regclass('shardq.schema_functions') IS NOT NULL AS has_function_bookkeeping,
     current_setting('server_version') AS server_version
 
 -- name: schema_version

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,10 +13,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import pytest
 
 from shardq.shards.config import ShardMap
-from shardq.shards.migrations import latest_version, load_migrations
+from shardq.shards.errors import MigrationError
+from shardq.shards.migrations import CURRENT_SCHEMA_FILE, check_shard, load_schema, migrate
 
+from .schema_picture import describe
 from .support import ROOT, run_cli
 
 Fresh = Callable[[int], list[str]]
@@ -44,14 +49,20 @@ def test_migrate_creates_every_table_on_every_shard_and_rerun_is_noop(
     first = run_cli("migrate", "--json", env=_env(urls))
     assert first.returncode == 0, first.stderr
     report = json.loads(first.stdout)
-    everything = [m.version for m in load_migrations()]
+    schema = load_schema()
+    everything = [m.version for m in schema.migrations]
+    functions = [f.name for f in schema.functions]
+    assert functions == ["claim_tasks", "commit_turns", "deliver_signals", "wake_channel"]
     assert [s["applied"] for s in report["shards"]] == [everything, everything]
+    assert [s["functions"] for s in report["shards"]] == [functions, functions]
     for url in urls:
         assert {"executions", "history", "tasks", "waits", "signals", "outbox"} <= _tables(url)
-        assert _recorded(url) == [(m.version, m.name) for m in load_migrations()]
+        assert _recorded(url) == [(m.version, m.name) for m in schema.migrations]
     again = run_cli("migrate", "--json", env=_env(urls))
     assert again.returncode == 0
-    assert [s["applied"] for s in json.loads(again.stdout)["shards"]] == [[], []]
+    assert [(s["applied"], s["functions"]) for s in json.loads(again.stdout)["shards"]] == [
+        ([], []), ([], [])
+    ]
 
 
 def test_queue_tables_carry_churn_settings(fresh_databases: Fresh) -> None:
@@ -85,7 +96,7 @@ def test_racing_migrators_apply_each_file_once(fresh_databases: Fresh) -> None:
         [s["applied"] for s in json.loads(out)["shards"]] for out, _ in outputs
     ]
     # Across the racers each shard's files were applied exactly once.
-    expected = [(m.version, m.name) for m in load_migrations()]
+    expected = [(m.version, m.name) for m in load_schema().migrations]
     for shard_index in range(2):
         assert sorted(v for a in applied for v in a[shard_index]) == [v for v, _ in expected]
     for url in urls:
@@ -107,7 +118,7 @@ def test_failing_migration_leaves_nothing_of_itself(fresh_databases: Fresh, tmp_
         "CREATE TABLE shardq.half_done (id int);\n"
         "ALTER TABLE shardq.no_such_table ADD COLUMN x int;\n"
     )
-    result = run_cli("migrate", "--migrations-dir", str(folder), env=_env(urls))
+    result = run_cli("migrate", "--schema-dir", str(folder), env=_env(urls))
     assert result.returncode == 6
     assert result.stderr.count("\n") == 1
     assert "shard-0" in result.stderr
@@ -124,7 +135,7 @@ def test_edited_migration_is_refused(fresh_databases: Fresh, tmp_path: Path) -> 
     folder.mkdir()
     text = (ROOT / "schema" / "0001_initial.sql").read_text()
     (folder / "0001_initial.sql").write_text(text + "\n-- edited\n")
-    result = run_cli("migrate", "--migrations-dir", str(folder), env=_env(urls))
+    result = run_cli("migrate", "--schema-dir", str(folder), env=_env(urls))
     assert result.returncode == 6
     assert "was edited after it was applied" in result.stderr
 
@@ -152,8 +163,8 @@ def test_shards_command_reports_each_shard(fresh_databases: Fresh) -> None:
     report = json.loads(result.stdout)
     assert report["fingerprint"] == ShardMap.from_urls(urls).fingerprint
     assert [(s["name"], s["buckets"], s["schema_version"], s["ok"]) for s in report["shards"]] == [
-        ("shard-0", [0, 2047], latest_version(), True),
-        ("shard-1", [2048, 4095], latest_version(), True),
+        ("shard-0", [0, 2047], load_schema().version, True),
+        ("shard-1", [2048, 4095], load_schema().version, True),
     ]
 
 
@@ -185,12 +196,81 @@ def test_missing_database_and_schema_behind_are_named(
     assert "database does not exist" in missing.stdout
     empty = tmp_path / "none"
     empty.mkdir()
-    assert run_cli("migrate", "--migrations-dir", str(empty), env=_env([url])).returncode == 0
+    assert run_cli("migrate", "--schema-dir", str(empty), env=_env([url])).returncode == 0
     behind = run_cli("shards", env=_env([url]))
     assert behind.returncode == 5
-    assert f"schema behind: version 0, this code needs {latest_version()}" in behind.stdout
+    assert f"schema behind: version 0, this code needs {load_schema().version}" in behind.stdout
 
 
-def test_packaged_migrations_are_numbered_without_gaps() -> None:
-    versions = [m.version for m in load_migrations()]
-    assert versions == list(range(1, len(versions) + 1))
+def test_a_gap_in_the_numbering_is_refused(tmp_path: Path) -> None:
+    shutil.copy(ROOT / "schema" / "0001_initial.sql", tmp_path)
+    (tmp_path / "0003_later.sql").write_text("SELECT 1;\n")
+    with pytest.raises(MigrationError, match=r"migration 0002 is missing before 0003_later\.sql"):
+        load_schema(tmp_path)
+
+
+CURRENT = ROOT / "schema" / CURRENT_SCHEMA_FILE
+
+
+def test_the_current_schema_is_what_the_migrations_build(fresh_databases: Fresh) -> None:
+    (url,) = fresh_databases(1)
+    migrate(ShardMap.from_urls([url]))
+    picture = describe(url)
+    if os.environ.get("SHARDQ_WRITE_SCHEMA"):
+        CURRENT.write_text(picture)
+    assert picture == CURRENT.read_text(), (
+        "schema/current.sql is out of date: rerun with SHARDQ_WRITE_SCHEMA=1 and review the diff"
+    )
+
+
+def test_a_shard_from_before_function_files_upgrades_to_the_same_schema(
+    fresh_databases: Fresh,
+) -> None:
+    # Such a shard recorded the original texts of the migrations whose function
+    # bodies later moved to schema/functions/, and has no function bookkeeping.
+    (url,) = fresh_databases(1)
+    shard_map = ShardMap.from_urls([url])
+    migrate(shard_map)
+    schema = load_schema()
+    with psycopg.connect(url) as conn:
+        for migration in schema.migrations:
+            old = re.findall(r"^-- replaces checksum: (\w+)$", migration.sql, re.MULTILINE)
+            if old:
+                conn.execute("UPDATE shardq.schema_migrations SET checksum = %s "
+                             "WHERE version = %s", (old[0], migration.version))
+        conn.execute("DROP TABLE shardq.schema_functions")
+    (result,) = migrate(shard_map)
+    assert (result.applied, result.functions) == ([], [f.name for f in schema.functions])
+    assert check_shard(shard_map, shard_map.shards[0]).problem is None
+    assert describe(url) == CURRENT.read_text()
+
+
+def test_a_changed_function_is_reapplied_and_never_rolled_back(
+    fresh_databases: Fresh, tmp_path: Path
+) -> None:
+    (url,) = fresh_databases(1)
+    shard_map = ShardMap.from_urls([url])
+    shard = shard_map.shards[0]
+    migrate(shard_map)
+    newer = tmp_path / "schema"
+    shutil.copytree(ROOT / "schema", newer)
+    body = newer / "functions" / "claim_tasks.sql"
+    marked = body.read_text().replace("#variable_conflict", "-- release 2\n#variable_conflict")
+    body.write_text(marked)
+    assert "release 2" in body.read_text()
+    newer_schema = load_schema(newer)
+    problem = check_shard(shard_map, shard, schema=newer_schema).problem
+    assert problem == "schema behind: functions/claim_tasks.sql not applied (run `shardq migrate`)"
+
+    (result,) = migrate(shard_map, schema=newer_schema)
+    assert (result.applied, result.functions) == ([], ["claim_tasks"])
+    # The release before it still runs against this shard, and its migrator
+    # finds its own body applied already: it never puts it back.
+    assert check_shard(shard_map, shard).problem is None
+    (older,) = migrate(shard_map)
+    assert older.functions == []
+    with psycopg.connect(url) as conn:
+        source = conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'claim_tasks'"
+        ).fetchone()
+    assert source is not None and "release 2" in source[0]

@@ -99,7 +99,7 @@ def test_a_worker_whose_listen_session_was_killed_listens_again(
     run = client.start("two_payments", "p-relisten")
     wait_until(lambda: state_of(client, run.execution_id) is State.WAITING, what="parked")
     listeners = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                 "AND query = 'LISTEN shardq_wake'")
+                 "AND query = format('LISTEN %%I', shardq.wake_channel())")
     killed = all_rows(client.map, listeners)
     assert len(killed) == len(client.map.shards)
     all_rows(client.map, f"SELECT pg_terminate_backend(pid) FROM ({listeners}) l")

@@ -1,0 +1,139 @@
+-- The schema every shard has once `shardq migrate` ran: tables, constraints,
+-- indexes and function signatures, printed from the catalogs of a shard
+-- migrated from scratch. Generated, never edited: tests/test_migrations.py
+-- fails when the migrations and this picture disagree, and rewrites it with
+--   SHARDQ_WRITE_SCHEMA=1 bash bin/test.sh tests/test_migrations.py -k current
+-- How it came to be: the numbered files beside it. Function bodies:
+-- schema/functions/.
+
+CREATE TABLE shardq.executions (
+    id uuid NOT NULL,
+    tenant text NOT NULL,
+    workflow_name text NOT NULL,
+    workflow_version integer NOT NULL,
+    workflow_id text NOT NULL,
+    state text NOT NULL DEFAULT 'pending'::text,
+    input jsonb NOT NULL,
+    output jsonb,
+    error jsonb,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    commit_token uuid,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    finished_at timestamp with time zone
+) WITH (fillfactor=85);
+
+CREATE TABLE shardq.history (
+    execution_id uuid NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    position integer,
+    kind text NOT NULL,
+    name text NOT NULL,
+    payload jsonb NOT NULL DEFAULT '{}'::jsonb,
+    recorded_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+CREATE TABLE shardq.outbox (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    source_execution_id uuid NOT NULL,
+    source_position integer NOT NULL,
+    target_execution_id uuid NOT NULL,
+    tenant text NOT NULL,
+    signal_name text NOT NULL,
+    payload jsonb NOT NULL,
+    idempotency_key text,
+    state text NOT NULL DEFAULT 'pending'::text,
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamp with time zone NOT NULL DEFAULT now(),
+    failure_reason text,
+    failure_detail text,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    finished_at timestamp with time zone
+) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=80);
+
+CREATE TABLE shardq.schema_functions (
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+CREATE TABLE shardq.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+CREATE TABLE shardq.shard_identity (
+    singleton boolean NOT NULL DEFAULT true,
+    shard_name text NOT NULL,
+    fingerprint text NOT NULL,
+    layout jsonb NOT NULL,
+    recorded_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+CREATE TABLE shardq.signals (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    execution_id uuid NOT NULL,
+    tenant text NOT NULL,
+    name text NOT NULL,
+    payload jsonb NOT NULL,
+    idempotency_key text,
+    received_at timestamp with time zone NOT NULL DEFAULT now(),
+    consumed_at timestamp with time zone,
+    consumed_position integer
+);
+
+CREATE TABLE shardq.tasks (
+    execution_id uuid NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    claims integer NOT NULL DEFAULT 0,
+    lease_owner text,
+    lease_token uuid
+) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=70);
+
+CREATE TABLE shardq.waits (
+    execution_id uuid NOT NULL,
+    position integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    started_at timestamp with time zone NOT NULL DEFAULT now(),
+    deadline timestamp with time zone,
+    request jsonb
+) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=90);
+
+ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
+ALTER TABLE shardq.executions ADD CONSTRAINT executions_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'input_required'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text])));
+ALTER TABLE shardq.executions ADD CONSTRAINT executions_workflow_key UNIQUE (tenant, workflow_name, workflow_id);
+ALTER TABLE shardq.history ADD CONSTRAINT history_pkey PRIMARY KEY (execution_id, seq);
+ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_idempotency_key_check CHECK ((idempotency_key <> ''::text));
+ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])));
+ALTER TABLE shardq.schema_functions ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name, checksum);
+ALTER TABLE shardq.schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_pkey PRIMARY KEY (singleton);
+ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_singleton_check CHECK (singleton);
+ALTER TABLE shardq.signals ADD CONSTRAINT signals_idempotency_key_check CHECK ((idempotency_key <> ''::text));
+ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (id);
+ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
+ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'interrupt'::text])));
+ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
+
+CREATE INDEX executions_created ON shardq.executions USING btree (created_at, id);
+CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
+CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
+
+-- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
+--   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, state text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
+--   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.commit_turns(lease_s double precision, batch jsonb)
+--   RETURNS TABLE(commit_ord integer, cancel_requested boolean)
+--   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer)
+--   RETURNS TABLE(ord integer, state text, tenant text, earlier_id bigint, pending bigint, signal_id bigint, woken bigint)
+--   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.wake_channel()
+--   RETURNS text
+--   LANGUAGE sql IMMUTABLE

@@ -226,12 +226,17 @@ class Worker:
                 continue
             claims: list[Claim] = []
             due_in: float | None = None
-            error: ShardUnavailable | None = None
+            error: Exception | None = None
             try:
                 claims, due_in = self.store.claim(
                     shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
                 )
             except ShardUnavailable as exc:
+                error = exc
+            except Exception as exc:
+                # A claim loop that died would leave its shard unserved while
+                # the process looks healthy: log it and retry like an outage.
+                log.exception("claim failed; retrying", extra={"shard": shard.name})
                 error = exc
             finally:
                 self._claimed(shard, limit, claims)
@@ -239,7 +244,7 @@ class Worker:
                 self._turns.put_many([(shard, claim) for claim in claims])
             if error is not None:
                 failures += 1
-                if failures == 1:
+                if failures == 1 and isinstance(error, ShardUnavailable):
                     log.error("shard unavailable; retrying", extra={"error": str(error)})
                 wake.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
@@ -262,8 +267,9 @@ class Worker:
         take the same free slots while this claim is out.
         """
         with self._lock:
+            # Below zero too: turns already claimed may settle past commit_batch.
             free = self._free_slots()
-            if not free:
+            if free <= 0:
                 self._starved.add(shard.name)
                 return 0, None
             if free < self._claim_threshold:
@@ -387,7 +393,7 @@ class Worker:
         if free >= self._claim_threshold:
             self._starved.clear()
             return self._wakes.keys()
-        if free and self._starved:
+        if free > 0 and self._starved:
             starved, self._starved = self._starved, set()
             return starved
         return ()

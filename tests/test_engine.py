@@ -16,7 +16,7 @@ from shardq.queue.errors import InvalidArgument, NotSerializable, StepFailed, Un
 from shardq.queue.models import Execution, StartResult, State
 from shardq.queue.registry import Registry
 from shardq.queue.retry import RetryPolicy
-from shardq.queue.worker import Worker
+from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
@@ -405,3 +405,14 @@ def test_a_due_run_starts_while_a_turn_thread_is_idle_on_every_shard(
         assert running["now"] == 6, "the long steps were still holding their threads"
     finally:
         gate.set()
+
+
+def test_a_claim_never_asks_for_a_negative_batch(pools: ShardPools) -> None:
+    # Turns claimed while commits were settling can take the unsettled commits
+    # past commit_batch; the free slots are then negative, and a claim of
+    # LIMIT -n made the database refuse it and ended the claim loop.
+    worker = Worker(pools, registry, config=WorkerConfig(concurrency=10, commit_batch=20))
+    shard = pools.map.shards[0]
+    worker._settling = 25
+    assert worker._reserve(shard, None) == (0, None)
+    assert shard.name in worker._starved

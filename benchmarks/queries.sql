@@ -43,22 +43,29 @@ SELECT count(*) AS n FROM shardq.waits
 SELECT (SELECT count(*) FROM shardq.waits) + (SELECT count(*) FROM shardq.tasks) AS n
 
 -- name: drain_result
-SELECT count(*) FILTER (WHERE state = 'completed') AS completed,
-       count(*) FILTER (WHERE state IN ('failed', 'cancelled', 'timed_out')) AS failed,
-       extract(epoch FROM max(finished_at))::float8 AS last_finished
-FROM shardq.executions
-WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %(prefix)s
+-- A finished run's outcome is its `run.<state>` history event.
+SELECT count(*) FILTER (WHERE o.kind = 'run.completed') AS completed,
+       count(*) FILTER (WHERE o.kind <> 'run.completed') AS failed,
+       extract(epoch FROM max(o.recorded_at))::float8 AS last_finished
+FROM shardq.executions x
+JOIN shardq.history o ON o.execution_id = x.id
+    AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
+WHERE x.tenant = 'default' AND x.workflow_name = %(workflow)s AND x.workflow_id LIKE %(prefix)s
 
 -- name: failed_sample
-SELECT workflow_id, state, left(error::text, 600) AS error FROM shardq.executions
-WHERE tenant = 'default' AND workflow_name = %(workflow)s AND workflow_id LIKE %(prefix)s
-  AND state IN ('failed', 'cancelled', 'timed_out')
+SELECT x.workflow_id, substr(o.kind, 5) AS state, left(o.payload::text, 600) AS error
+FROM shardq.executions x
+JOIN shardq.history o ON o.execution_id = x.id
+    AND o.kind IN ('run.failed', 'run.cancelled', 'run.timed_out')
+WHERE x.tenant = 'default' AND x.workflow_name = %(workflow)s AND x.workflow_id LIKE %(prefix)s
 LIMIT 3
 
 -- name: wake_outputs
-SELECT workflow_id, output::text AS output, extract(epoch FROM finished_at)::float8 AS finished
-FROM shardq.executions
-WHERE tenant = 'default' AND workflow_name = 'wake_probe' AND state = 'completed'
+SELECT x.workflow_id, (o.payload->'output')::text AS output,
+       extract(epoch FROM o.recorded_at)::float8 AS finished
+FROM shardq.executions x
+JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
+WHERE x.tenant = 'default' AND x.workflow_name = 'wake_probe'
 
 -- name: vacuum_queue
 -- After bulk-loading parked runs: what autovacuum does after a million inserts.
@@ -158,9 +165,9 @@ WITH src AS (
     FROM generate_series(%(start)s, %(stop)s) AS i
 ), x AS (
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                   state, input)
+                                   input)
     SELECT id, 'default', CASE WHEN on_signal THEN 'park' ELSE 'nap' END, 1,
-           'parked-' || i, 'waiting', '{"parked": true}'::jsonb
+           'parked-' || i, '{"parked": true}'::jsonb
     FROM src
 ), t AS (
     INSERT INTO shardq.tasks (execution_id, run_at, claims)

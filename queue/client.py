@@ -164,7 +164,7 @@ class Client:
         limit: int = DEFAULT_PAGE,
         cursor: str | None = None,
     ) -> Page:
-        """One page of runs over every shard, ordered by creation time then id.
+        """One page of runs over every shard, ordered by id (creation millisecond first).
 
         Pass `next_cursor` back for the following page. The cursor is a position,
         not an offset, so runs started meanwhile never shift or repeat a page.
@@ -177,9 +177,9 @@ class Client:
             after=Cursor.decode(cursor) if cursor else None,
         )
         pages = [self.store.list_executions(shard, query) for shard in self.map.shards]
-        merged = list(heapq.merge(*pages, key=lambda e: (e.created_at, e.id)))[:limit]
+        merged = list(heapq.merge(*pages, key=lambda e: e.id))[:limit]
         last = merged[-1] if len(merged) == limit else None
-        next_cursor = Cursor(last.created_at, last.id).encode() if last else None
+        next_cursor = Cursor(last.id).encode() if last else None
         return Page(merged, next_cursor)
 
     def wait(

@@ -127,7 +127,7 @@ class WorkflowContext:
         self._buffer: list[NewEvent] = []
         self._consumed: list[tuple[int, int]] = []
         self._close_wait = False
-        self._stored_state = claim.state
+        self._stored_state = State.RUNNING  # what a claimed run reads as
         self._cancel = claim.cancel_requested
         self._fatal: NonDeterminismError | None = None
         self._random: random.Random | None = None

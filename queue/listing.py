@@ -1,24 +1,29 @@
-"""The one dynamic query: listing executions with optional filters and a keyset cursor.
+"""Reading runs with their derived state: one run by id, or pages with optional filters.
 
-Built with SQLAlchemy Core (optional filters compose cleanly there) and run
-through the store's psycopg connection, so listing shares pools and errors
-with every other statement.
+A run's state is not a column (see schema/0005): it is `shardq.run_state()`,
+read from the run's outcome event, task row and open wait. The queries are
+built with SQLAlchemy Core (optional filters compose cleanly there) and run
+through the store's psycopg connection, so they share pools and errors with
+every other statement.
+
+Pages follow the execution id, whose leading bits are the creation
+millisecond: an index walk in creation order that needs no created_at index.
+A state filter also joins the table that holds runs in that state, so a page
+of waiting runs walks `waits`, not every execution the shard ever held.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from shardq.queue.errors import InvalidArgument
-from shardq.queue.models import State
+from shardq.queue.models import TERMINAL_STATES, State
 
 _metadata = sa.MetaData(schema="shardq")
 executions = sa.Table(
@@ -29,16 +34,32 @@ executions = sa.Table(
     sa.Column("workflow_name", sa.Text),
     sa.Column("workflow_version", sa.Integer),
     sa.Column("workflow_id", sa.Text),
-    sa.Column("state", sa.Text),
     sa.Column("input", postgresql.JSONB),
-    sa.Column("output", postgresql.JSONB),
-    sa.Column("error", postgresql.JSONB),
-    sa.Column("cancel_requested", sa.Boolean),
     sa.Column("created_at", sa.DateTime(timezone=True)),
-    sa.Column("updated_at", sa.DateTime(timezone=True)),
-    sa.Column("finished_at", sa.DateTime(timezone=True)),
+)
+history = sa.Table(
+    "history",
+    _metadata,
+    sa.Column("execution_id", postgresql.UUID(as_uuid=True)),
+    sa.Column("kind", sa.Text),
+    sa.Column("payload", postgresql.JSONB),
+    sa.Column("recorded_at", sa.DateTime(timezone=True)),
+)
+tasks = sa.Table(
+    "tasks",
+    _metadata,
+    sa.Column("execution_id", postgresql.UUID(as_uuid=True), primary_key=True),
+    sa.Column("cancel_requested", sa.Boolean),
+)
+waits = sa.Table(
+    "waits",
+    _metadata,
+    sa.Column("execution_id", postgresql.UUID(as_uuid=True), primary_key=True),
+    sa.Column("kind", sa.Text),
 )
 _dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
+OUTCOME_KINDS = tuple(f"run.{s.value}" for s in sorted(TERMINAL_STATES))
+"""The history events that end a run (as in the history_outcome index)."""
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -46,21 +67,18 @@ MAX_PAGE = 1000
 
 @dataclass(frozen=True)
 class Cursor:
-    """Position after the last item of a page: (created_at, id), encoded opaquely."""
+    """Position after the last item of a page (its execution id), encoded opaquely."""
 
-    created_at: datetime
     id: uuid.UUID
 
     def encode(self) -> str:
-        raw = json.dumps([self.created_at.isoformat(), str(self.id)]).encode()
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        return base64.urlsafe_b64encode(self.id.bytes).decode().rstrip("=")
 
     @classmethod
     def decode(cls, value: str) -> Cursor:
         try:
             raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-            created_at, ident = json.loads(raw)
-            return cls(datetime.fromisoformat(created_at), uuid.UUID(ident))
+            return cls(uuid.UUID(bytes=raw))
         except (ValueError, TypeError) as exc:
             raise InvalidArgument(f"invalid list cursor {value!r}") from exc
 
@@ -78,17 +96,68 @@ class ListQuery:
             raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {self.limit}")
 
 
+def _runs() -> sa.Select[Any]:
+    """Every column of `Execution`, state and outcome derived, for the rows it is given."""
+    x = executions.c
+    outcome = (
+        sa.select(history.c.payload, history.c.recorded_at)
+        .where(history.c.execution_id == x.id, history.c.kind.in_(OUTCOME_KINDS))
+        .lateral("outcome")
+    )
+    return (
+        sa.select(
+            *executions.c,
+            sa.func.shardq.run_state(x.id).label("state"),
+            outcome.c.payload["output"].label("output"),
+            outcome.c.payload["error"].label("error"),
+            outcome.c.recorded_at.label("finished_at"),
+            sa.func.coalesce(tasks.c.cancel_requested, False).label("cancel_requested"),
+        )
+        .select_from(executions)
+        .outerjoin(outcome, sa.true())
+        .outerjoin(tasks, tasks.c.execution_id == x.id)
+    )
+
+
+def compile_get(execution_id: uuid.UUID) -> tuple[str, dict[str, Any]]:
+    """SQL text and parameters reading one run."""
+    return _compiled(_runs().where(executions.c.id == execution_id))
+
+
 def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
-    """SQL text and parameters for one shard's page, ordered by (created_at, id)."""
-    c = executions.c
-    stmt = sa.select(executions).order_by(c.created_at, c.id).limit(query.limit)
+    """SQL text and parameters for one shard's page, ordered by execution id."""
+    x = executions.c
+    stmt = _runs().order_by(x.id).limit(query.limit)
     if query.tenant is not None:
-        stmt = stmt.where(c.tenant == query.tenant)
-    if query.state is not None:
-        stmt = stmt.where(c.state == query.state.value)
+        stmt = stmt.where(x.tenant == query.tenant)
     if query.workflow is not None:
-        stmt = stmt.where(c.workflow_name == query.workflow)
+        stmt = stmt.where(x.workflow_name == query.workflow)
     if query.after is not None:
-        stmt = stmt.where(sa.tuple_(c.created_at, c.id) > (query.after.created_at, query.after.id))
-    compiled = stmt.compile(dialect=_dialect)
+        stmt = stmt.where(x.id > query.after.id)
+    if query.state is not None:
+        stmt = _in_state(stmt, query.state)
+    return _compiled(stmt)
+
+
+def _in_state(stmt: sa.Select[Any], state: State) -> sa.Select[Any]:
+    """Filter on the derived state, driven by the table that holds runs in it."""
+    x = executions.c
+    if state.terminal:
+        ended = history.alias("ended")
+        driver: sa.FromClause = ended
+        on = sa.and_(ended.c.execution_id == x.id, ended.c.kind == f"run.{state.value}")
+    elif state in (State.WAITING, State.INPUT_REQUIRED):
+        parked = waits.alias("parked")
+        driver = parked
+        interrupt = parked.c.kind == "interrupt"
+        on = sa.and_(parked.c.execution_id == x.id,
+                     interrupt if state is State.INPUT_REQUIRED else sa.not_(interrupt))
+    else:  # running or pending: a task row
+        queued = tasks.alias("queued")
+        driver, on = queued, queued.c.execution_id == x.id
+    return stmt.join(driver, on).where(sa.func.shardq.run_state(x.id) == state.value)
+
+
+def _compiled(stmt: sa.Select[Any]) -> tuple[str, dict[str, Any]]:
+    compiled = stmt.compile(dialect=_dialect, compile_kwargs={"render_postcompile": True})
     return str(compiled), dict(compiled.params)

@@ -60,8 +60,8 @@ class Execution:
     output: Any
     error: dict[str, Any] | None
     cancel_requested: bool
+    """A cancellation was asked while a worker held the run: it ends cancelled."""
     created_at: datetime
-    updated_at: datetime
     finished_at: datetime | None
 
 
@@ -111,6 +111,9 @@ class SignalResult:
     error: WorkflowError | None = None
     """Why the signal was refused (ExecutionNotFound, SignalRefused); `signal_many` only,
     `signal` raises it."""
+    signal_name: str | None = None
+    """The stored signal's name. Idempotency keys are per execution, not per name: a
+    repeat whose key landed with another name says so here."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,6 @@ class Claim:
     workflow_version: int
     workflow_id: str
     input: Any
-    state: State
     cancel_requested: bool
     db_now: datetime
     history: tuple[HistoryEvent, ...]

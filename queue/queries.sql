@@ -21,7 +21,7 @@ WITH input AS (
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input)
     SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input FROM input
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
-    RETURNING id, workflow_id, state
+    RETURNING id, workflow_id
 ), tasks AS (
     INSERT INTO shardq.tasks (execution_id, run_at)
     SELECT id, now() FROM inserted
@@ -29,16 +29,16 @@ WITH input AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
     SELECT pg_notify(shardq.wake_channel(), '') WHERE EXISTS (SELECT 1 FROM inserted)
 )
-SELECT i.id, i.workflow_id, i.state, true AS created
+SELECT i.id, i.workflow_id, 'pending' AS state, true AS created
 FROM inserted i LEFT JOIN notified ON true
 
 -- name: find_executions
 -- One unique-index probe per key (a plain `= ANY` may scan every run of the
 -- workflow when the planner has no statistics yet).
-SELECT x.id, x.workflow_id, x.state, false AS created
+SELECT x.id, x.workflow_id, shardq.run_state(x.id) AS state, false AS created
 FROM unnest(%(workflow_ids)s::text[]) AS i(workflow_id)
 CROSS JOIN LATERAL (
-    SELECT e.id, e.workflow_id, e.state FROM shardq.executions e
+    SELECT e.id, e.workflow_id FROM shardq.executions e
     WHERE e.tenant = %(tenant)s AND e.workflow_name = %(workflow_name)s
       AND e.workflow_id = i.workflow_id
     OFFSET 0
@@ -63,8 +63,14 @@ SELECT commit_ord, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batc
 
 -- name: landed_commits
 -- After a lost connection: which commits of the failed attempt had landed.
-SELECT id FROM shardq.executions
-WHERE id = ANY(%(ids)b::uuid[]) AND commit_token = ANY(%(next_tokens)b::uuid[])
+-- A landed commit retired its lease token (rotated, or the task row gone);
+-- one that did not land left it in place. (A lease lost meanwhile also retires
+-- it; retrying such a commit could not have written anything either.)
+SELECT c.id
+FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS c(id, token)
+WHERE NOT EXISTS (
+    SELECT 1 FROM shardq.tasks t WHERE t.execution_id = c.id AND t.lease_token = c.token
+)
 
 -- name: extend_leases
 -- Heartbeat. Rows a commit batch holds are skipped, not waited for: that
@@ -103,12 +109,6 @@ FROM held
 WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
 
--- name: get_execution
-SELECT id, tenant, workflow_name, workflow_version, workflow_id, state, input, output, error,
-       cancel_requested, created_at, updated_at, finished_at
-FROM shardq.executions
-WHERE id = %(id)s
-
 -- name: read_history
 SELECT seq, position, kind, name, payload, recorded_at
 FROM shardq.history
@@ -123,32 +123,33 @@ SELECT lease_token IS NOT NULL AND run_at > now() AS leased
 FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
 
 -- name: lock_execution
-SELECT state, tenant FROM shardq.executions WHERE id = %(id)s FOR UPDATE
+-- Executions rows are never written after start: the lock only serializes
+-- cancellers and signal senders to one run.
+SELECT tenant, shardq.run_state(id) AS state FROM shardq.executions WHERE id = %(id)s
+FOR UPDATE
 
 -- name: deliver_signals
 -- One tenant's signals to runs on this shard, in one transaction; a row per
 -- signal in input order. Body: schema/functions/deliver_signals.sql.
-SELECT ord, state, tenant, earlier_id, pending, signal_id
+SELECT ord, tenant, finished, earlier_id, earlier_name, pending, pending_total, signal_id
 FROM shardq.deliver_signals(
     %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
-    %(max_pending)s
+    %(max_pending)s, %(max_pending_total)s
 )
 ORDER BY ord
 
 -- name: cancel_now
 -- Cancel a run no worker holds: it ends here, its task and wait go away.
-WITH ended AS (
-    UPDATE shardq.executions
-    SET state = 'cancelled', updated_at = now(), finished_at = now(), cancel_requested = true
-    WHERE id = %(id)s
-    RETURNING id
-), tasks AS (
-    DELETE FROM shardq.tasks WHERE execution_id IN (SELECT id FROM ended)
+WITH tasks AS (
+    DELETE FROM shardq.tasks WHERE execution_id = %(id)s
 ), waits AS (
-    DELETE FROM shardq.waits WHERE execution_id IN (SELECT id FROM ended)
+    DELETE FROM shardq.waits WHERE execution_id = %(id)s
 )
-SELECT id FROM ended
+INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+VALUES (%(id)s, NULL, 'run.cancelled', 'run', '{}')
 
 -- name: request_cancel
--- A worker holds the run: it stops at its next checkpoint.
-UPDATE shardq.executions SET cancel_requested = true, updated_at = now() WHERE id = %(id)s
+-- A worker holds the run: it ends cancelled at that worker's next commit
+-- that is not a mid-turn checkpoint (a checkpoint makes it stop at its next
+-- workflow call).
+UPDATE shardq.tasks SET cancel_requested = true WHERE execution_id = %(id)s

@@ -43,7 +43,12 @@ log = logging.getLogger(__name__)
 SQL = load_queries("shardq.queue", "queries.sql")
 _STATES = {s.value: s for s in State}  # State(value) costs ~3 us: felt in a 20k-run start
 MAX_PENDING_SIGNALS = 1000
-"""Unconsumed signals one execution may buffer; beyond it a sender is refused."""
+"""Unconsumed signals of one name one execution may buffer; beyond it a sender is refused.
+
+Per name, so a flood of a name the run never waits on cannot crowd out the
+signal it does wait on."""
+MAX_PENDING_SIGNALS_TOTAL = 10_000
+"""Unconsumed signals of all names one execution may buffer."""
 
 
 class Store:
@@ -113,8 +118,9 @@ class Store:
 
     def get_execution(self, execution_id: uuid.UUID) -> Execution | None:
         shard = self.map.for_execution(execution_id)
+        statement, params = listing.compile_get(execution_id)
         with self._connection(shard) as conn:
-            row = conn.execute(SQL["get_execution"], {"id": execution_id}).fetchone()
+            row = conn.execute(statement, params).fetchone()
         return _execution(row) if row else None
 
     def read_history(self, execution_id: uuid.UUID) -> list[HistoryEvent]:
@@ -200,7 +206,7 @@ class Store:
         with self._connection(shard) as conn:
             found = conn.execute(SQL["landed_commits"], {
                 "ids": [c.execution_id for c in commits],
-                "next_tokens": [c.next_token for c in commits],
+                "tokens": [c.lease_token for c in commits],
             })
             return {r["id"] for r in found}
 
@@ -229,13 +235,21 @@ class Store:
             "payloads": [s[2] for s in signals],
             "keys": [s[3] for s in signals],
             "max_pending": MAX_PENDING_SIGNALS,
+            "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
         }
         with self._connection(shard) as conn:
             rows = conn.execute(SQL["deliver_signals"], params).fetchall()
-        return [_signal_result(s[0], tenant, row) for s, row in zip(signals, rows, strict=True)]
+        return [
+            _signal_result(s[0], tenant, s[1], row) for s, row in zip(signals, rows, strict=True)
+        ]
 
     def cancel(self, execution_id: uuid.UUID, *, tenant: str) -> State:
-        """Cancel now if no worker holds the run, else ask its worker to stop at a checkpoint."""
+        """Cancel now if no worker holds the run, else have it end cancelled at its next commit.
+
+        Returns `cancelled` when it ended here, `running` when its worker ends it
+        (always `cancelled`: see request_cancel), or the state it had already
+        finished in, when the cancel came too late.
+        """
         shard = self.map.for_execution(execution_id)
         with self.transaction(shard) as conn:
             lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
@@ -306,21 +320,28 @@ def _commit_turns(
 _LANDED, _CANCEL, _LOST = CommitOutcome(True), CommitOutcome(True, True), CommitOutcome(False)
 
 
-def _signal_result(execution_id: uuid.UUID, tenant: str, row: dict[str, Any]) -> SignalResult:
-    if row["state"] is None or row["tenant"] != tenant:
+def _signal_result(
+    execution_id: uuid.UUID, tenant: str, name: str, row: dict[str, Any]
+) -> SignalResult:
+    if row["tenant"] != tenant:  # also None: no such run
         return _refused(execution_id, ExecutionNotFound(f"execution {execution_id} not found"))
     if row["earlier_id"] is not None:
-        return SignalResult(execution_id, row["earlier_id"], delivered=False)
-    if State(row["state"]).terminal:
+        return SignalResult(execution_id, row["earlier_id"], delivered=False,
+                            signal_name=row["earlier_name"])
+    if row["finished"] is not None:
         return _refused(execution_id, SignalRefused(
-            f"execution {execution_id} is {row['state']}: it takes no more signals"
+            f"execution {execution_id} is {row['finished']}: it takes no more signals"
         ))
     if row["signal_id"] is None:
+        pending, bound, what = (
+            (row["pending"], MAX_PENDING_SIGNALS, f"unconsumed signals named {name!r}")
+            if row["pending"] >= MAX_PENDING_SIGNALS
+            else (row["pending_total"], MAX_PENDING_SIGNALS_TOTAL, "unconsumed signals")
+        )
         return _refused(execution_id, SignalRefused(
-            f"execution {execution_id} already has {row['pending']} unconsumed signals "
-            f"(at most {MAX_PENDING_SIGNALS})"
+            f"execution {execution_id} already has {pending} {what} (at most {bound})"
         ))
-    return SignalResult(execution_id, row["signal_id"], delivered=True)
+    return SignalResult(execution_id, row["signal_id"], delivered=True, signal_name=name)
 
 
 def _refused(execution_id: uuid.UUID, error: ExecutionNotFound | SignalRefused) -> SignalResult:
@@ -340,7 +361,6 @@ def _execution(row: dict[str, Any]) -> Execution:
         error=row["error"],
         cancel_requested=row["cancel_requested"],
         created_at=row["created_at"],
-        updated_at=row["updated_at"],
         finished_at=row["finished_at"],
     )
 
@@ -348,7 +368,7 @@ def _execution(row: dict[str, Any]) -> Execution:
 def _claim(row: tuple[Any, ...]) -> Claim:
     """A claim_tasks() row (columns in the function's order) as a Claim."""
     (execution_id, lease_token, claims, tenant, workflow_name, workflow_version, workflow_id,
-     input_json, state, cancel_requested, db_now, history, signals, _) = row
+     input_json, cancel_requested, db_now, history, signals, _) = row
     return Claim(
         execution_id=execution_id,
         lease_token=lease_token,
@@ -358,7 +378,6 @@ def _claim(row: tuple[Any, ...]) -> Claim:
         workflow_version=workflow_version,
         workflow_id=workflow_id,
         input=json.loads(input_json),
-        state=State(state),
         cancel_requested=cancel_requested,
         db_now=db_now,
         history=tuple(

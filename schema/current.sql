@@ -12,16 +12,9 @@ CREATE TABLE shardq.executions (
     workflow_name text NOT NULL,
     workflow_version integer NOT NULL,
     workflow_id text NOT NULL,
-    state text NOT NULL DEFAULT 'pending'::text,
     input jsonb NOT NULL,
-    output jsonb,
-    error jsonb,
-    cancel_requested boolean NOT NULL DEFAULT false,
-    commit_token uuid,
-    created_at timestamp with time zone NOT NULL DEFAULT now(),
-    updated_at timestamp with time zone NOT NULL DEFAULT now(),
-    finished_at timestamp with time zone
-) WITH (fillfactor=85);
+    created_at timestamp with time zone NOT NULL DEFAULT now()
+) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
     execution_id uuid NOT NULL,
@@ -89,7 +82,8 @@ CREATE TABLE shardq.tasks (
     run_at timestamp with time zone NOT NULL,
     claims integer NOT NULL DEFAULT 0,
     lease_owner text,
-    lease_token uuid
+    lease_token uuid,
+    cancel_requested boolean NOT NULL DEFAULT false
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=70);
 
 CREATE TABLE shardq.waits (
@@ -103,7 +97,6 @@ CREATE TABLE shardq.waits (
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=90);
 
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
-ALTER TABLE shardq.executions ADD CONSTRAINT executions_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'input_required'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'timed_out'::text])));
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_workflow_key UNIQUE (tenant, workflow_name, workflow_id);
 ALTER TABLE shardq.history ADD CONSTRAINT history_pkey PRIMARY KEY (execution_id, seq);
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_idempotency_key_check CHECK ((idempotency_key <> ''::text));
@@ -119,21 +112,24 @@ ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'interrupt'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
-CREATE INDEX executions_created ON shardq.executions USING btree (created_at, id);
+CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
 
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
---   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, state text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
+--   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.commit_turns(lease_s double precision, batch jsonb)
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
--- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer)
---   RETURNS TABLE(ord integer, state text, tenant text, earlier_id bigint, pending bigint, signal_id bigint, woken bigint)
+-- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer)
+--   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.run_state(run uuid)
+--   RETURNS text
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE

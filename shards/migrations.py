@@ -198,8 +198,13 @@ def _migrate_shard(shard_map: ShardMap, shard: Shard, schema: Schema) -> ShardMi
                     )
             result.version = max([*done, *result.applied], default=0)
             applied = _applied_functions(conn)
+            # A migration may drop a function whose answer changes; its file
+            # then creates it anew even if that text was applied before.
+            present = {r["name"] for r in conn.execute(SQL["existing_functions"])}
             for function in schema.functions:
-                if (function.name, function.checksum) not in applied:
+                if (function.name, function.checksum) not in applied or (
+                    function.name not in present
+                ):
                     _apply(conn, shard, function)
                     result.functions.append(function.name)
         finally:

@@ -40,8 +40,12 @@ VALUES (%(version)s, %(name)s, %(checksum)s)
 -- name: applied_functions
 SELECT name, checksum FROM shardq.schema_functions
 
+-- name: existing_functions
+SELECT p.proname AS name FROM pg_proc p WHERE p.pronamespace = 'shardq'::regnamespace
+
 -- name: record_function
 INSERT INTO shardq.schema_functions (name, checksum) VALUES (%(name)s, %(checksum)s)
+ON CONFLICT DO NOTHING
 
 -- name: read_identity
 SELECT shard_name, fingerprint, layout::text AS layout FROM shardq.shard_identity

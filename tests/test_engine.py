@@ -155,6 +155,7 @@ def test_steps_run_once_and_results_round_trip_json(
     assert calls["a"] == 1 and calls["c"] == 1
     assert history_kinds(client, run.execution_id) == [
         (0, "step.completed", "a"), (1, "step.completed", "b"), (2, "step.completed", "c"),
+        (None, "run.completed", "run"),
     ]
     assert done.finished_at is not None
 
@@ -240,7 +241,9 @@ def test_workflow_raising_fails_the_run(client: Client, start_worker: StartWorke
     assert done.error is not None
     assert (done.error["type"], done.error["message"]) == ("ValueError", "order total is negative")
     assert "Traceback" in done.error["traceback"]
-    assert history_kinds(client, run.execution_id) == [(0, "step.completed", "fine")]
+    assert history_kinds(client, run.execution_id) == [
+        (0, "step.completed", "fine"), (None, "run.failed", "run"),
+    ]
 
 
 def test_results_that_are_not_json_are_clear_errors(

@@ -8,19 +8,24 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
+from shardq.queue.client import Client
+from shardq.queue.registry import Registry
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import MigrationError
 from shardq.shards.migrations import CURRENT_SCHEMA_FILE, check_shard, load_schema, migrate
+from shardq.shards.routing import new_execution_id
 
 from .schema_picture import describe
-from .support import ROOT, run_cli
+from .support import ROOT, rows, run_cli
 
 Fresh = Callable[[int], list[str]]
 
@@ -52,7 +57,6 @@ def test_migrate_creates_every_table_on_every_shard_and_rerun_is_noop(
     schema = load_schema()
     everything = [m.version for m in schema.migrations]
     functions = [f.name for f in schema.functions]
-    assert functions == ["claim_tasks", "commit_turns", "deliver_signals", "wake_channel"]
     assert [s["applied"] for s in report["shards"]] == [everything, everything]
     assert [s["functions"] for s in report["shards"]] == [functions, functions]
     for url in urls:
@@ -274,3 +278,60 @@ def test_a_changed_function_is_reapplied_and_never_rolled_back(
             "SELECT prosrc FROM pg_proc WHERE proname = 'claim_tasks'"
         ).fetchone()
     assert source is not None and "release 2" in source[0]
+
+
+def test_runs_written_before_state_moved_to_narrow_rows_read_the_same(
+    fresh_databases: Fresh, tmp_path: Path
+) -> None:
+    (url,) = fresh_databases(1)
+    before = tmp_path / "schema"
+    before.mkdir()
+    for path in sorted((ROOT / "schema").glob("000[1-4]_*.sql")):
+        shutil.copy(path, before)
+    shard_map = ShardMap.from_urls([url])
+    migrate(shard_map, schema=load_schema(before))
+    ids = {name: new_execution_id(7) for name in
+           ("done", "broke", "stopped", "parked", "busy", "queued", "woken")}
+    finished = "2026-01-02T03:04:05+00:00"
+    with psycopg.connect(url) as conn:
+        # Rows as the release before left them: state, output and error on executions.
+        for name, state, output, error, cancel in [
+            ("done", "completed", '{"x": 1}', None, False),
+            ("broke", "failed", None, '{"type": "ValueError"}', False),
+            ("stopped", "cancelled", None, None, True),
+            ("parked", "waiting", None, None, False),
+            ("busy", "running", None, None, True),
+            ("queued", "pending", None, None, False),
+            ("woken", "waiting", None, None, False),
+        ]:
+            ended = finished if state in ("completed", "failed", "cancelled") else None
+            conn.execute(
+                "INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, "
+                "workflow_id, state, input, output, error, cancel_requested, finished_at) "
+                "VALUES (%s, 'default', 'wf', 1, %s, %s, '{}', %s, %s, %s, %s)",
+                (ids[name], name, state, output, error, cancel, ended),
+            )
+        conn.execute("INSERT INTO shardq.waits (execution_id, position, kind, name) "
+                     "VALUES (%s, 0, 'signal', 'go'), (%s, 0, 'signal', 'go')",
+                     (ids["parked"], ids["woken"]))
+        conn.execute("INSERT INTO shardq.tasks (execution_id, run_at, claims, lease_owner, "
+                     "lease_token) VALUES (%s, now() + interval '1 hour', 1, 'w', %s), "
+                     "(%s, now(), 0, NULL, NULL), (%s, now(), 0, NULL, NULL)",
+                     (ids["busy"], uuid.uuid4(), ids["queued"], ids["woken"]))
+    migrate(shard_map)
+    with Client(shard_map, Registry()) as client:
+        runs = {name: client.get(ident) for name, ident in ids.items()}
+    assert {n: r.state.value for n, r in runs.items()} == {
+        "done": "completed", "broke": "failed", "stopped": "cancelled", "parked": "waiting",
+        "busy": "running", "queued": "pending", "woken": "waiting",
+    }
+    assert runs["done"].output == {"x": 1} and runs["broke"].error == {"type": "ValueError"}
+    assert {n for n, r in runs.items() if r.finished_at is not None} == {
+        "done", "broke", "stopped"
+    }
+    assert runs["done"].finished_at == datetime.fromisoformat(finished)
+    assert [n for n, r in runs.items() if r.cancel_requested] == ["busy"]
+    # The woken run's task row is not its first: its next claim reads its history.
+    assert rows(url, "SELECT claims FROM shardq.tasks WHERE execution_id = %s",
+                ids["woken"]) == [(1,)]
+    assert describe(url) == CURRENT.read_text()

@@ -50,6 +50,18 @@ def long_step(ctx: WorkflowContext) -> str:
     return "finished"
 
 
+@registry.workflow("last_step")
+def last_step(ctx: WorkflowContext) -> str:
+    ctx.step("work", release.wait, 10)
+    return "finished"
+
+
+@registry.workflow("step_then_park")
+def step_then_park(ctx: WorkflowContext) -> Any:
+    ctx.step("work", release.wait, 10)
+    return ctx.wait_for_signal("never")
+
+
 def state_of(client: Client, execution_id: object) -> State:
     return client.get(str(execution_id)).state
 
@@ -236,7 +248,7 @@ def test_wait_for_signal_times_out_on_the_database_clock(
     done = client.wait(run.execution_id, timeout=10)
     assert done.state is State.COMPLETED and done.output is None
     kinds = [e.kind for e in client.history(run.execution_id)]
-    assert kinds == ["signal.waiting", "signal.timed_out"]
+    assert kinds == ["signal.waiting", "signal.timed_out", "run.completed"]
     answered = client.start("approval", "a-2", {"timeout": 30})
     wait_until(lambda: state_of(client, answered.execution_id) is State.WAITING, what="parked")
     client.signal(answered.execution_id, "approved", {"by": "kim"})
@@ -271,12 +283,15 @@ def test_cancel_running_run_stops_at_its_next_checkpoint(
         what="the run to be leased",
     )
     time.sleep(0.1)
-    assert client.cancel(run.execution_id) is State.PENDING
+    # Running, not pending: a worker holds it, and the cancel was taken.
+    assert client.cancel(run.execution_id) is State.RUNNING
     release.set()
     done = client.wait(run.execution_id, timeout=10)
     assert done.state is State.CANCELLED
     # The step in flight finished and was recorded; the next one never ran.
-    assert [e.name for e in client.history(run.execution_id)] == ["work"]
+    assert [(e.kind, e.name) for e in client.history(run.execution_id)] == [
+        ("step.completed", "work"), ("run.cancelled", "run")
+    ]
 
 
 def test_changed_code_between_park_and_resume_is_a_nondeterminism_error(
@@ -326,3 +341,71 @@ def test_pending_signals_per_run_are_bounded(
         client.signal(run.execution_id, "paid", 3)
     assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") in ([(3,), (0,)],
                                                                            [(0,), (3,)])
+
+
+@pytest.mark.parametrize("workflow", ["last_step", "step_then_park"])
+def test_a_cancel_taken_while_the_last_step_runs_ends_the_run_cancelled(
+    client: Client, start_worker: StartWorker, workflow: str
+) -> None:
+    # The rule: a cancel that a worker's run accepted (answered `running`) ends
+    # the run cancelled at that worker's next commit, even the commit that would
+    # have completed it or parked it; the step's result stays in history.
+    start_worker(registry)
+    run = client.start(workflow, f"late-{workflow}")
+    wait_until(lambda: state_of(client, run.execution_id) is State.RUNNING, what="running")
+    assert client.cancel(run.execution_id) is State.RUNNING
+    assert client.get(run.execution_id).cancel_requested
+    release.set()
+    done = client.wait(run.execution_id, timeout=10)
+    assert (done.state, done.output) == (State.CANCELLED, None)
+    parked = [("signal.waiting", "never")] if workflow == "step_then_park" else []
+    assert [(e.kind, e.name) for e in client.history(run.execution_id)] == [
+        ("step.completed", "work"), *parked, ("run.cancelled", "run")
+    ]
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.waits") == [(0,), (0,)]
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.tasks") == [(0,), (0,)]
+    # Too late now: the answer is the state it ended in.
+    assert client.cancel(run.execution_id) is State.CANCELLED
+
+
+def test_a_cancel_after_completion_says_so_and_changes_nothing(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    release.set()
+    run = client.start("last_step", "done-first")
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.state is State.COMPLETED
+    assert client.cancel(run.execution_id) is State.COMPLETED
+    assert client.get(run.execution_id) == done
+
+
+def test_a_flood_of_one_name_does_not_crowd_out_another(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardq.queue import store
+
+    monkeypatch.setattr(store, "MAX_PENDING_SIGNALS", 3)
+    monkeypatch.setattr(store, "MAX_PENDING_SIGNALS_TOTAL", 5)
+    run = client.start("two_payments", "flooded")
+    for _ in range(3):
+        assert client.signal(run.execution_id, "spam").delivered
+    with pytest.raises(SignalRefused, match="3 unconsumed signals named 'spam' \\(at most 3\\)"):
+        client.signal(run.execution_id, "spam")
+    assert client.signal(run.execution_id, "paid", 1).delivered
+    assert client.signal(run.execution_id, "paid", 2).delivered
+    with pytest.raises(SignalRefused, match="5 unconsumed signals \\(at most 5\\)"):
+        client.signal(run.execution_id, "other")
+    assert all_rows(client.map, "SELECT name, count(*) FROM shardq.signals GROUP BY name "
+                                "ORDER BY name") == [("paid", 2), ("spam", 3)]
+
+
+def test_a_key_reused_with_another_name_names_the_signal_it_belongs_to(client: Client) -> None:
+    run = client.start("two_payments", "reused-key")
+    first = client.signal(run.execution_id, "paid", 1, idempotency_key="evt-9")
+    again = client.signal(run.execution_id, "refunded", 2, idempotency_key="evt-9")
+    assert (first.delivered, first.signal_name) == (True, "paid")
+    assert (again.delivered, again.signal_id, again.signal_name) == (
+        False, first.signal_id, "paid"
+    )
+    assert all_rows(client.map, "SELECT name FROM shardq.signals") == [("paid",)]

@@ -20,7 +20,6 @@ RETURNS TABLE (
     workflow_version integer,
     workflow_id      text,
     input            text,
-    state            text,
     cancel_requested boolean,
     db_now           timestamptz,
     history          text,
@@ -50,17 +49,17 @@ BEGIN
             LIMIT lim
             FOR UPDATE SKIP LOCKED
         ))
-        RETURNING t.execution_id, t.lease_token, t.claims
+        RETURNING t.execution_id, t.lease_token, t.claims, t.cancel_requested
     )
     SELECT
         l.execution_id, l.lease_token, l.claims,
         x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input::text,
-        x.state, x.cancel_requested, now(),
-        -- A run never claimed before has nothing to replay (only lease holders
-        -- write the events replay reads): skip the history probe. A woken or
-        -- retried run is not `pending` on its first claim of a new task row,
-        -- or has claimed this row before. No history, no pending signals: NULL.
-        CASE WHEN l.claims = 1 AND x.state = 'pending' THEN NULL ELSE
+        l.cancel_requested, now(),
+        -- A run's first task row, claimed for the first time, has nothing to
+        -- replay (only lease holders write the events replay reads): skip the
+        -- history probe. Task rows inserted later (a woken run) start at 1.
+        -- No history, no pending signals: NULL.
+        CASE WHEN l.claims = 1 THEN NULL ELSE
             (SELECT json_agg(json_build_array(h.seq, h.position, h.kind, h.name, h.payload)
                              ORDER BY h.seq)
              FROM shardq.history h WHERE h.execution_id = l.execution_id)::text
@@ -76,7 +75,7 @@ BEGIN
 
     RETURN QUERY
     SELECT NULL::uuid, NULL::uuid, NULL::integer, NULL::text, NULL::text, NULL::integer,
-           NULL::text, NULL::text, NULL::text, NULL::boolean, now(), NULL::text, NULL::text,
+           NULL::text, NULL::text, NULL::boolean, now(), NULL::text, NULL::text,
            extract(epoch FROM min(t.run_at) - now())::float8
     FROM shardq.tasks t;
 END

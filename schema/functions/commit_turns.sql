@@ -20,7 +20,10 @@
 --   s: [signal_id, position]
 --   p: [execution_id, signal_name]
 -- The answer is one row per commit that held its lease: its position in `c`
--- (from 1) and whether cancellation was requested meanwhile.
+-- (from 1) and whether cancellation was requested meanwhile. Only a commit
+-- that finishes the run writes its outcome (a `run.<state>` event); running,
+-- waiting and pending are where the run's task and wait rows are, which the
+-- commit writes anyway, so the wide executions row is never rewritten.
 --
 -- Measured with auto_explain on batches of 100 (these shaped the body):
 -- - Rows are found with `= ANY(array)` (index probes), never by joining
@@ -28,8 +31,6 @@
 --   whole array (the task DELETE took 7.8 of 13 ms; the signal consumption
 --   ~25 us per run), or hash-joined them over a sequential scan. Per-row
 --   values come from array_position() instead.
--- - The executions UPDATE must not repeat its join key as `x.id = ANY(...)`:
---   the B-tree re-sorted the array on each probe (half the statement).
 -- - Per-row `= ANY(fenced)` filters are skipped when every commit held its
 --   lease, and writes whose arrays are empty are skipped.
 -- - Its statements find rows by primary key, which a generic plan serves as
@@ -74,6 +75,8 @@ DECLARE
     deleting        uuid[];
     keeping         uuid[];
     scheduling      uuid[];
+    cancelling      uuid[] := '{}';
+    i               integer;
 BEGIN
     SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
            array_agg((r->>1)::uuid ORDER BY o),
@@ -125,34 +128,23 @@ BEGIN
     END IF;
 
     -- Lock the task rows still leased with each commit's token, in id order so
-    -- two batches never deadlock; stamp and update their executions.
+    -- two batches never deadlock. The wide executions row is not touched: a
+    -- run's state is where its rows are (see schema/0005's header).
     WITH req AS (
-        SELECT * FROM unnest(c_ids, c_tokens, c_next, c_states, c_outputs, c_errors)
-            WITH ORDINALITY AS r(id, token, next, state, output, error, ord)
+        SELECT * FROM unnest(c_ids, c_tokens) WITH ORDINALITY AS r(id, token, ord)
     ), locked AS (
-        SELECT t.execution_id
+        SELECT t.execution_id, t.cancel_requested
         FROM shardq.tasks t
         WHERE t.execution_id = ANY(c_ids)
           AND (t.execution_id, t.lease_token) IN (SELECT r.id, r.token FROM req r)
         ORDER BY t.execution_id
         FOR UPDATE OF t
-    ), updated AS (
-        UPDATE shardq.executions x
-        SET commit_token = r.next,
-            state = coalesce(r.state, x.state),
-            output = coalesce(r.output, x.output),
-            error = coalesce(r.error, x.error),
-            updated_at = now(),
-            finished_at = CASE WHEN r.state IN ('completed', 'failed', 'cancelled', 'timed_out')
-                               THEN now() ELSE x.finished_at END
-        FROM req r JOIN locked l ON l.execution_id = r.id
-        WHERE x.id = r.id
-        RETURNING x.id, r.ord, x.cancel_requested
     )
-    SELECT coalesce(array_agg(u.id), '{}'), coalesce(array_agg(u.ord::integer), '{}'),
-           coalesce(array_agg(u.cancel_requested), '{}')
+    SELECT coalesce(array_agg(r.id ORDER BY r.ord), '{}'),
+           coalesce(array_agg(r.ord::integer ORDER BY r.ord), '{}'),
+           coalesce(array_agg(l.cancel_requested ORDER BY r.ord), '{}')
     INTO fenced, fenced_ords, cancels
-    FROM updated u;
+    FROM req r JOIN locked l ON l.execution_id = r.id;
 
     IF cardinality(fenced) = 0 THEN
         RETURN;
@@ -160,6 +152,27 @@ BEGIN
     -- Usually every lease held: the per-row `= ANY(fenced)` filters below,
     -- a scan of the whole array per row, are then skipped.
     all_fenced := cardinality(fenced) = cardinality(c_ids);
+
+    -- A run whose cancellation was asked while it was leased ends cancelled at
+    -- its first commit that is not a mid-turn checkpoint, whatever that commit
+    -- would have done: its events (a step's result) are kept, its output, wait
+    -- and parking are not. A checkpoint learns of it from the answer instead.
+    IF true = ANY(cancels) THEN
+        SELECT coalesce(array_agg(f.id), '{}') INTO cancelling
+        FROM unnest(fenced, cancels) AS f(id, cancel)
+        WHERE f.cancel AND c_actions[array_position(c_ids, f.id)] <> 'keep';
+        IF cardinality(cancelling) > 0 THEN
+            all_fenced := false;
+            FOR i IN 1 .. cardinality(c_ids) LOOP
+                IF c_ids[i] = ANY(cancelling) THEN
+                    c_states[i] := 'cancelled';
+                    c_outputs[i] := NULL;
+                    c_actions[i] := 'delete';
+                    c_close_wait[i] := true;
+                END IF;
+            END LOOP;
+        END IF;
+    END IF;
 
     IF cardinality(e_ids) > 0 THEN
         INSERT INTO shardq.history (execution_id, position, kind, name, payload)
@@ -174,11 +187,24 @@ BEGIN
         ORDER BY e.ord;
     END IF;
 
+    -- A finished run's last event says how it ended and carries its output or
+    -- error: the only write of its outcome.
+    IF c_states && ARRAY['completed', 'failed', 'cancelled', 'timed_out'] THEN
+        INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+        SELECT c.id, NULL, 'run.' || c.state, 'run',
+               CASE WHEN c.state = 'completed' THEN jsonb_build_object('output', c.output)
+                    WHEN c.error IS NOT NULL THEN jsonb_build_object('error', c.error)
+                    ELSE '{}'::jsonb END
+        FROM unnest(c_ids, c_states, c_outputs, c_errors) AS c(id, state, output, error)
+        WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
+          AND (all_fenced OR c.id = ANY(fenced));
+    END IF;
+
     IF true = ANY(c_close_wait) THEN
         DELETE FROM shardq.waits w
         USING unnest(c_ids, c_close_wait) AS c(id, close)
         WHERE w.execution_id = ANY(fenced) AND w.execution_id = c.id AND c.close
-          AND NOT w.execution_id = ANY(w_ids);
+          AND NOT (w.execution_id = ANY(w_ids) AND NOT w.execution_id = ANY(cancelling));
     END IF;
 
     IF cardinality(w_ids) > 0 THEN
@@ -187,7 +213,7 @@ BEGIN
                w.request
         FROM unnest(w_ids, w_positions, w_kinds, w_names, w_deadline_ins, w_requests)
              AS w(id, position, kind, name, deadline_in, request)
-        WHERE (all_fenced OR w.id = ANY(fenced))
+        WHERE (all_fenced OR (w.id = ANY(fenced) AND NOT w.id = ANY(cancelling)))
         ON CONFLICT (execution_id) DO UPDATE
         SET position = excluded.position, kind = excluded.kind, name = excluded.name,
             deadline = excluded.deadline, request = excluded.request;
@@ -227,12 +253,13 @@ BEGIN
         WHERE t.execution_id = ANY(scheduling);
     END IF;
 
-    -- A run parking on a signal that already arrived stays due.
+    -- A run parking on a signal that already arrived stays due. The task row is
+    -- not its first (claims = 1): its next claim reads its history.
     IF cardinality(p_ids) > 0 THEN
-        INSERT INTO shardq.tasks (execution_id, run_at)
-        SELECT p.id, now()
+        INSERT INTO shardq.tasks (execution_id, run_at, claims)
+        SELECT p.id, now(), 1
         FROM unnest(p_ids, p_names) AS p(id, name)
-        WHERE (all_fenced OR p.id = ANY(fenced))
+        WHERE (all_fenced OR (p.id = ANY(fenced) AND NOT p.id = ANY(cancelling)))
           AND EXISTS (
             SELECT 1 FROM shardq.signals s
             WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL

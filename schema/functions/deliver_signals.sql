@@ -2,30 +2,41 @@
 -- Each signal is stored, recorded in its run's history and wakes the run if it
 -- waits on that name. Refusals (unknown run, another tenant's, finished, too many
 -- pending) insert nothing and come back as a row the caller reads the reason
--- from; a repeated idempotency key returns the earlier signal's id. Rows come
--- back one per input, `ord` numbering them from 1.
+-- from; a repeated idempotency key returns the earlier signal's id and name.
+-- Rows come back one per input, `ord` numbering them from 1.
+--
+-- Bounds: at most p_max_pending unconsumed signals of one name per run, and
+-- p_max_pending_total of all names: a flood of a name the run never waits on
+-- fills its own bound, not the one of the name the run does wait on.
 --
 -- Senders lock in the workers' order: every task row first (a parked run has
 -- none), then every executions row, each set in id order, so two batches, or a
--- batch and a worker's commit, never wait on each other in a cycle. A batch
--- with one signal per run (the usual one) is then a single set-based statement;
--- one with several signals to a run is handled signal by signal in input order,
--- so a later signal sees an earlier one (pending count, idempotency key, wake).
+-- batch and a worker's commit, never wait on each other in a cycle. The
+-- executions rows are never written after a run starts; locking them
+-- serializes senders to one run, so one run's signals commit in id order
+-- (replay relies on it) and a cancel cannot slip between a sender's checks and
+-- its insert. A batch with one signal per run (the usual one) is a single
+-- set-based statement; one with several signals to a run is handled signal by
+-- signal in input order, so a later signal sees an earlier one (pending
+-- count, idempotency key, wake).
 CREATE OR REPLACE FUNCTION shardq.deliver_signals(
-    p_tenant      text,
-    p_ids         uuid[],
-    p_names       text[],
-    p_payloads    jsonb[],
-    p_keys        text[],
-    p_max_pending integer
+    p_tenant            text,
+    p_ids               uuid[],
+    p_names             text[],
+    p_payloads          jsonb[],
+    p_keys              text[],
+    p_max_pending       integer,
+    p_max_pending_total integer
 ) RETURNS TABLE (
-    ord        integer,
-    state      text,
-    tenant     text,
-    earlier_id bigint,
-    pending    bigint,
-    signal_id  bigint,
-    woken      bigint
+    ord           integer,
+    tenant        text,
+    finished      text,
+    earlier_id    bigint,
+    earlier_name  text,
+    pending       bigint,
+    pending_total bigint,
+    signal_id     bigint,
+    woken         bigint
 )
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -42,23 +53,34 @@ BEGIN
     IF cardinality(p_ids) = (SELECT count(DISTINCT u) FROM unnest(p_ids) AS u) THEN
         RETURN QUERY
         WITH item AS (
-            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, x.state, x.tenant,
-                   (SELECT s.id FROM shardq.signals s
-                    WHERE s.execution_id = i.id AND s.idempotency_key = i.key) AS earlier_id,
+            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, x.tenant,
+                   (SELECT substr(o.kind, 5) FROM shardq.history o
+                    WHERE o.execution_id = i.id AND o.kind IN (
+                        'run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
+                   AS finished,
+                   e.id AS earlier_id, e.name AS earlier_name,
                    (SELECT count(*) FROM shardq.signals s
-                    WHERE s.execution_id = i.id AND s.consumed_at IS NULL) AS pending
+                    WHERE s.execution_id = i.id AND s.consumed_at IS NULL AND s.name = i.name)
+                   AS pending,
+                   (SELECT count(*) FROM shardq.signals s
+                    WHERE s.execution_id = i.id AND s.consumed_at IS NULL) AS pending_total
             FROM unnest(p_ids, p_names, p_payloads, p_keys)
                  WITH ORDINALITY AS i(id, name, payload, key, ord)
             LEFT JOIN LATERAL (
-                SELECT e.state, e.tenant FROM shardq.executions e WHERE e.id = i.id OFFSET 0
+                SELECT x.tenant FROM shardq.executions x WHERE x.id = i.id OFFSET 0
             ) x ON true
+            LEFT JOIN LATERAL (
+                SELECT s.id, s.name FROM shardq.signals s
+                WHERE s.execution_id = i.id AND s.idempotency_key = i.key OFFSET 0
+            ) e ON true
         ), inserted AS (
             INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
             SELECT it.id, p_tenant, it.name, it.payload, it.key FROM item it
             WHERE it.tenant = p_tenant
-              AND it.state NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
+              AND it.finished IS NULL
               AND it.earlier_id IS NULL
               AND it.pending < p_max_pending
+              AND it.pending_total < p_max_pending_total
             ORDER BY it.ord
             RETURNING id, execution_id, name
         ), recorded AS (
@@ -68,8 +90,9 @@ BEGIN
             FROM inserted n
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
-            INSERT INTO shardq.tasks AS cur (execution_id, run_at)
-            SELECT n.execution_id, now()
+            -- The task row is not the run's first: its claim reads history.
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims)
+            SELECT n.execution_id, now(), 1
             FROM inserted n
             CROSS JOIN LATERAL (
                 SELECT w.kind, w.name FROM shardq.waits w
@@ -80,7 +103,8 @@ BEGIN
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id
         )
-        SELECT it.ord, it.state, it.tenant, it.earlier_id, it.pending, n.id,
+        SELECT it.ord, it.tenant, it.finished, it.earlier_id, it.earlier_name, it.pending,
+               it.pending_total, n.id,
                -- A hint: one per transaction however many runs woke.
                (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken)
         FROM item it LEFT JOIN inserted n ON n.execution_id = it.id
@@ -91,19 +115,26 @@ BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
         RETURN QUERY
         WITH target AS (
-            SELECT x.id, x.state, x.tenant FROM shardq.executions x WHERE x.id = p_ids[i]
+            SELECT x.id, x.tenant,
+                   (SELECT substr(o.kind, 5) FROM shardq.history o
+                    WHERE o.execution_id = x.id AND o.kind IN (
+                        'run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
+                   AS finished
+            FROM shardq.executions x WHERE x.id = p_ids[i]
         ), earlier AS (
-            SELECT s.id FROM shardq.signals s
+            SELECT s.id, s.name FROM shardq.signals s
             WHERE s.execution_id = p_ids[i] AND s.idempotency_key = p_keys[i]
         ), pending AS (
-            SELECT count(*) AS n FROM shardq.signals s
+            SELECT count(*) FILTER (WHERE s.name = p_names[i]) AS n, count(*) AS total
+            FROM shardq.signals s
             WHERE s.execution_id = p_ids[i] AND s.consumed_at IS NULL
         ), admitted AS (
             SELECT t.id FROM target t
             WHERE t.tenant = p_tenant
-              AND t.state NOT IN ('completed', 'failed', 'cancelled', 'timed_out')
+              AND t.finished IS NULL
               AND NOT EXISTS (SELECT 1 FROM earlier)
               AND (SELECT n FROM pending) < p_max_pending
+              AND (SELECT total FROM pending) < p_max_pending_total
         ), inserted AS (
             INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
             SELECT a.id, p_tenant, p_names[i], p_payloads[i], p_keys[i] FROM admitted a
@@ -115,8 +146,8 @@ BEGIN
             FROM inserted n
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
-            INSERT INTO shardq.tasks AS cur (execution_id, run_at)
-            SELECT w.execution_id, now()
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims)
+            SELECT w.execution_id, now(), 1
             FROM shardq.waits w JOIN inserted n ON n.execution_id = w.execution_id
             WHERE w.kind = 'signal' AND w.name = p_names[i]
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
@@ -125,10 +156,12 @@ BEGIN
         )
         SELECT
             i,
-            (SELECT t.state FROM target t),
             (SELECT t.tenant FROM target t),
+            (SELECT t.finished FROM target t),
             (SELECT e.id FROM earlier e),
+            (SELECT e.name FROM earlier e),
             (SELECT p.n FROM pending p),
+            (SELECT p.total FROM pending p),
             (SELECT n.id FROM inserted n),
             -- A hint, collapsed by the server into one per transaction.
             (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken);

@@ -27,8 +27,7 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
     env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
     result = subprocess.run(
-        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "durable", "claim", "cycle",
-         "wake",
+        [sys.executable, "-m", "shardq.benchmarks", "floor", "durable", "claim", "cycle", "wake",
          "-n", "300", "--single", "20", "--floor-rows", "3000", "--floor-seconds", "0.5",
          "--floor-batches", "10", "--workers", "1", "--concurrency", "10",
          "--batch-size", "10", "--wake-samples", "20", "--cycles", "40",

@@ -13,7 +13,8 @@ product imports the benchmarks or the benchmarks import a tool of the product:
 - `nap`: park on a 90-day timer (the other half of the parked runs).
 
 `park` and `nap` runs are also written straight into the tables by the parked
-fixture (`insert_parked` in queries.sql).
+fixture (parked.py); tests/test_benchmarks.py checks those rows equal what the
+engine writes when it runs these functions.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ def test_stdlib_queue_wins_in_a_wheel_install(tmp_path: Path) -> None:
     assert not any(n.endswith(".sh") for n in names)
     # The tools stay in the checkout: the wheel is the product alone.
     assert not any(n.startswith(("shardq/benchmarks/", "shardq/tests/")) for n in names)
+    # The throw-away server ships (the demo uses it); its binaries are the extra's.
+    assert "shardq/shards/embedded.py" in names
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
     # -S skips site-packages (and the editable install's path entry), so shardq
@@ -86,3 +88,21 @@ def test_the_product_never_imports_the_tools_and_the_benchmarks_not_its_bin() ->
             assert not {n for n in names if n.startswith(tools)}, module
     for module, names in _imports("benchmarks").items():
         assert not {n for n in names if n.startswith("shardq.bin")}, module
+
+
+def test_the_embedded_server_costs_the_runtime_nothing() -> None:
+    """shards/embedded.py ships in the wheel for the demo; its server binaries come
+    with the optional extra `shardq[embedded]` or a local PostgreSQL. So it needs
+    nothing beyond the standard library, and no shipped module but the demo loads it
+    (the worker, the client, the CLI and the migrator never do)."""
+    users = {"bin/demo.py", "shards/embedded.py"}
+    for folder in PRODUCT:
+        for module, names in _imports(folder).items():
+            if module not in users:
+                assert "shardq.shards.embedded" not in names, module
+    tree = ast.parse((ROOT / "shards" / "embedded.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    assert imported - {"__future__"} <= sys.stdlib_module_names

@@ -148,21 +148,18 @@ RETURNING id
 DELETE FROM shardq_bench.q WHERE id = ANY(%(ids)s)
 
 -- name: insert_parked
--- Parked runs written straight into the engine's tables, far faster than
--- starting them and letting workers park them. Ids are real execution ids
--- (version-8, the bucket in bits 64-75, milliseconds older than any run the
--- benchmark starts) so every row routes to the shard it sits on. Even rows are
--- `park` runs waiting on signal "go" (a wait, no task); odd rows are `nap` runs
+-- Parked runs written straight into the engine's tables (benchmarks/parked.py,
+-- which mints the execution ids as Client.start does and says which run is
+-- which): `park` runs waiting on signal "go" (a wait, no task) and `nap` runs
 -- on a 90-day timer (a wait and a task with run_at ~ now() + 90 days). Each has
--- the one history event its first turn would have written.
+-- the one history event its first turn would have written. Any change to what
+-- the engine writes for these runs must be made here too: tests/test_benchmarks.py
+-- compares the two.
 WITH src AS (
-    SELECT i,
-           (lpad(to_hex(%(ms0)s::bigint + i), 12, '0') || '8'
-            || lpad(to_hex(%(first_bucket)s + i %% %(span)s), 3, '0')
-            || to_hex(8 + i %% 4) || substr(md5(%(salt)s || i::text), 1, 15))::uuid AS id,
-           i %% 2 = 0 AS on_signal,
-           now() + interval '90 days' + i * interval '1 millisecond' AS wake_at
-    FROM generate_series(%(start)s, %(stop)s) AS i
+    SELECT u.id, u.i, u.on_signal,
+           now() + %(nap_s)s * interval '1 second' + u.i * interval '1 millisecond' AS wake_at
+    FROM unnest(%(ids)s::uuid[], %(nums)s::bigint[], %(on_signal)s::boolean[])
+         AS u(id, i, on_signal)
 ), x AS (
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
                                    input)
@@ -184,7 +181,7 @@ WITH src AS (
            CASE WHEN on_signal THEN 'signal.waiting' ELSE 'sleep.started' END,
            CASE WHEN on_signal THEN 'go' ELSE 'nap' END,
            CASE WHEN on_signal THEN '{"timeout": null}'::jsonb
-                ELSE jsonb_build_object('seconds', 7776000, 'wake_at', wake_at) END
+                ELSE jsonb_build_object('seconds', %(nap_s)s, 'wake_at', wake_at) END
     FROM src
 )
 SELECT count(*) AS n FROM src

@@ -15,10 +15,10 @@ from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, quer
 from shardq.benchmarks.fleet import FleetConfig
 from shardq.benchmarks.floor import drain, run_floor
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
+from shardq.benchmarks.parked import insert_parked
 from shardq.queue.models import SignalRequest
 
 Scenario = Callable[[Bench], dict[str, Any]]
-PARKED_CHUNK = 100_000
 
 
 def floor(b: Bench) -> dict[str, Any]:
@@ -384,23 +384,10 @@ def _sum_sizes(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 
 def _insert_parked(b: Bench, count: int) -> float:
-    """Parked runs straight into the tables (see queries.sql, insert_parked)."""
-    shards = b.shards.map.shards
-    per_shard = count // len(shards)
-    ms0 = int(time.time() * 1000) - per_shard - 600_000
-    bar = Progress("inserting parked runs", per_shard * len(shards))
+    """Parked runs straight into the tables (benchmarks/parked.py); seconds it took."""
+    bar = Progress("inserting parked runs", count)
     t = time.perf_counter()
-    done = 0
-    for shard in shards:
-        for start in range(1, per_shard + 1, PARKED_CHUNK):
-            stop = min(per_shard, start + PARKED_CHUNK - 1)
-            query(shard.url, "insert_parked", {
-                "ms0": ms0, "first_bucket": shard.first_bucket,
-                "span": shard.last_bucket - shard.first_bucket + 1,
-                "salt": f"{shard.name}-", "start": start, "stop": stop,
-            })
-            done += stop - start + 1
-            bar.update(done)
+    insert_parked(b.shards.map, count, progress=bar.update)
     bar.close()
     return time.perf_counter() - t
 

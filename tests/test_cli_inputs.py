@@ -145,7 +145,11 @@ def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
     def run_case(case: Case) -> subprocess.CompletedProcess[str]:
         extra = {k: fill(v) for k, v in case.env.items()}
-        return run_cli(*map(fill, case.args), env={**env, **extra}, stdin=case.stdin)
+        args = [fill(a) for a in case.args]
+        try:
+            return run_cli(*args, env={**env, **extra}, stdin=case.stdin, timeout=30)
+        except subprocess.TimeoutExpired:  # e.g. a worker that did not refuse to start
+            return subprocess.CompletedProcess(args, -1, "", "timed out after 30 s")
 
     before = _counts(cli_map)
     with ThreadPoolExecutor(8) as pool:

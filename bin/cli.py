@@ -1,9 +1,21 @@
 """The `shardq` command: parse, call one library function, format.
 
 Exit codes (also in the README):
-  0 success · 1 unexpected error · 2 bad usage or configuration · 3 a shard is
-  unavailable · 4 shard map mismatch · 5 schema behind · 6 a migration failed ·
-  7 a workflow-level refusal (unknown workflow, bad input, not found)
+  0 success · 1 unexpected error (a bug: it prints a traceback) · 2 bad usage or
+  configuration · 3 a shard is unavailable · 4 shard map mismatch · 5 schema
+  behind · 6 a migration failed · 7 a workflow-level refusal
+
+The rule between 2 and 7: a value the command line cannot even parse is a usage
+error, 2 (JSON text that is not JSON or holds NaN or an out-of-range number, a
+--state that is no state, a cursor that is no cursor, a --limit outside
+1..1000, an execution id that is no execution id, an unreadable @file, an
+unknown option, a missing or broken --app). A well-formed request the engine
+refuses is 7 (unknown workflow, execution not found, signal refused, an invalid
+argument the client detects: a bad name, a NUL character or a lone surrogate in
+a string).
+
+Every error is one line on stderr, `shardq: error: ...`, or with --json one
+JSON object `{"error": "...", "code": N}`, and nothing is stored.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from shardq.bin.logs import configure as configure_logging
+from shardq.queue.models import State
 from shardq.shards.config import ENV_SHARDS, ShardMap, load_shard_map
 from shardq.shards.errors import (
     ConfigError,
@@ -41,7 +55,10 @@ EXIT_CODES: dict[type[ShardqError], int] = {
     SchemaBehind: 5,
     MigrationError: 6,
 }
+EXIT_USAGE = 2
 EXIT_WORKFLOW = 7
+ENV_APP = "SHARDQ_APP"
+EXAMPLES_APP = "shardq.bin.examples:registry"
 log = logging.getLogger("shardq.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,10 +66,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Settings:
     """What the group's options resolved to; commands pull the shard map lazily."""
 
-    def __init__(self, shards: str | None, shards_file: Path | None, as_json: bool) -> None:
+    def __init__(
+        self, shards: str | None, shards_file: Path | None, as_json: bool, verbose: int
+    ) -> None:
         self._shards = shards
         self._shards_file = shards_file
         self.as_json = as_json
+        self.verbose = verbose
 
     def shard_map(self) -> ShardMap:
         if self._shards_file is not None:
@@ -68,8 +88,23 @@ def _pool_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("SHARDQ_POOL_")}
 
 
+def _wants_json() -> bool:
+    ctx = click.get_current_context(silent=True)
+    settings = ctx.find_object(Settings) if ctx is not None else None
+    # A usage error can stop parsing before --json was seen: then the command line says.
+    return (settings is not None and settings.as_json) or "--json" in sys.argv[1:]
+
+
 def fail(message: str, code: int) -> NoReturn:
-    click.echo(f"shardq: error: {message}", err=True)
+    """Print one line on stderr (JSON with --json) and exit with `code`."""
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    if _wants_json():
+        click.echo(json.dumps({"error": line, "code": code}), err=True)
+    else:
+        # A lone surrogate (from a command-line value that was not UTF-8) cannot be written
+        # to a UTF-8 stream: show it escaped rather than fail while reporting.
+        safe = line.encode("utf-8", "backslashreplace").decode("utf-8")
+        click.echo(f"shardq: error: {safe}", err=True)
     sys.exit(code)
 
 
@@ -105,7 +140,7 @@ def cli(
 ) -> None:
     """shardq: durable workflows on sharded PostgreSQL."""
     configure_logging(verbose)
-    ctx.obj = Settings(shards, shards_file, as_json)
+    ctx.obj = Settings(shards, shards_file, as_json, verbose)
 
 
 pass_settings = click.make_pass_decorator(Settings)
@@ -116,10 +151,26 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         ctx.find_object(Settings).as_json = True  # type: ignore[union-attr]
 
 
-json_option = click.option(
+def _add_verbosity(ctx: click.Context, _param: click.Parameter, value: int) -> None:
+    settings = ctx.find_object(Settings)
+    if value and settings is not None:
+        settings.verbose += value
+        configure_logging(settings.verbose)
+
+
+_json_flag = click.option(
     "--json", is_flag=True, expose_value=False, callback=_set_json,
     help="Machine-readable output.",
 )
+_verbose_flag = click.option(
+    "-v", "--verbose", count=True, expose_value=False, callback=_add_verbosity,
+    help="Log more (-v info, -vv debug).",
+)
+
+
+def json_option(f: F) -> F:
+    """The global --json and -v, accepted after the command too."""
+    return _json_flag(_verbose_flag(f))
 
 
 @cli.command()
@@ -203,30 +254,59 @@ def shards_command(settings: Settings) -> None:
         sys.exit(min(codes))  # unreachable outranks a mismatch, which outranks an old schema
 
 
-def load_registry(app: str) -> Registry:
-    """Import `module:attribute` and return the Registry it names."""
+def load_registry(app: str | None) -> Registry:
+    """Import `module:attribute` and return the Registry it names.
+
+    The current directory comes first on the module path, as with `python -m`: the
+    console script would otherwise not find the `myapp.py` beside the user.
+    """
     import importlib
+    import os
+    import traceback
 
     from shardq.queue.registry import Registry
 
+    if not app:
+        raise ConfigError(
+            f"no workflow registry: pass --app module:attribute or set {ENV_APP} "
+            f"(e.g. --app myapp:registry; the demo's workflows are --app {EXAMPLES_APP})"
+        )
     module_name, _, attribute = app.partition(":")
+    attribute = attribute or "registry"
+    if not all(part.isidentifier() for part in [*module_name.split("."), attribute]):
+        raise ConfigError(
+            f"--app {app!r} is not module:attribute (a dotted Python module name, a colon "
+            "and the name of its Registry, e.g. myapp:registry)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--app {app}: cannot import {module_name}: {exc}") from None
-    registry = getattr(module, attribute or "registry", None)
+    except Exception as exc:
+        # The application's own code failed at import; its traceback would bury the cause.
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        if isinstance(exc, SyntaxError):
+            where = ""  # its message already names the file and line
+        raise ConfigError(
+            f"--app {app}: importing {module_name} raised {type(exc).__name__}: {exc}{where}"
+        ) from None
+    registry = getattr(module, attribute, None)
     if not isinstance(registry, Registry):
-        raise ConfigError(f"--app {app}: {attribute or 'registry'} is not a shardq Registry")
+        raise ConfigError(f"--app {app}: {attribute} is not a shardq Registry")
     return registry
 
 
 app_option = click.option(
-    "--app", envvar="SHARDQ_APP", default="shardq.bin.examples:registry", show_default=True,
-    help="module:attribute of the workflow Registry [env SHARDQ_APP]",
+    "--app", envvar=ENV_APP, metavar="MODULE:ATTR",
+    help=f"The Registry holding your workflows, e.g. myapp:registry [env {ENV_APP}; required]",
 )
 
 
 @cli.command()
+@json_option
 @app_option
 @click.option("--shard", "only", multiple=True, help="Serve only this shard (repeatable).")
 @click.option("--concurrency", default=10, show_default=True, help="Turns running at once.")
@@ -238,7 +318,7 @@ app_option = click.option(
               help="Seconds in-flight turns get after SIGTERM before their leases are released.")
 @pass_settings
 def worker(
-    settings: Settings, app: str, only: tuple[str, ...], concurrency: int, batch_size: int,
+    settings: Settings, app: str | None, only: tuple[str, ...], concurrency: int, batch_size: int,
     lease_s: float, poll_interval: float, drain_timeout: float,
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
@@ -283,25 +363,94 @@ def workflow() -> None:
 
 
 @contextmanager
-def open_client(settings: Settings, app: str) -> Iterator[Client]:
+def open_client(settings: Settings, registry: Registry | None = None) -> Iterator[Client]:
+    """A client whose pools probe each shard on first use: a one-shot command fails at once
+    with the shard's cause (refused, no database, bad password), not after a pool timeout."""
     from shardq.queue.client import Client
+    from shardq.queue.registry import Registry
+    from shardq.shards.pools import ShardPools
 
     with errors_as_exit_codes():
-        registry = load_registry(app)
-        client = Client(settings.shard_map(), registry)
+        shard_map = settings.shard_map()
+        pools = ShardPools(shard_map, probe=True).open()
         try:
-            yield client
+            # Commands that start nothing need no workflow definitions.
+            with Client(shard_map, registry or Registry(), pools=pools) as client:
+                yield client
         finally:
-            client.close()
+            pools.close()
 
 
-def _json_arg(value: str | None, what: str) -> Any:
+def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv."""
+    import math
+
     if value is None:
         return None
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON value")
+
+    def finite(number: str) -> float:
+        parsed = float(number)
+        if not math.isfinite(parsed):
+            raise ValueError(f"the number {number} is out of range")
+        return parsed
+
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        fail(f"{what} is not valid JSON: {exc}", 2)
+        return json.loads(_read_value(value, param), parse_constant=no_constant,
+                          parse_float=finite)
+    except RecursionError:
+        raise click.BadParameter("is nested too deeply", param=param) from None
+    except ValueError as exc:  # json.JSONDecodeError too
+        raise click.BadParameter(f"is not valid JSON: {exc}", param=param) from None
+
+
+def _read_value(value: str, param: click.Parameter) -> str:
+    source = "stdin" if value == "-" else value[1:]
+    try:
+        if value == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        if value.startswith("@"):
+            return Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {source}: {exc.strerror}", param=param) from None
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(
+            f"{source} is not UTF-8 text (byte {exc.start}: {exc.reason})", param=param
+        ) from None
+    return value
+
+
+def _execution_id(_ctx: click.Context, param: click.Parameter, value: str) -> uuid.UUID:
+    from shardq.shards.routing import InvalidExecutionId, parse_execution_id
+
+    try:
+        return parse_execution_id(value)
+    except InvalidExecutionId as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def _check_cursor(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from shardq.queue.errors import InvalidArgument
+    from shardq.queue.listing import Cursor
+
+    if value is not None:
+        try:
+            Cursor.decode(value)
+        except InvalidArgument:
+            raise click.BadParameter(
+                "is not a cursor: pass the next_cursor a previous page printed", param=param
+            ) from None
+    return value
+
+
+def _check_limit(_ctx: click.Context, param: click.Parameter, value: int) -> int:
+    from shardq.queue.listing import MAX_PAGE
+
+    if not 1 <= value <= MAX_PAGE:
+        raise click.BadParameter(f"{value} is not within 1..{MAX_PAGE}", param=param)
+    return value
 
 
 def _execution_payload(e: Execution) -> dict[str, Any]:
@@ -311,6 +460,7 @@ def _execution_payload(e: Execution) -> dict[str, Any]:
 
 
 tenant_option = click.option("--tenant", default="default", show_default=True)
+execution_id_argument = click.argument("execution_id", callback=_execution_id)
 
 
 @workflow.command("start")
@@ -319,14 +469,18 @@ tenant_option = click.option("--tenant", default="default", show_default=True)
 @tenant_option
 @click.argument("name")
 @click.argument("workflow_id")
-@click.option("--input", "input_json", help="JSON input of the run.")
+@click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
+              help="The run's input: JSON text, @FILE or - for stdin.")
 @pass_settings
 def workflow_start(
-    settings: Settings, app: str, tenant: str, name: str, workflow_id: str, input_json: str | None
+    settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
+    input_value: Any,
 ) -> None:
     """Start NAME with the business key WORKFLOW_ID (idempotent on the key)."""
-    with open_client(settings, app) as client, errors_as_exit_codes():
-        result = client.start(name, workflow_id, _json_arg(input_json, "--input"), tenant=tenant)
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+    with open_client(settings, registry) as client, errors_as_exit_codes():
+        result = client.start(name, workflow_id, input_value, tenant=tenant)
     emit(
         settings,
         {"execution_id": str(result.execution_id), "created": result.created,
@@ -338,22 +492,21 @@ def workflow_start(
 
 @workflow.command("signal")
 @json_option
-@app_option
 @tenant_option
-@click.argument("execution_id")
+@execution_id_argument
 @click.argument("name")
-@click.option("--payload", help="JSON payload.")
+@click.option("--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
+              help="JSON payload: JSON text, @FILE or - for stdin.")
 @click.option("--idempotency-key", help="Repeats with this key are delivered once.")
 @pass_settings
 def workflow_signal(
-    settings: Settings, app: str, tenant: str, execution_id: str, name: str,
-    payload: str | None, idempotency_key: str | None,
+    settings: Settings, tenant: str, execution_id: uuid.UUID, name: str,
+    payload: Any, idempotency_key: str | None,
 ) -> None:
     """Send signal NAME to a run."""
-    with open_client(settings, app) as client, errors_as_exit_codes():
+    with open_client(settings) as client, errors_as_exit_codes():
         result = client.signal(
-            execution_id, name, _json_arg(payload, "--payload"),
-            idempotency_key=idempotency_key, tenant=tenant,
+            execution_id, name, payload, idempotency_key=idempotency_key, tenant=tenant,
         )
     emit(
         settings,
@@ -365,18 +518,15 @@ def workflow_signal(
 
 @workflow.command("show")
 @json_option
-@app_option
 @tenant_option
-@click.argument("execution_id")
+@execution_id_argument
 @click.option("--history/--no-history", default=True, show_default=True)
 @pass_settings
-def workflow_show(
-    settings: Settings, app: str, tenant: str, execution_id: str, history: bool
-) -> None:
+def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, history: bool) -> None:
     """Show a run and its history."""
     from dataclasses import asdict
 
-    with open_client(settings, app) as client, errors_as_exit_codes():
+    with open_client(settings) as client, errors_as_exit_codes():
         execution = client.get(execution_id, tenant=tenant)
         events = client.history(execution.id, tenant=tenant) if history else []
     lines = [
@@ -391,24 +541,22 @@ def workflow_show(
 
 @workflow.command("list")
 @json_option
-@app_option
 @tenant_option
-@click.option("--state", help="Only runs in this state.")
+@click.option("--state", type=click.Choice([s.value for s in State]),
+              help="Only runs in this state.")
 @click.option("--workflow", "workflow_name", help="Only runs of this workflow.")
-@click.option("--limit", default=100, show_default=True)
-@click.option("--cursor", help="next_cursor of the previous page.")
+@click.option("--limit", default=100, show_default=True, callback=_check_limit,
+              help="Page size, 1..1000.")
+@click.option("--cursor", callback=_check_cursor, help="next_cursor of the previous page.")
 @pass_settings
 def workflow_list(
-    settings: Settings, app: str, tenant: str, state: str | None, workflow_name: str | None,
+    settings: Settings, tenant: str, state: str | None, workflow_name: str | None,
     limit: int, cursor: str | None,
 ) -> None:
     """List runs over every shard, oldest first, one page at a time."""
-    with open_client(settings, app) as client, errors_as_exit_codes():
-        try:
-            page = client.list(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
-                               cursor=cursor)
-        except ValueError as exc:
-            fail(str(exc), 2)
+    with open_client(settings) as client, errors_as_exit_codes():
+        page = client.list(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
+                           cursor=cursor)
     lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
              for e in page.items]
     if page.next_cursor:
@@ -419,19 +567,147 @@ def workflow_list(
 
 @workflow.command("cancel")
 @json_option
-@app_option
 @tenant_option
-@click.argument("execution_id")
+@execution_id_argument
 @pass_settings
-def workflow_cancel(settings: Settings, app: str, tenant: str, execution_id: str) -> None:
+def workflow_cancel(settings: Settings, tenant: str, execution_id: uuid.UUID) -> None:
     """Cancel a run (at once when parked, at its next checkpoint when running)."""
-    with open_client(settings, app) as client, errors_as_exit_codes():
+    with open_client(settings) as client, errors_as_exit_codes():
         state = client.cancel(execution_id, tenant=tenant)
-    emit(settings, {"execution_id": execution_id, "state": state.value}, state.value)
+    emit(settings, {"execution_id": str(execution_id), "state": state.value}, state.value)
 
 
-def main() -> None:
-    cli(prog_name="shardq")
+def _dev_state(ctx: click.Context) -> Path:
+    import os
+    import tempfile
+
+    explicit: Path | None = ctx.meta.get("shardq.dev_state")
+    return explicit or Path(tempfile.gettempdir()) / f"shardq-dev-{os.getuid()}.json"
+
+
+def _running_dev(path: Path) -> dict[str, Any] | None:
+    """The running dev server's record, or None (a record left by a killed one is dropped)."""
+    import os
+
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+        os.kill(int(record["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        path.unlink(missing_ok=True)
+        return None
+    return record
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--shard-count", default=2, show_default=True, help="Shard databases to create.")
+@click.option("--state-file", type=click.Path(path_type=Path, dir_okay=False),
+              envvar="SHARDQ_DEV_STATE",
+              help="Where `dev stop` and `dev env` find the server [default: a file in /tmp]")
+@click.pass_context
+def dev(ctx: click.Context, shard_count: int, state_file: Path | None) -> None:
+    """A local PostgreSQL with migrated shards, until Ctrl-C or `shardq dev stop`.
+
+    Prints the `export SHARDQ_SHARDS=...` line for other terminals. The server
+    and its data are deleted when it stops.
+    """
+    import os
+    import signal
+    import threading
+
+    from shardq.shards.embedded import EmbeddedPostgres, EmbeddedPostgresError
+    from shardq.shards.migrations import migrate as run_migrations
+
+    ctx.meta["shardq.dev_state"] = state_file
+    if ctx.invoked_subcommand is not None:
+        return
+    path = _dev_state(ctx)
+    if (running := _running_dev(path)) is not None:
+        fail(f"a dev server is already running (pid {running['pid']}): `shardq dev env` "
+             "prints its SHARDQ_SHARDS, `shardq dev stop` stops it", EXIT_USAGE)
+    if not 1 <= shard_count <= 16:
+        fail("--shard-count must be within 1..16", EXIT_USAGE)
+    try:
+        server = EmbeddedPostgres().start()
+    except EmbeddedPostgresError as exc:
+        fail(f"cannot start the dev server: {exc}", 3)
+    try:
+        try:
+            urls = [server.create_database(f"shardq_dev_{i}") for i in range(shard_count)]
+        except EmbeddedPostgresError as exc:
+            fail(f"cannot create the shard databases: {exc}", 3)
+        shards = ",".join(urls)
+        with errors_as_exit_codes():
+            version = run_migrations(ShardMap.from_urls(urls))[0].version
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        path.write_text(json.dumps({"pid": os.getpid(), "shards": shards}))
+        click.echo(
+            f"shardq dev: {shard_count} shard databases on a local PostgreSQL, migrated to "
+            f"schema version {version}\n(data in {server.workdir}, deleted when this stops)."
+            f" In another terminal:\n\n{_export_line(shards)}\n\n"
+            "Stop with Ctrl-C here or `shardq dev stop`."
+        )
+        stop.wait()
+    finally:
+        server.stop()
+        path.unlink(missing_ok=True)  # last: `dev stop` waits for it to go
+    click.echo("shardq dev: stopped; the server and its data are deleted", err=True)
+
+
+def _export_line(shards: str) -> str:
+    return f"export {ENV_SHARDS}='{shards}'"
+
+
+@dev.command("env")
+@click.pass_context
+def dev_env(ctx: click.Context) -> None:
+    """Print the running dev server's `export SHARDQ_SHARDS=...` line."""
+    running = _running_dev(_dev_state(ctx))
+    if running is None:
+        fail("no dev server is running: start one with `shardq dev` "
+             "(or bash bin/dev-server.sh)", 3)
+    click.echo(_export_line(running["shards"]))
+
+
+@dev.command("stop")
+@click.pass_context
+def dev_stop(ctx: click.Context) -> None:
+    """Stop the running dev server (its data is deleted)."""
+    import os
+    import signal
+    import time
+
+    path = _dev_state(ctx)
+    running = _running_dev(path)
+    if running is None:
+        click.echo("shardq dev: no dev server is running", err=True)
+        return
+    os.kill(int(running["pid"]), signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _running_dev(path) is not None:
+        if time.monotonic() > deadline:
+            fail(f"the dev server (pid {running['pid']}) did not stop within 30 s", 1)
+        time.sleep(0.05)
+    click.echo("shardq dev: stopped", err=True)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Run the command; click's own usage errors become one line (JSON with --json) too."""
+    try:
+        code = cli.main(args, prog_name="shardq", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `shardq`: the help, as usual
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        fail(exc.format_message() + hint, EXIT_USAGE)
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

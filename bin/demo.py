@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -56,8 +57,11 @@ def wait_for_state(client: Client, execution_id: object, states: set[State]) -> 
         state = client.get(str(execution_id)).state
         if state in states:
             return state
+        if state.terminal:  # it will never get there: say so now, not in 30 s
+            raise SystemExit(f"demo failed: execution {execution_id} is already {state.value}")
         time.sleep(0.01)
-    raise TimeoutError(f"execution {execution_id} never reached {states}")
+    raise SystemExit(f"demo failed: execution {execution_id} never reached "
+                     f"{', '.join(sorted(states))} within 30 s")
 
 
 def run_demo(shard_count: int) -> None:
@@ -74,28 +78,32 @@ def run_demo(shard_count: int) -> None:
             click.echo(f"  checkout/{key:<11} bucket {bucket:>4} -> "
                        f"{shard_map.for_bucket(bucket).name}")
 
+        # Fresh keys per run: on shards kept between runs (SHARDQ_SHARDS) a fixed key would
+        # return the previous run's finished execution, which never parks again.
+        run = secrets.token_hex(3)
+        key, webhook = f"order-1001-{run}", f"psp-evt-{run}"
         pools = ShardPools(shard_map).open()
         worker = Worker(pools, registry, config=WorkerConfig(poll_interval_s=30)).start()
         client = Client(shard_map, registry, pools=pools)
         try:
             order = {"order_id": 1001, "items": [{"sku": "tea", "qty": 2}]}
-            click.echo("\ntimeline of checkout order-1001:")
+            click.echo(f"\ntimeline of checkout {key}:")
             timeline = Timeline()
-            started = client.start("checkout", "order-1001", order)
+            started = client.start("checkout", key, order)
             home = shard_map.for_execution(started.execution_id).name
             timeline.mark(f"started   {started.execution_id} (routed by its id to {home})")
-            again = client.start("checkout", "order-1001", order)
+            again = client.start("checkout", key, order)
             timeline.mark(f"start again with the same key -> same run, created={again.created}")
             wait_for_state(client, started.execution_id, {State.WAITING})
             timeline.mark("parked    waiting for signal payment_captured; no process holds it")
             delivered = client.signal(
                 started.execution_id, "payment_captured", {"amount": 18.5},
-                idempotency_key="psp-evt-1",
+                idempotency_key=webhook,
             )
             timeline.mark(f"signalled payment_captured (delivered={delivered.delivered})")
             repeat = client.signal(
                 started.execution_id, "payment_captured", {"amount": 18.5},
-                idempotency_key="psp-evt-1",
+                idempotency_key=webhook,
             )
             timeline.mark(f"webhook retried with the same key (delivered={repeat.delivered})")
             final = client.wait(started.execution_id, timeout=30)
@@ -119,7 +127,7 @@ def main(shard_count: int) -> None:
     """Run the checkout demo."""
     try:
         run_demo(shard_count)
-    except ShardqError as exc:
+    except (ShardqError, TimeoutError) as exc:
         click.echo(f"shardq demo: error: {exc}", err=True)
         sys.exit(1)
     click.echo("\ndemo finished")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import heapq
 import json
+import re
 import time
 import uuid
 from collections import defaultdict
@@ -23,7 +24,7 @@ from shardq.queue.models import (
     StartResult,
     State,
 )
-from shardq.queue.names import check_name
+from shardq.queue.names import check_name, check_text
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.store import Store
 from shardq.shards.config import ShardMap
@@ -36,12 +37,43 @@ PARALLEL_START_MIN = 1000
 """From this many runs, `start_many` commits on its shards at once rather than in turn."""
 
 
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|d[89a-f])")
+"""How NUL and surrogates (paired ones too) look in json.dumps' ASCII output."""
+
+
 def to_json(value: Any, what: str) -> str:
     """Encode `value` as the database will store it, or say clearly why not."""
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
+    except RecursionError:
+        raise NotSerializable(f"{what} is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
         raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
+    # The text search is cheap; the walk that names the offending string only runs on a hit.
+    if _SUSPECT_ESCAPE.search(text):
+        _check_strings(value, what)
+    return text
+
+
+def _check_strings(value: Any, what: str) -> None:
+    """Raise InvalidArgument naming the first string PostgreSQL's jsonb cannot hold.
+
+    Iterative: `value` may be nested as deeply as json.dumps allows.
+    """
+    stack: builtins.list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            check_text(item, f"{what}: the string at {path}")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    key = json.dumps(key)  # noqa: PLW2901 - json.dumps turns it into this
+                check_text(key, f"{what}: a key at {path}")
+                simple = key.isascii() and key.isidentifier()
+                stack.append((child, f"{path}.{key}" if simple else f"{path}[{json.dumps(key)}]"))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
 
 
 class Client:
@@ -108,6 +140,7 @@ class Client:
             if not isinstance(workflow_id, str) or not workflow_id or len(workflow_id) > 512:
                 raise InvalidArgument(f"workflow_id must be a 1..512 character string, got "
                                       f"{workflow_id!r}")
+            check_text(workflow_id, "workflow_id")
             if workflow_id in seen:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
             seen.add(workflow_id)
@@ -137,7 +170,7 @@ class Client:
     def _definition(self, workflow: str | WorkflowDef) -> WorkflowDef:
         if isinstance(workflow, WorkflowDef):
             return workflow
-        return self.registry.get(workflow)
+        return self.registry.get(check_name(workflow, "workflow"))
 
     # -- reading -------------------------------------------------------------
 
@@ -169,6 +202,10 @@ class Client:
         Pass `next_cursor` back for the following page. The cursor is a position,
         not an offset, so runs started meanwhile never shift or repeat a page.
         """
+        if tenant is not None:
+            check_name(tenant, "tenant")
+        if workflow is not None:
+            check_text(workflow, "workflow filter")
         query = ListQuery(
             tenant=tenant,
             state=State(state) if state is not None else None,
@@ -240,6 +277,8 @@ class Client:
             key = request.idempotency_key
             if key is not None and (not isinstance(key, str) or not key.strip()):
                 raise InvalidArgument("idempotency_key must be a non-empty string when given")
+            if key is not None:
+                check_text(key, "idempotency_key")
             encoded = to_json(request.payload, f"signal {request.name!r}")
             shard = self.map.for_execution(ident)
             by_shard[shard.name].append((index, (ident, request.name, encoded, key)))
@@ -258,7 +297,8 @@ class Client:
         Returns the state right after the call (`cancelled`, or the running state
         when the worker will stop it shortly, or the terminal state it already had).
         """
-        return self.store.cancel(parse_execution_id(execution_id), tenant=tenant)
+        ident = parse_execution_id(execution_id)
+        return self.store.cancel(ident, tenant=check_name(tenant, "tenant"))
 
 
 def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:

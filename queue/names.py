@@ -22,3 +22,26 @@ def check_name(value: object, what: str) -> str:
             "(starting with a letter or _), at most 128 characters"
         )
     return value
+
+
+def check_text(value: str, what: str) -> str:
+    """Return `value` if PostgreSQL can store it as text, else raise InvalidArgument.
+
+    PostgreSQL text holds neither NUL nor lone surrogates (Python makes the latter from
+    command-line bytes that are not UTF-8); refused here, the message names the field
+    instead of a statement's portal parameter.
+    """
+    nul = value.find("\x00")
+    if nul >= 0:
+        raise InvalidArgument(
+            f"{what} contains a NUL character (\\u0000) at position {nul}, "
+            "which PostgreSQL cannot store"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{what} contains a lone surrogate ({value[exc.start]!a}) at position {exc.start}: "
+            "not valid Unicode (was it given in another encoding than UTF-8?)"
+        ) from None
+    return value

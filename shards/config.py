@@ -20,6 +20,7 @@ migration time and checked by every process that starts against it.
 from __future__ import annotations
 
 import bisect
+import difflib
 import hashlib
 import json
 import os
@@ -153,28 +154,43 @@ class ShardMap:
     def from_toml(cls, path: Path) -> ShardMap:
         """The map described by a TOML file (see the module docstring)."""
         try:
-            doc = tomllib.loads(path.read_text())
+            doc = tomllib.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"cannot read shards file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            # TOML is UTF-8 by definition; a Latin-1 or UTF-16 file is a mistake to name.
+            raise ConfigError(
+                f"shards file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"shards file {path} is not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"shards file {path} is nested too deeply") from None
         return cls.from_document(doc, source=str(path))
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], *, source: str = "shards file") -> ShardMap:
+        _check_keys(doc, _DOCUMENT_KEYS, source)
         pool = doc.get("pool", {})
         if not isinstance(pool, Mapping):
             raise ConfigError(f"{source}: [pool] must be a table")
+        _check_keys(pool, _POOL_KEYS, f"{source}: [pool]")
+        _pool_sizes(pool.get("min_size"), pool.get("max_size"), where=f"{source}: [pool]")
         entries = doc.get("shards")
         if not isinstance(entries, list) or not entries:
             raise ConfigError(f"{source}: needs at least one [[shards]] entry")
+        for i, entry in enumerate(entries):
+            if isinstance(entry, Mapping):
+                _check_keys(entry, _SHARD_KEYS, f"{source}: shard entry {i}")
         ranged = [isinstance(e, Mapping) and "buckets" in e for e in entries]
         if any(ranged) and not all(ranged):
             raise ConfigError(f"{source}: give `buckets` for every shard or for none")
         equal = cls.from_urls([_entry_url(e, i, source) for i, e in enumerate(entries)])
         shards = []
         for i, (entry, default) in enumerate(zip(entries, equal.shards, strict=True)):
-            name = str(entry.get("name", default.name))
+            name = entry.get("name", default.name)
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"{source}: shard entry {i}: name must be a non-empty string")
             where = f"{source}: shard {name}"
             first, last = default.first_bucket, default.last_bucket
             if all(ranged):
@@ -194,6 +210,22 @@ def load_shard_map(shards_file: Path | None = None) -> ShardMap:
 
 
 # -- validation ------------------------------------------------------------
+
+_DOCUMENT_KEYS = ("pool", "shards")
+_POOL_KEYS = ("min_size", "max_size")
+_SHARD_KEYS = ("name", "url", "buckets", "min_size", "max_size")
+
+
+def _check_keys(table: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    """Refuse keys the map does not know: a typo (`bucket =`) silently ignored would
+    give a map other than the one the operator wrote."""
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{where}: unknown key {key!r}{hint}; known keys: {', '.join(known)}"
+            )
 
 
 def _check_url(url: str, name: str) -> str:
@@ -266,6 +298,10 @@ def _bucket_range(value: object, where: str) -> tuple[int, int]:
 
 
 def _pool_sizes(lo: object, hi: object, *, where: str) -> tuple[int, int]:
+    for field, value in (("min_size", lo), ("max_size", hi)):
+        # bool is an int to Python, never a pool size to a reader.
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{where}: {field} must be an integer, got {value!r}")
     lo = DEFAULT_POOL_MIN if lo is None else lo
     hi = max(DEFAULT_POOL_MAX, lo) if hi is None and isinstance(lo, int) else hi
     if not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi < 1 or lo > hi:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -59,13 +60,23 @@ class ShardPools:
     Pools open in the background so an unreachable shard does not stop a
     process serving the others; `connection()` raises ShardUnavailable for it
     after `timeout` seconds.
+
+    With `probe=True` (short-lived processes: the CLI, scripts) a shard's pool
+    opens only on its first use, after one direct connection succeeded; when it
+    fails, `connection()` raises at once with libpq's reason (refused, no such
+    database, bad password) instead of a timeout after `timeout` seconds, and no
+    background retries log warnings. Each use of a failing shard probes again.
     """
 
     def __init__(
-        self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq"
+        self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq",
+        probe: bool = False,
     ) -> None:
         self.map = shard_map
         self._timeout = timeout
+        self._probe = probe
+        self._opened: set[str] = set()
+        self._open_locks = {shard.name: threading.Lock() for shard in shard_map.shards}
         self._pools: dict[str, ConnectionPool[DictConnection]] = {}
         for shard in shard_map.shards:
             self._pools[shard.name] = ConnectionPool(
@@ -87,13 +98,24 @@ class ShardPools:
             )
 
     def open(self) -> ShardPools:
-        for pool in self._pools.values():
-            pool.open(wait=False)
+        if not self._probe:
+            for pool in self._pools.values():
+                pool.open(wait=False)
         return self
 
     def close(self) -> None:
         for pool in self._pools.values():
             pool.close()
+
+    def _open_after_probe(self, shard: Shard) -> None:
+        if shard.name in self._opened:
+            return
+        with self._open_locks[shard.name]:
+            if shard.name in self._opened:
+                return
+            connect(shard).close()  # raises ShardUnavailable with the cause
+            self._pools[shard.name].open(wait=False)
+            self._opened.add(shard.name)
 
     def __enter__(self) -> ShardPools:
         return self.open()
@@ -104,6 +126,8 @@ class ShardPools:
     @contextmanager
     def connection(self, shard: Shard) -> Iterator[DictConnection]:
         """A pooled autocommit connection to `shard`."""
+        if self._probe:
+            self._open_after_probe(shard)
         try:
             with self._pools[shard.name].connection() as conn:
                 yield conn

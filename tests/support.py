@@ -20,14 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `shardq` as a user would, in a separate process."""
+    """Run `shardq` as a user would, in a separate process (`stdin` is its input)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "shardq.bin.cli", *args],
         check=False, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT,
+        input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
     )
 
 

@@ -50,7 +50,8 @@ class WorkerProcess:
         self.out_path = folder / f"worker-{name}.out"
         self.err_path = folder / f"worker-{name}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
-        env.update({"SHARDQ_SHARDS": ",".join(urls), "PYTHONUNBUFFERED": "1"})
+        env.update({"SHARDQ_SHARDS": ",".join(urls), "PYTHONUNBUFFERED": "1",
+                    "SHARDQ_APP": "shardq.bin.examples:registry"})
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shardq.bin.cli", "worker", *args],

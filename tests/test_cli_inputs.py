@@ -1,0 +1,201 @@
+"""Bad command-line input: one line on stderr, the documented exit code, nothing stored.
+
+The rule (bin/cli.py's docstring): a value the command line cannot parse is a usage error,
+exit 2; a well-formed request the engine refuses is exit 7. The cases run as real `shardq`
+processes, in parallel (each costs about half a second), against one pair of migrated
+shards whose row counts are compared before and after all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from shardq.bin.examples import registry
+from shardq.queue.client import Client
+from shardq.shards.config import ShardMap
+from shardq.shards.migrations import migrate
+
+from .conftest import Server
+from .support import all_rows, run_cli
+
+APP = "shardq.bin.examples:registry"
+DEEP = "[" * 2500 + "]" * 2500
+COUNTED = ("executions", "signals", "history", "tasks", "waits")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    code: int
+    says: str
+    """A fragment the one line on stderr must contain."""
+    env: dict[str, str] = field(default_factory=dict)
+    stdin: str | None = None
+
+
+def write_files(folder: Path) -> None:
+    """The files the cases name as {dir}/...: inputs, shard maps and broken applications."""
+    (folder / "deep.json").write_text(DEEP)
+    shard = '[[shards]]\nurl = "postgresql://h/db"\n'
+    (folder / "latin1.toml").write_bytes(f'{shard}name = "caf'.encode() + b'\xe9"\n')
+    (folder / "bucket.toml").write_text(f"{shard}bucket = [0, 4095]\n")
+    (folder / "sise.toml").write_text(f"[pool]\nmax_sise = 3\n{shard}")
+    (folder / "lots.toml").write_text(f'{shard}max_size = "lots"\n')
+    (folder / "boom_app.py").write_text("raise RuntimeError('no config for boom')\n")
+    (folder / "broken_app.py").write_text("def oops(:\n    pass\n")
+
+
+APPS = {"PYTHONPATH": "{dir}"}
+START = ("workflow", "start", "checkout")
+SIGNAL = ("workflow", "signal", "{run}", "payment_captured")
+UNKNOWN_ID = "01a23b00-a581-8495-a55e-808a42654d6c"
+
+CASES = [
+    # -- usage errors: exit 2 --------------------------------------------------
+    Case("deep-input", (*START, "k1", "--input", DEEP, "--app", APP), 2, "nested too deeply"),
+    Case("deep-payload-file", (*SIGNAL, "--payload", "@{dir}/deep.json"), 2,
+         "nested too deeply"),
+    Case("deep-payload-stdin", (*SIGNAL, "--payload", "-"), 2, "nested too deeply",
+         stdin=DEEP),
+    Case("nan", (*START, "k1", "--input", '{"a": NaN}', "--app", APP), 2, "NaN"),
+    Case("huge-number", (*START, "k1", "--input", "[1e999]", "--app", APP), 2,
+         "out of range"),
+    Case("bad-json", (*START, "k1", "--input", "{", "--app", APP), 2, "not valid JSON"),
+    Case("missing-input-file", (*START, "k1", "--input", "@/no/such.json", "--app", APP), 2,
+         "No such file"),
+    Case("bad-state", ("workflow", "list", "--state", "bogus"), 2, "'bogus' is not one of"),
+    Case("bad-cursor", ("workflow", "list", "--cursor", "xyz"), 2, "is not a cursor"),
+    Case("limit-zero", ("workflow", "list", "--limit", "0"), 2, "not within 1..1000"),
+    Case("limit-text", ("workflow", "list", "--limit", "lots"), 2, "not a valid integer"),
+    Case("bad-execution-id", ("workflow", "show", "nope"), 2, "not an execution id"),
+    Case("no-app", (*START, "k1"), 2, "pass --app module:attribute or set SHARDQ_APP"),
+    Case("empty-app", (*START, "k1", "--app", ""), 2, "pass --app module:attribute"),
+    Case("path-as-app", (*START, "k1", "--app", "../etc:x"), 2, "is not module:attribute"),
+    Case("app-raises", (*START, "k1", "--app", "boom_app:registry"), 2,
+         "RuntimeError: no config for boom", env=APPS),
+    Case("app-syntax-error", (*START, "k1", "--app", "broken_app:registry"), 2,
+         "SyntaxError", env=APPS),
+    Case("worker-no-app", ("worker",), 2, "pass --app"),
+    Case("shards-not-utf8", ("--shards-file", "{dir}/latin1.toml", "workflow", "list"),
+         2, "is not UTF-8 text"),
+    Case("shards-bucket-typo", ("--shards-file", "{dir}/bucket.toml", "shards"), 2,
+         "unknown key 'bucket' (did you mean 'buckets'?)"),
+    Case("shards-max-sise", ("--shards-file", "{dir}/sise.toml", "shards"), 2,
+         "unknown key 'max_sise'"),
+    Case("shards-max-size-lots", ("--shards-file", "{dir}/lots.toml", "shards"), 2,
+         "max_size must be an integer, got 'lots'"),
+    Case("json-usage", ("workflow", "list", "--limit", "0", "--json"), 2, "1..1000"),
+    # -- refused by the engine: exit 7 ----------------------------------------
+    Case("nul-input", (*START, "k2", "--input", '{"a": "x\\u0000y"}', "--app", APP), 7,
+         "the string at $.a contains a NUL character"),
+    Case("surrogate-input", (*START, "k3", "--input", '["\\ud800"]', "--app", APP), 7,
+         "the string at $[0] contains a lone surrogate"),
+    # A command-line byte that is not UTF-8 reaches Python as a lone surrogate.
+    Case("surrogate-workflow-id", (*START, "k\udcff", "--app", APP), 7,
+         "workflow_id contains a lone surrogate"),
+    Case("surrogate-tenant", (*START, "k4", "--tenant", "t\udcff", "--app", APP), 7,
+         "tenant name"),
+    Case("nul-payload", (*SIGNAL, "--payload", '"\\u0000"'), 7, "NUL character"),
+    Case("surrogate-key", (*SIGNAL, "--idempotency-key", "k\udcff"), 7,
+         "idempotency_key contains a lone surrogate"),
+    Case("unknown-workflow", ("workflow", "start", "nope", "k5", "--app", APP), 7,
+         "unknown workflow"),
+    Case("not-found", ("workflow", "show", UNKNOWN_ID), 7, "not found"),
+    Case("json-refusal", ("workflow", "cancel", UNKNOWN_ID, "--json"), 7, "not found"),
+]
+
+
+@dataclass
+class Outcome:
+    results: dict[str, subprocess.CompletedProcess[str]]
+    counts_before: dict[str, int]
+    counts_after: dict[str, int]
+
+
+def _counts(shard_map: ShardMap) -> dict[str, int]:
+    return {t: sum(n for (n,) in all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}"))
+            for t in COUNTED}
+
+
+@pytest.fixture(scope="module")
+def cli_map(pg_server: Server) -> ShardMap:
+    shard_map = ShardMap.from_urls(pg_server.create_databases(2, tag="cli"))
+    migrate(shard_map)
+    return shard_map
+
+
+@pytest.fixture(scope="module")
+def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+    with Client(cli_map, registry) as client:
+        run = client.start("checkout", "target", {"order_id": 1, "items": []})
+    env = {"SHARDQ_SHARDS": ",".join(s.url for s in cli_map.shards)}
+    folder = tmp_path_factory.mktemp("cli-inputs")
+    write_files(folder)
+
+    def fill(text: str) -> str:
+        return text.replace("{dir}", str(folder)).replace("{run}", str(run.execution_id))
+
+    def run_case(case: Case) -> subprocess.CompletedProcess[str]:
+        extra = {k: fill(v) for k, v in case.env.items()}
+        args = [fill(a) for a in case.args]
+        try:
+            return run_cli(*args, env={**env, **extra}, stdin=case.stdin, timeout=30)
+        except subprocess.TimeoutExpired:  # e.g. a worker that did not refuse to start
+            return subprocess.CompletedProcess(args, -1, "", "timed out after 30 s")
+
+    before = _counts(cli_map)
+    with ThreadPoolExecutor(8) as pool:
+        results = dict(zip([c.id for c in CASES], pool.map(run_case, CASES), strict=True))
+    yield Outcome(results, before, _counts(cli_map))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_bad_input_is_one_line_and_its_exit_code(case: Case, outcome: Outcome) -> None:
+    result = outcome.results[case.id]
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    assert result.returncode == case.code, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    if "--json" in case.args:
+        error = json.loads(lines[0])
+        assert error["code"] == case.code
+        assert case.says in error["error"]
+    else:
+        assert lines[0].startswith("shardq: error: ")
+        assert case.says in lines[0]
+    assert result.stdout == ""
+
+
+def test_no_bad_input_stored_anything(outcome: Outcome) -> None:
+    assert outcome.counts_after == outcome.counts_before
+
+
+def test_verbose_and_json_after_the_command(cli_map: ShardMap) -> None:
+    env = {"SHARDQ_SHARDS": ",".join(s.url for s in cli_map.shards)}
+    result = run_cli("workflow", "list", "--limit", "1", "-v", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "next_cursor" in json.loads(result.stdout)
+
+
+def test_input_from_a_file_and_from_stdin(cli_map: ShardMap, tmp_path: Path) -> None:
+    env = {"SHARDQ_SHARDS": ",".join(s.url for s in cli_map.shards), "SHARDQ_APP": APP}
+    big = {"order_id": 7, "items": [{"sku": f"sku-{i}", "qty": 1} for i in range(5_000)]}
+    # ~150 kB: more than the 128 kB Linux allows one command-line argument.
+    (tmp_path / "order.json").write_text(json.dumps(big))
+    from_file = run_cli("workflow", "start", "checkout", "from-file", "--input",
+                        f"@{tmp_path / 'order.json'}", "--json", env=env)
+    from_stdin = run_cli("workflow", "start", "checkout", "from-stdin", "--input", "-",
+                         "--json", env=env, stdin=json.dumps({"order_id": 8, "items": []}))
+    with Client(cli_map, registry) as client:
+        for result, expected in ((from_file, big), (from_stdin, {"order_id": 8, "items": []})):
+            assert result.returncode == 0, result.stderr
+            started = json.loads(result.stdout)["execution_id"]
+            assert client.get(started).input == expected

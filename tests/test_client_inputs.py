@@ -1,0 +1,83 @@
+"""Values PostgreSQL cannot store are refused by the client, naming the field, before any
+statement runs: deep nesting, NUL characters and lone surrogates, on every entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from shardq.bin.examples import registry
+from shardq.queue.client import Client
+from shardq.queue.errors import InvalidArgument
+from shardq.queue.models import SignalRequest
+from shardq.shards.config import ShardMap
+
+from .support import all_rows
+
+
+def nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.fixture
+def client(shard_map: ShardMap) -> Iterator[Client]:
+    with Client(shard_map, registry) as opened:
+        yield opened
+
+
+def _counts(shard_map: ShardMap) -> list[int]:
+    return [sum(n for (n,) in all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}"))
+            for t in ("executions", "signals", "history")]
+
+
+Call = Callable[[Client, str], object]
+CALLS: list[tuple[str, Call, str]] = [
+    ("deep-input", lambda c, run: c.start("checkout", "k", nested(5000)), "nested too deeply"),
+    ("deep-payload", lambda c, run: c.signal(run, "go", nested(5000)), "nested too deeply"),
+    ("deep-payload-many", lambda c, run: c.signal_many([SignalRequest(run, "go", nested(5000))]),
+     "nested too deeply"),
+    ("nul-input-value", lambda c, run: c.start("checkout", "k", {"a": ["x\x00"]}),
+     "the string at $.a[0] contains a NUL character"),
+    ("nul-input-key", lambda c, run: c.start("checkout", "k", {"a\x00": 1}),
+     "a key at $ contains a NUL character"),
+    ("surrogate-input", lambda c, run: c.start("checkout", "k", {"odd key": "\ud800"}),
+     'the string at $["odd key"] contains a lone surrogate'),
+    ("nul-workflow-id", lambda c, run: c.start("checkout", "k\x00"),
+     "workflow_id contains a NUL character (\\u0000) at position 1"),
+    ("surrogate-workflow-id", lambda c, run: c.start("checkout", "\udcff"),
+     "workflow_id contains a lone surrogate"),
+    ("nul-tenant", lambda c, run: c.start("checkout", "k", tenant="t\x00"), "tenant name"),
+    ("nul-workflow-name", lambda c, run: c.start("check\x00out", "k"), "workflow name"),
+    ("nul-payload", lambda c, run: c.signal(run, "go", "\x00"), "NUL character"),
+    ("nul-signal-name", lambda c, run: c.signal(run, "g\x00"), "signal name"),
+    ("nul-key", lambda c, run: c.signal(run, "go", idempotency_key="k\x00"),
+     "idempotency_key contains a NUL character"),
+    ("surrogate-key-many", lambda c, run: c.signal_many(
+        [SignalRequest(run, "go", None, "ok"), SignalRequest(run, "go", None, "\udcff")]),
+     "idempotency_key contains a lone surrogate"),
+    ("nul-list-filter", lambda c, run: c.list(workflow="x\x00"), "workflow filter"),
+    ("nul-cancel-tenant", lambda c, run: c.cancel(run, tenant="\x00"), "tenant name"),
+]
+
+
+def test_unstorable_values_are_refused_naming_the_field(
+    client: Client, shard_map: ShardMap
+) -> None:
+    run = str(client.start("park", "target").execution_id)
+    before = _counts(shard_map)
+    for label, call, message in CALLS:
+        with pytest.raises(InvalidArgument) as info:
+            call(client, run)
+        assert message in str(info.value), label
+        assert "\n" not in str(info.value), label
+    assert _counts(shard_map) == before
+
+
+def test_nesting_json_can_hold_still_goes_through(client: Client) -> None:
+    started = client.start("checkout", "k", {"deep": nested(200), "emoji": "\U0001f600"})
+    assert client.get(started.execution_id).input == {"deep": nested(200), "emoji": "\U0001f600"}

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, NotSerializable
+from shardq.queue.limits import Limits
 from shardq.queue.listing import DEFAULT_PAGE, Cursor, ListQuery
 from shardq.queue.models import (
     Execution,
@@ -90,12 +91,15 @@ class Client:
         *,
         pools: ShardPools | None = None,
         verify: bool = True,
+        limits: Limits | None = None,
     ) -> None:
         """`verify` checks every reachable shard's recorded map and schema first and raises
-        MapMismatch or SchemaBehind, so a misconfigured process refuses to start."""
+        MapMismatch or SchemaBehind, so a misconfigured process refuses to start.
+        `limits` bounds inputs, payloads and idempotency keys (see `Limits`)."""
         if verify:
             verify_shards(shard_map)
         self.registry = registry
+        self.limits = limits or Limits()
         self._own_pools = pools is None
         self.pools = pools or ShardPools(shard_map).open()
         self.store = Store(self.pools)
@@ -146,7 +150,8 @@ class Client:
             seen.add(workflow_id)
             bucket = bucket_for(tenant, definition.name, workflow_id)
             shard = self.map.for_bucket(bucket)
-            encoded = to_json(value, f"input of {definition.name} {workflow_id!r}")
+            what = f"input of {definition.name} {workflow_id!r}"
+            encoded = self.limits.check_input(to_json(value, what), what)
             by_shard[shard.name].append((index, new_execution_id(bucket), workflow_id, encoded))
         def insert(shard_name: str) -> list[StartResult]:
             return self.store.start_executions(
@@ -278,8 +283,9 @@ class Client:
             if key is not None and (not isinstance(key, str) or not key.strip()):
                 raise InvalidArgument("idempotency_key must be a non-empty string when given")
             if key is not None:
-                check_text(key, "idempotency_key")
-            encoded = to_json(request.payload, f"signal {request.name!r}")
+                self.limits.check_key(check_text(key, "idempotency_key"))
+            what = f"payload of signal {request.name!r}"
+            encoded = self.limits.check_payload(to_json(request.payload, what), what)
             shard = self.map.for_execution(ident)
             by_shard[shard.name].append((index, (ident, request.name, encoded, key)))
         results: builtins.list[SignalResult | None] = [None] * len(signals)

@@ -11,6 +11,7 @@ import pytest
 from shardq.bin.examples import registry
 from shardq.queue.client import Client
 from shardq.queue.errors import InvalidArgument
+from shardq.queue.limits import Limits
 from shardq.queue.models import SignalRequest
 from shardq.shards.config import ShardMap
 
@@ -62,6 +63,15 @@ CALLS: list[tuple[str, Call, str]] = [
      "idempotency_key contains a lone surrogate"),
     ("nul-list-filter", lambda c, run: c.list(workflow="x\x00"), "workflow filter"),
     ("nul-cancel-tenant", lambda c, run: c.cancel(run, tenant="\x00"), "tenant name"),
+    ("10-MB-input", lambda c, run: c.start("checkout", "k", "x" * 10_000_000),
+     "input of checkout 'k' is 10,000,002 bytes of JSON; at most 1,048,576"),
+    ("10-MB-payload", lambda c, run: c.signal(run, "go", {"blob": "x" * 10_000_000}),
+     "payload of signal 'go' is 10,000,012 bytes of JSON; at most 262,144"),
+    ("big-payload-many", lambda c, run: c.signal_many(
+        [SignalRequest(run, "go", None), SignalRequest(run, "go", "x" * 300_000)]),
+     "at most 262,144 (Limits.max_payload_bytes)"),
+    ("3000-char-key", lambda c, run: c.signal(run, "go", idempotency_key="k" * 3000),
+     "idempotency_key is 3000 characters long; at most 255"),
 ]
 
 
@@ -81,3 +91,20 @@ def test_unstorable_values_are_refused_naming_the_field(
 def test_nesting_json_can_hold_still_goes_through(client: Client) -> None:
     started = client.start("checkout", "k", {"deep": nested(200), "emoji": "\U0001f600"})
     assert client.get(started.execution_id).input == {"deep": nested(200), "emoji": "\U0001f600"}
+
+
+def test_limits_are_the_application_s_to_set(shard_map: ShardMap) -> None:
+    small = Limits(max_input_bytes=20, max_payload_bytes=10, max_idempotency_key=3)
+    with Client(shard_map, registry, limits=small) as client:
+        run = client.start("park", "small", {"n": 1})  # 8 bytes of JSON
+        before = _counts(shard_map)
+        with pytest.raises(InvalidArgument, match="at most 20"):
+            client.start("park", "large", {"text": "too long for twenty"})
+        with pytest.raises(InvalidArgument, match="at most 10"):
+            client.signal(run.execution_id, "go", "eleven chars")
+        with pytest.raises(InvalidArgument, match="at most 3"):
+            client.signal(run.execution_id, "go", idempotency_key="four")
+        assert _counts(shard_map) == before
+        assert client.signal(run.execution_id, "go", 1, idempotency_key="abc").delivered
+    with pytest.raises(InvalidArgument, match="max_payload_bytes must be a positive integer"):
+        Limits(max_payload_bytes=0)

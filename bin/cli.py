@@ -459,8 +459,30 @@ def _execution_payload(e: Execution) -> dict[str, Any]:
     return {**asdict(e), "state": e.state.value}
 
 
+def _check_key(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # An empty key would silently mean "no key" (at-least-once) to a caller who
+    # asked for exactly-once: refused as a usage error instead.
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty (leave the option out for no key)",
+                                 param=param)
+    return value
+
+
 tenant_option = click.option("--tenant", default="default", show_default=True)
 execution_id_argument = click.argument("execution_id", callback=_execution_id)
+payload_option = click.option(
+    "--payload-json", "--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
+    help="The signal's JSON payload: JSON text, @FILE or - for stdin (--payload is an alias).",
+)
+key_option = click.option(
+    "--idempotency-key", callback=_check_key,
+    help="Repeats with this key are delivered once (per run).",
+)
+
+
+def _signal_text(delivered: bool, created: bool | None = None) -> str:
+    text = "delivered" if delivered else "duplicate (already delivered with this key)"
+    return text if created is None else ("started, " if created else "existing run, ") + text
 
 
 @workflow.command("start")
@@ -495,9 +517,8 @@ def workflow_start(
 @tenant_option
 @execution_id_argument
 @click.argument("name")
-@click.option("--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
-              help="JSON payload: JSON text, @FILE or - for stdin.")
-@click.option("--idempotency-key", help="Repeats with this key are delivered once.")
+@payload_option
+@key_option
 @pass_settings
 def workflow_signal(
     settings: Settings, tenant: str, execution_id: uuid.UUID, name: str,
@@ -511,8 +532,41 @@ def workflow_signal(
     emit(
         settings,
         {"execution_id": str(result.execution_id), "signal_id": result.signal_id,
+         "signal_name": result.signal_name, "delivered": result.delivered},
+        _signal_text(result.delivered),
+    )
+
+
+@workflow.command("signal-with-start")
+@json_option
+@app_option
+@tenant_option
+@click.argument("name")
+@click.argument("workflow_id")
+@click.argument("signal_name")
+@click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
+              help="The input if the run is started: JSON text, @FILE or - for stdin.")
+@payload_option
+@key_option
+@pass_settings
+def workflow_signal_with_start(
+    settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
+    signal_name: str, input_value: Any, payload: Any, idempotency_key: str | None,
+) -> None:
+    """Send SIGNAL_NAME to the run of NAME with key WORKFLOW_ID, starting it if it has none."""
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+    with open_client(settings, registry) as client, errors_as_exit_codes():
+        result = client.signal_with_start(
+            name, workflow_id, input_value, signal_name, payload,
+            idempotency_key=idempotency_key, tenant=tenant,
+        )
+    emit(
+        settings,
+        {"execution_id": str(result.execution_id), "created": result.created,
+         "signal_id": result.signal_id, "signal_name": result.signal_name,
          "delivered": result.delivered},
-        "delivered" if result.delivered else "duplicate (already delivered with this key)",
+        f"{result.execution_id} {_signal_text(result.delivered, result.created)}",
     )
 
 
@@ -523,19 +577,31 @@ def workflow_signal(
 @click.option("--history/--no-history", default=True, show_default=True)
 @pass_settings
 def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, history: bool) -> None:
-    """Show a run and its history."""
+    """Show a run: its state, open wait, buffered signals and history."""
     from dataclasses import asdict
+    from datetime import UTC, datetime
 
     with open_client(settings) as client, errors_as_exit_codes():
         execution = client.get(execution_id, tenant=tenant)
+        wait, buffered = client.waiting(execution.id, tenant=tenant)
         events = client.history(execution.id, tenant=tenant) if history else []
+    now = datetime.now(UTC)
     lines = [
         f"{execution.id}  {execution.workflow_name} v{execution.workflow_version}  "
         f"{execution.workflow_id}  {execution.state.value}"
     ]
+    if wait is not None:
+        deadline = f", deadline {wait.deadline.isoformat()}" if wait.deadline else ""
+        lines.append(f"  waits on {wait.kind} {wait.name!r} for "
+                     f"{(now - wait.started_at).total_seconds():.0f} s{deadline}")
+    lines += [f"  buffered signal {b.name!r} (id {b.id}), "
+              f"{(now - b.received_at).total_seconds():.0f} s old" for b in buffered]
     lines += [f"  {e.seq:>6} {e.position if e.position is not None else '-':>4} "
               f"{e.kind:<18} {e.name}  {json.dumps(e.payload)}" for e in events]
-    emit(settings, {**_execution_payload(execution), "history": [asdict(e) for e in events]},
+    emit(settings, {**_execution_payload(execution),
+                    "open_wait": asdict(wait) if wait else None,
+                    "pending_signals": [asdict(b) for b in buffered],
+                    "history": [asdict(e) for e in events]},
          "\n".join(lines))
 
 

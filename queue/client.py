@@ -17,13 +17,16 @@ from shardq.queue.errors import ExecutionNotFound, InvalidArgument, NotSerializa
 from shardq.queue.limits import Limits
 from shardq.queue.listing import DEFAULT_PAGE, Cursor, ListQuery
 from shardq.queue.models import (
+    BufferedSignal,
     Execution,
     HistoryEvent,
     Page,
     SignalRequest,
     SignalResult,
+    SignalWithStartResult,
     StartResult,
     State,
+    WaitInfo,
 )
 from shardq.queue.names import check_name, check_text
 from shardq.queue.registry import Registry, WorkflowDef
@@ -141,10 +144,7 @@ class Client:
         by_shard: dict[str, list[tuple[int, uuid.UUID, str, str]]] = defaultdict(list)
         seen: set[str] = set()
         for index, (workflow_id, value) in enumerate(items):
-            if not isinstance(workflow_id, str) or not workflow_id or len(workflow_id) > 512:
-                raise InvalidArgument(f"workflow_id must be a 1..512 character string, got "
-                                      f"{workflow_id!r}")
-            check_text(workflow_id, "workflow_id")
+            self._check_workflow_id(workflow_id)
             if workflow_id in seen:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
             seen.add(workflow_id)
@@ -172,6 +172,25 @@ class Client:
                 results[index] = result
         return [r for r in results if r is not None]
 
+    @staticmethod
+    def _check_workflow_id(workflow_id: object) -> None:
+        if not isinstance(workflow_id, str) or not workflow_id or len(workflow_id) > 512:
+            raise InvalidArgument(f"workflow_id must be a 1..512 character string, got "
+                                  f"{workflow_id!r}")
+        check_text(workflow_id, "workflow_id")
+
+    def _signal_values(
+        self, name: str, payload: Any, key: str | None
+    ) -> tuple[str, str, str | None]:
+        """(name, payload JSON, key) of a signal, checked as every entry point checks them."""
+        check_name(name, "signal")
+        if key is not None and (not isinstance(key, str) or not key.strip()):
+            raise InvalidArgument("idempotency_key must be a non-empty string when given")
+        if key is not None:
+            self.limits.check_key(check_text(key, "idempotency_key"))
+        what = f"payload of signal {name!r}"
+        return name, self.limits.check_payload(to_json(payload, what), what), key
+
     def _definition(self, workflow: str | WorkflowDef) -> WorkflowDef:
         if isinstance(workflow, WorkflowDef):
             return workflow
@@ -192,6 +211,12 @@ class Client:
     ) -> list[HistoryEvent]:
         ident = self.get(execution_id, tenant=tenant).id
         return self.store.read_history(ident)
+
+    def waiting(
+        self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
+    ) -> tuple[WaitInfo | None, builtins.list[BufferedSignal]]:
+        """The run's open wait (None when it waits for nothing) and its buffered signals."""
+        return self.store.waits_and_signals(self.get(execution_id, tenant=tenant).id)
 
     def list(
         self,
@@ -278,16 +303,9 @@ class Client:
         )
         for index, request in enumerate(signals):
             ident = parse_execution_id(request.execution_id)
-            check_name(request.name, "signal")
-            key = request.idempotency_key
-            if key is not None and (not isinstance(key, str) or not key.strip()):
-                raise InvalidArgument("idempotency_key must be a non-empty string when given")
-            if key is not None:
-                self.limits.check_key(check_text(key, "idempotency_key"))
-            what = f"payload of signal {request.name!r}"
-            encoded = self.limits.check_payload(to_json(request.payload, what), what)
+            values = self._signal_values(request.name, request.payload, request.idempotency_key)
             shard = self.map.for_execution(ident)
-            by_shard[shard.name].append((index, (ident, request.name, encoded, key)))
+            by_shard[shard.name].append((index, (ident, *values)))
         results: builtins.list[SignalResult | None] = [None] * len(signals)
         for shard_name, rows in by_shard.items():
             delivered = self.store.deliver_signals(
@@ -296,6 +314,38 @@ class Client:
             for (index, _), result in zip(rows, delivered, strict=True):
                 results[index] = result
         return [r for r in results if r is not None]
+
+    def signal_with_start(
+        self,
+        workflow: str | WorkflowDef,
+        workflow_id: str,
+        input: Any,  # noqa: A002 - the documented API name
+        signal_name: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+    ) -> SignalWithStartResult:
+        """Signal the run of this workflow key, starting it (with `input`) if it has none.
+
+        One transaction on the run's shard: a new run starts with the signal
+        already buffered; a live run takes it; a finished run refuses it
+        (SignalRefused) unless the key already landed (`delivered=False`). The
+        dedupe scope is the run and the key, as for `signal`.
+        """
+        definition = self._definition(workflow)
+        check_name(tenant, "tenant")
+        self._check_workflow_id(workflow_id)
+        what = f"input of {definition.name} {workflow_id!r}"
+        input_json = self.limits.check_input(to_json(input, what), what)
+        name, payload_json, key = self._signal_values(signal_name, payload, idempotency_key)
+        bucket = bucket_for(tenant, definition.name, workflow_id)
+        return self.store.signal_with_start(
+            self.map.for_bucket(bucket), tenant=tenant, workflow_name=definition.name,
+            workflow_version=definition.version, workflow_id=workflow_id,
+            new_id=new_execution_id(bucket), input_json=input_json,
+            signal=(name, payload_json, key),
+        )
 
     def cancel(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> State:
         """Cancel a run: at once when parked or queued, at its next checkpoint when running.

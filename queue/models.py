@@ -202,3 +202,36 @@ class CommitOutcome:
 class Page:
     items: list[Execution]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class SignalWithStartResult:
+    execution_id: uuid.UUID
+    created: bool
+    """True when this call started the run (the signal was buffered before its first turn)."""
+    delivered: bool
+    """False when the idempotency key had already landed on that run."""
+    signal_id: int | None
+    signal_name: str | None
+
+
+@dataclass(frozen=True)
+class WaitInfo:
+    """What a parked run waits for (`shardq workflow show`)."""
+
+    kind: str
+    name: str
+    started_at: datetime
+    deadline: datetime | None
+    request: Any
+
+
+@dataclass(frozen=True)
+class BufferedSignal:
+    """A signal that arrived and is not consumed yet."""
+
+    id: int
+    name: str
+    payload: Any
+    idempotency_key: str | None
+    received_at: datetime

@@ -138,6 +138,27 @@ FROM shardq.deliver_signals(
 )
 ORDER BY ord
 
+-- name: signal_with_start
+-- Start the run of a workflow key unless it exists, and signal it, in one
+-- transaction. Body: schema/functions/signal_with_start.sql.
+SELECT execution_id, created, tenant, finished, earlier_id, earlier_name, pending,
+       pending_total, signal_id
+FROM shardq.signal_with_start(
+    %(tenant)s, %(workflow_name)s, %(workflow_version)s, %(workflow_id)s, %(new_id)s,
+    %(input)s::jsonb, %(name)s, %(payload)s::jsonb, %(key)s, %(max_pending)s,
+    %(max_pending_total)s
+)
+
+-- name: open_wait
+SELECT kind, name, started_at, deadline, request FROM shardq.waits
+WHERE execution_id = %(id)s
+
+-- name: pending_signals
+-- Signals buffered for a run, oldest first (at most the pending bound).
+SELECT id, name, payload, idempotency_key, received_at FROM shardq.signals
+WHERE execution_id = %(id)s AND consumed_at IS NULL
+ORDER BY id
+
 -- name: cancel_now
 -- Cancel a run no worker holds: it ends here, its task and wait go away.
 WITH tasks AS (

@@ -24,15 +24,18 @@ from psycopg.rows import tuple_row
 from shardq.queue import listing
 from shardq.queue.errors import ExecutionNotFound, SignalRefused, StoreConflict, StoreRejected
 from shardq.queue.models import (
+    BufferedSignal,
     Claim,
     CommitOutcome,
     Execution,
     HistoryEvent,
     PendingSignal,
     SignalResult,
+    SignalWithStartResult,
     StartResult,
     State,
     TurnCommit,
+    WaitInfo,
 )
 from shardq.shards.config import Shard
 from shardq.shards.pools import DictConnection, ShardPools
@@ -242,6 +245,54 @@ class Store:
         return [
             _signal_result(s[0], tenant, s[1], row) for s, row in zip(signals, rows, strict=True)
         ]
+
+    def signal_with_start(
+        self,
+        shard: Shard,
+        *,
+        tenant: str,
+        workflow_name: str,
+        workflow_version: int,
+        workflow_id: str,
+        new_id: uuid.UUID,
+        input_json: str,
+        signal: tuple[str, str, str | None],
+    ) -> SignalWithStartResult:
+        """Start the key's run unless it exists, then deliver (name, payload JSON, key) to it.
+
+        One statement: shardq.signal_with_start(). A refused signal raises
+        (SignalRefused); only an existing run can refuse (a new one has the
+        caller's tenant, no signals and no outcome), so nothing was created then.
+        """
+        name, payload_json, key = signal
+        params = {
+            "tenant": tenant, "workflow_name": workflow_name,
+            "workflow_version": workflow_version, "workflow_id": workflow_id,
+            "new_id": new_id, "input": input_json, "name": name, "payload": payload_json,
+            "key": key, "max_pending": MAX_PENDING_SIGNALS,
+            "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
+        }
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["signal_with_start"], params).fetchone()
+        assert row is not None
+        result = _signal_result(row["execution_id"], tenant, name, row)
+        if result.error is not None:
+            raise result.error
+        return SignalWithStartResult(row["execution_id"], row["created"], result.delivered,
+                                     result.signal_id, result.signal_name)
+
+    def waits_and_signals(
+        self, execution_id: uuid.UUID
+    ) -> tuple[WaitInfo | None, list[BufferedSignal]]:
+        """A run's open wait and the signals buffered for it, oldest first."""
+        shard = self.map.for_execution(execution_id)
+        with self._connection(shard) as conn:
+            wait = conn.execute(SQL["open_wait"], {"id": execution_id}).fetchone()
+            pending = conn.execute(SQL["pending_signals"], {"id": execution_id}).fetchall()
+        return (
+            WaitInfo(**wait) if wait else None,
+            [BufferedSignal(**row) for row in pending],
+        )
 
     def cancel(self, execution_id: uuid.UUID, *, tenant: str) -> State:
         """Cancel now if no worker holds the run, else have it end cancelled at its next commit.

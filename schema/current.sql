@@ -130,6 +130,9 @@ CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE sql STABLE
+-- FUNCTION shardq.signal_with_start(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer)
+--   RETURNS TABLE(execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint)
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE

@@ -409,3 +409,58 @@ def test_a_key_reused_with_another_name_names_the_signal_it_belongs_to(client: C
         False, first.signal_id, "paid"
     )
     assert all_rows(client.map, "SELECT name FROM shardq.signals") == [("paid",)]
+
+
+@registry.workflow("webhook_order")
+def webhook_order(ctx: WorkflowContext) -> Any:
+    return [ctx.input, ctx.wait_for_signal("paid")]
+
+
+def test_signal_with_start_starts_signals_or_refuses_by_the_run_s_state(
+    client: Client, start_worker: StartWorker
+) -> None:
+    first = client.signal_with_start("webhook_order", "o-1", {"n": 1}, "paid", {"amount": 5},
+                                     idempotency_key="evt-1")
+    assert (first.created, first.delivered, first.signal_name) == (True, True, "paid")
+    # The signal was buffered before the run's first turn: it consumes it at once.
+    start_worker(registry)
+    assert client.wait(first.execution_id, timeout=10).output == [{"n": 1}, {"amount": 5}]
+    # A finished run: a keyed repeat is a no-op success, anything else is refused.
+    repeat = client.signal_with_start("webhook_order", "o-1", {"n": 2}, "paid", {"amount": 5},
+                                      idempotency_key="evt-1")
+    assert (repeat.execution_id, repeat.created, repeat.delivered, repeat.signal_id) == (
+        first.execution_id, False, False, first.signal_id
+    )
+    with pytest.raises(SignalRefused, match="is completed: it takes no more signals"):
+        client.signal_with_start("webhook_order", "o-1", None, "paid", idempotency_key="evt-2")
+    # A live run takes the signal; its input stays the one it started with.
+    parked = client.start("webhook_order", "o-2", {"n": 3})
+    wait_until(lambda: state_of(client, parked.execution_id) is State.WAITING, what="parked")
+    live = client.signal_with_start("webhook_order", "o-2", {"n": 4}, "paid", 7)
+    assert (live.execution_id, live.created, live.delivered) == (parked.execution_id, False, True)
+    assert client.wait(parked.execution_id, timeout=10).output == [{"n": 3}, 7]
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.executions") in (
+        [(1,), (1,)], [(2,), (0,)], [(0,), (2,)]
+    )
+
+
+def test_racing_signal_with_start_callers_make_one_run_and_one_delivery(
+    client: Client
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(50)
+
+    def call(_: int) -> Any:
+        barrier.wait(timeout=30)
+        return client.signal_with_start("webhook_order", "raced", {"n": 1}, "paid", {"ok": 1},
+                                        idempotency_key="evt-raced")
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(call, range(200)))
+    assert len({r.execution_id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+    assert sum(r.delivered for r in results) == 1
+    assert len({r.signal_id for r in results}) == 1
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") in ([(1,), (0,)],
+                                                                           [(0,), (1,)])

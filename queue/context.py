@@ -32,6 +32,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
+from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
 from shardq.queue.errors import (
     InvalidArgument,
     NonDeterminismError,
@@ -59,39 +60,6 @@ Checkpoint = Callable[[TurnCommit], CommitOutcome]
 REPLAYABLE = frozenset({Event.SIGNAL_CONSUMED, Event.TIMER_FIRED})
 """Event kinds a replay records identically from durable state (see the module doc)."""
 MAX_ERROR_TEXT = 8000
-
-
-class _Park(BaseException):  # control flow, not an error
-    """Unwinds the workflow function: the turn ends here and the run waits."""
-
-    def __init__(
-        self,
-        *,
-        state: State,
-        task: TaskAction,
-        delay: float = 0.0,
-        open_wait: OpenWait | None = None,
-        wake_on_signal: str | None = None,
-    ) -> None:
-        super().__init__()
-        self.state, self.task, self.delay = state, task, delay
-        self.open_wait, self.wake_on_signal = open_wait, wake_on_signal
-
-
-class _Cancelled(BaseException):
-    """Unwinds the workflow function: cancellation was requested."""
-
-
-class TurnAborted(BaseException):
-    """The lease was lost mid-turn: stop without writing anything more."""
-
-
-class CommitRejected(BaseException):  # control flow
-    """The database refused a value of this turn's commit; the run must fail instead."""
-
-    def __init__(self, error: StoreRejected) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class StepTimeout(Exception):
@@ -199,7 +167,7 @@ class WorkflowContext:
         attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED)
         self._flush()
         if self._cancel:  # learnt from the checkpoint just committed
-            raise _Cancelled()
+            raise Cancelled()
         try:
             result = _run_attempt(fn, args, kwargs, timeout)
         except Exception as exc:
@@ -225,7 +193,7 @@ class WorkflowContext:
                 position, Event.STEP_FAILED, name,
                 {"attempt": attempt, "error": error, "retry_in": delay}, wake_in=delay,
             ))
-            raise _Park(state=State.PENDING, task=TaskAction.SCHEDULE, delay=delay) from exc
+            raise Park(state=State.PENDING, task=TaskAction.SCHEDULE, delay=delay) from exc
         self._buffer.append(NewEvent(
             position, Event.STEP_FAILED, name, {"attempt": attempt, "error": error, "final": True}
         ))
@@ -252,13 +220,13 @@ class WorkflowContext:
             self._buffer.append(NewEvent(
                 position, Event.TIMER_STARTED, name, {"seconds": seconds}, wake_in=seconds
             ))
-            raise _Park(
+            raise Park(
                 state=State.WAITING, task=TaskAction.SCHEDULE, delay=seconds,
                 open_wait=OpenWait(position, "timer", name, deadline_in=seconds),
             )
         remaining = self._until(started.payload["wake_at"])
         if remaining > 0:
-            raise _Park(state=State.WAITING, task=TaskAction.SCHEDULE, delay=remaining)
+            raise Park(state=State.WAITING, task=TaskAction.SCHEDULE, delay=remaining)
         self._buffer.append(NewEvent(position, Event.TIMER_FIRED, name, {}))
         self._close_wait = True
 
@@ -295,7 +263,7 @@ class WorkflowContext:
             self._buffer.append(NewEvent(
                 position, Event.SIGNAL_WAITING, name, {"timeout": timeout}, wake_in=timeout
             ))
-            raise _Park(
+            raise Park(
                 state=State.WAITING,
                 task=TaskAction.SCHEDULE if timeout else TaskAction.DELETE,
                 delay=timeout or 0.0,
@@ -308,7 +276,7 @@ class WorkflowContext:
             self._buffer.append(NewEvent(position, Event.SIGNAL_TIMED_OUT, name, {}))
             self._close_wait = True
             return None
-        raise _Park(
+        raise Park(
             state=State.WAITING,
             task=TaskAction.SCHEDULE if remaining else TaskAction.DELETE,
             delay=remaining or 0.0,
@@ -330,7 +298,7 @@ class WorkflowContext:
         if self._fatal is not None:
             raise self._fatal
         if self._cancel:
-            raise _Cancelled()
+            raise Cancelled()
         position = self._position
         self._position += 1
         recorded = self._recorded.get(position, [])
@@ -400,7 +368,7 @@ class WorkflowContext:
         except StoreRejected as exc:
             # Unwinds past workflow code (a BaseException), so no `except Exception`
             # in the workflow can swallow it.
-            raise CommitRejected(exc) from exc
+            raise CommitRejected(commit, exc) from exc
         except Exception as exc:
             # The store stayed unavailable through the completer's retries: the
             # turn is abandoned, never blamed on the workflow; the lease expires

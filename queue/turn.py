@@ -12,15 +12,8 @@ import json
 import logging
 import uuid
 
-from shardq.queue.context import (
-    Checkpoint,
-    CommitRejected,
-    TurnAborted,
-    WorkflowContext,
-    _Cancelled,
-    _Park,
-    error_payload,
-)
+from shardq.queue.context import Checkpoint, WorkflowContext, error_payload
+from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
 from shardq.queue.errors import NonDeterminismError, NotSerializable, StoreRejected, UnknownWorkflow
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry, WorkflowFn
@@ -55,7 +48,7 @@ def _play(ctx: WorkflowContext, fn: WorkflowFn, claim: Claim) -> TurnCommit:
     """Run the workflow function; the commit its ending asks for (checkpoints raise through)."""
     try:
         if claim.cancel_requested:
-            raise _Cancelled()
+            raise Cancelled()
         result = fn(ctx)
         if ctx._fatal is not None:
             raise ctx._fatal
@@ -75,12 +68,12 @@ def _play(ctx: WorkflowContext, fn: WorkflowFn, claim: Claim) -> TurnCommit:
         # A wait the run resumed from was closed by the call that resumed
         # (ctx flags it); nothing else can be open when the function returns.
         return ctx._commit_for(state=State.COMPLETED, task=TaskAction.DELETE, output_json=output)
-    except _Park as park:
+    except Park as park:
         return ctx._commit_for(
             state=park.state, task=park.task, delay=park.delay,
             open_wait=park.open_wait, wake_on_signal=park.wake_on_signal,
         )
-    except _Cancelled:
+    except Cancelled:
         return ctx._commit_for(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)
     except Exception as exc:
         failure = ctx._fatal or exc

@@ -1,0 +1,47 @@
+"""The exceptions that steer a turn rather than report an error.
+
+All four derive from BaseException, not Exception: they unwind through
+workflow code, and an `except Exception` in a workflow must not swallow them.
+The context raises Park and Cancelled, and TurnAborted and CommitRejected at
+a checkpoint; the turn turns them into the commit that ends it.
+"""
+
+from __future__ import annotations
+
+from shardq.queue.errors import StoreRejected
+from shardq.queue.models import OpenWait, State, TaskAction, TurnCommit
+
+
+class Park(BaseException):
+    """The run must wait; a BaseException so that workflow code cannot catch the wait away."""
+
+    def __init__(
+        self,
+        *,
+        state: State,
+        task: TaskAction,
+        delay: float = 0.0,
+        open_wait: OpenWait | None = None,
+        wake_on_signal: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.state, self.task, self.delay = state, task, delay
+        self.open_wait, self.wake_on_signal = open_wait, wake_on_signal
+
+
+class Cancelled(BaseException):
+    """Cancellation was requested; a BaseException so that workflow code cannot go on."""
+
+
+class TurnAborted(BaseException):
+    """Lease lost or store down mid-turn; a BaseException so no workflow code runs unfenced."""
+
+
+class CommitRejected(BaseException):
+    """The database refused a checkpoint; a BaseException so workflow code stops right there."""
+
+    def __init__(self, commit: TurnCommit, error: StoreRejected) -> None:
+        super().__init__(str(error))
+        self.commit = commit
+        """The refused commit; nothing of it was written."""
+        self.error = error

@@ -28,14 +28,13 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
 from shardq.queue.errors import (
     InvalidArgument,
-    NonDeterminismError,
     NotSerializable,
     StepFailed,
     StoreRejected,
@@ -52,6 +51,7 @@ from shardq.queue.models import (
     TurnCommit,
 )
 from shardq.queue.names import check_name
+from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
 
 T = TypeVar("T")
@@ -83,21 +83,13 @@ class WorkflowContext:
         self._checkpoint = checkpoint
         self._token = claim.lease_token  # rotated by every commit that lands
         self._started = time.monotonic()
-        self._position = 0
-        self._recorded: dict[int, list[HistoryEvent]] = {}
-        consumed: set[int] = set()
-        for event in claim.history:
-            if event.position is not None:
-                self._recorded.setdefault(event.position, []).append(event)
-            if event.kind == Event.SIGNAL_CONSUMED:
-                consumed.add(int(event.payload["signal_id"]))
-        self._pending = [s for s in claim.signals if s.id not in consumed]
+        self._replay = Replay(claim.history, claim.signals)
+        self._pending = self._replay.pending
         self._buffer: list[NewEvent] = []
         self._consumed: list[tuple[int, int]] = []
         self._close_wait = False
         self._stored_state = State.RUNNING  # what a claimed run reads as
         self._cancel = claim.cancel_requested
-        self._fatal: NonDeterminismError | None = None
         self._random: random.Random | None = None
 
     # -- identity --------------------------------------------------------------
@@ -294,29 +286,10 @@ class WorkflowContext:
 
     # -- turn plumbing (used by shardq.queue.turn) -----------------------------
 
-    def _begin(self, call: str, name: str) -> tuple[int, list[HistoryEvent]]:
-        if self._fatal is not None:
-            raise self._fatal
+    def _begin(self, call: str, name: str) -> tuple[int, Sequence[HistoryEvent]]:
         if self._cancel:
             raise Cancelled()
-        position = self._position
-        self._position += 1
-        recorded = self._recorded.get(position, [])
-        if recorded:
-            first = recorded[0]
-            recorded_call = first.kind.split(".", 1)[0]
-            if recorded_call != call or first.name != name:
-                self._fatal = NonDeterminismError(
-                    f"non-deterministic workflow at position {position}: history recorded "
-                    f"{recorded_call} {first.name!r}, the code now calls {call} {name!r}"
-                )
-                raise self._fatal
-        return position, recorded
-
-    def _unreplayed(self) -> int | None:
-        """A recorded position the code never reached (it returned earlier), if any."""
-        beyond = [p for p in self._recorded if p >= self._position]
-        return min(beyond) if beyond else None
+        return self._replay.next(call, name)
 
     def _db_now(self) -> datetime:
         return self._claim.db_now + timedelta(seconds=time.monotonic() - self._started)

@@ -14,7 +14,7 @@ import uuid
 
 from shardq.queue.context import Checkpoint, WorkflowContext, error_payload
 from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
-from shardq.queue.errors import NonDeterminismError, NotSerializable, StoreRejected, UnknownWorkflow
+from shardq.queue.errors import NotSerializable, StoreRejected, UnknownWorkflow
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry, WorkflowFn
 
@@ -50,14 +50,7 @@ def _play(ctx: WorkflowContext, fn: WorkflowFn, claim: Claim) -> TurnCommit:
         if claim.cancel_requested:
             raise Cancelled()
         result = fn(ctx)
-        if ctx._fatal is not None:
-            raise ctx._fatal
-        leftover = ctx._unreplayed()
-        if leftover is not None:
-            raise NonDeterminismError(
-                f"non-deterministic workflow: it returned after {ctx._position} call(s) but "
-                f"history recorded a call at position {leftover}"
-            )
+        ctx._replay.finish()
         try:
             output = json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -76,7 +69,7 @@ def _play(ctx: WorkflowContext, fn: WorkflowFn, claim: Claim) -> TurnCommit:
     except Cancelled:
         return ctx._commit_for(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)
     except Exception as exc:
-        failure = ctx._fatal or exc
+        failure = ctx._replay.fatal or exc
         return ctx._commit_for(
             state=State.FAILED, task=TaskAction.DELETE, error=error_payload(failure),
             close_wait=True,

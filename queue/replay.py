@@ -1,0 +1,90 @@
+"""Replay: a run's recorded history, walked position by position as its code runs again.
+
+A turn re-runs the workflow function from the top. Every ctx call takes the
+next position; a position already in history hands back its recorded events, so
+code before the first new call is pure replay. A recorded call of another kind
+or name than the code now makes, or a recorded position the code never reaches
+(it returned earlier), is a non-determinism error naming the position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from shardq.queue.errors import NonDeterminismError
+from shardq.queue.models import Event, HistoryEvent, PendingSignal
+
+_NOTHING: tuple[HistoryEvent, ...] = ()
+
+
+class Replay:
+    """The history of one run, indexed by position, and how far the code has come.
+
+    Once a call diverged from history, every later call and `finish()` raise the
+    same NonDeterminismError, so workflow code that catches it cannot go on.
+    """
+
+    __slots__ = ("_fatal", "_position", "_recorded", "pending")
+
+    def __init__(
+        self, history: Iterable[HistoryEvent], signals: Iterable[PendingSignal] = ()
+    ) -> None:
+        self._position = 0
+        self._fatal: NonDeterminismError | None = None
+        self._recorded: dict[int, list[HistoryEvent]] = {}
+        consumed: set[int] = set()
+        for event in history:
+            if event.position is not None:
+                self._recorded.setdefault(event.position, []).append(event)
+            if event.kind == Event.SIGNAL_CONSUMED:
+                consumed.add(int(event.payload["signal_id"]))
+        self.pending = [s for s in signals if s.id not in consumed]
+        """Of the run's unconsumed `signals`, those no recorded call consumed either, oldest
+        first: what the code's new calls may consume."""
+
+    @property
+    def position(self) -> int:
+        """The position the next call takes (how many calls the code has made)."""
+        return self._position
+
+    @property
+    def fatal(self) -> NonDeterminismError | None:
+        """The divergence from history found so far, if any."""
+        return self._fatal
+
+    def next(self, call: str, name: str) -> tuple[int, Sequence[HistoryEvent]]:
+        """Take the next position for `call` `name`: (position, the events recorded there).
+
+        Raises NonDeterminismError when history recorded another call there.
+        """
+        if self._fatal is not None:
+            raise self._fatal
+        position = self._position
+        self._position += 1
+        recorded = self._recorded.get(position, _NOTHING)
+        if recorded:
+            first = recorded[0]
+            recorded_call = first.kind.split(".", 1)[0]
+            if recorded_call != call or first.name != name:
+                self._fatal = NonDeterminismError(
+                    f"non-deterministic workflow at position {position}: history recorded "
+                    f"{recorded_call} {first.name!r}, the code now calls {call} {name!r}"
+                )
+                raise self._fatal
+        return position, recorded
+
+    def finish(self) -> None:
+        """Check a run whose code returned: raises NonDeterminismError if it diverged.
+
+        That is the divergence already found, or a recorded position beyond the
+        last call the code made.
+        """
+        if self._fatal is not None:
+            raise self._fatal
+        position = self._position
+        if self._recorded and max(self._recorded) >= position:
+            leftover = min(p for p in self._recorded if p >= position)
+            raise NonDeterminismError(
+                f"non-deterministic workflow: it returned after {position} call(s) but "
+                f"history recorded a call at position {leftover}"
+            )

@@ -1,64 +1,33 @@
-"""The replay context a workflow function receives.
+"""The context a workflow function receives: every call it offers is safe to replay.
 
-A turn re-runs the workflow function from the top. Every ctx call takes the next
-position; a position already in history returns its recorded outcome without
-running anything, so code before the first new call is pure replay. A recorded
-call of another kind or name than the code now makes is a non-determinism error.
-
-Step results are buffered and committed before anything else can have an effect
-outside the workflow: before the next step runs, and with the commit that ends
-the turn (parking, completion, failure). A one-step job therefore costs one
-commit, and no step ever starts before its predecessors are durable.
-
-Events a replay would record again, identically, from what is already durable
-need no commit of their own before a step: a consumed signal (a run's signals
-become visible in id order, so a replay after a crash consumes the same one)
-and a fired timer (the database clock only moves on). A run resumed by a signal
-thus commits the consumption with its next step's result, one commit instead of
-two on the signal -> step path; until then the run reads `waiting`.
+Each call takes the next position of the run's history (shardq.queue.replay)
+and returns what is recorded there, or does its work and buffers what it did
+(shardq.queue.journal): a step commits the buffer before it runs; parking,
+completion and failure end the turn (shardq.queue.turn) with the rest.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import random
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
-from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
-from shardq.queue.errors import (
-    InvalidArgument,
-    NotSerializable,
-    StepFailed,
-    StoreRejected,
-)
-from shardq.queue.models import (
-    Claim,
-    CommitOutcome,
-    Event,
-    HistoryEvent,
-    NewEvent,
-    OpenWait,
-    State,
-    TaskAction,
-    TurnCommit,
-)
+from shardq.queue.control import Cancelled, Park
+from shardq.queue.errors import InvalidArgument, NotSerializable, StepFailed
+from shardq.queue.journal import Journal
+from shardq.queue.models import Claim, Event, NewEvent, OpenWait, State, TaskAction
 from shardq.queue.names import check_name
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
-Checkpoint = Callable[[TurnCommit], CommitOutcome]
-REPLAYABLE = frozenset({Event.SIGNAL_CONSUMED, Event.TIMER_FIRED})
-"""Event kinds a replay records identically from durable state (see the module doc)."""
 MAX_ERROR_TEXT = 8000
 
 
@@ -67,6 +36,7 @@ class StepTimeout(Exception):
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
+    """How a run's or a step's failure is recorded: type, message, the traceback's end."""
     text = "".join(traceback.format_exception(exc))
     return {
         "type": type(exc).__qualname__,
@@ -76,19 +46,18 @@ def error_payload(exc: BaseException) -> dict[str, Any]:
 
 
 class WorkflowContext:
-    """What a workflow function can do. Every method is safe to replay."""
+    """What a workflow function can do. Every method is safe to replay.
 
-    def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
+    Made by the turn for one run of the function, on its turn thread: `replay`
+    walks the claim's history, `journal` collects what the calls record.
+    """
+
+    def __init__(self, claim: Claim, replay: Replay, journal: Journal) -> None:
         self._claim = claim
-        self._checkpoint = checkpoint
-        self._token = claim.lease_token  # rotated by every commit that lands
+        self._replay = replay
+        self._journal = journal
         self._started = time.monotonic()
-        self._replay = Replay(claim.history, claim.signals)
-        self._pending = self._replay.pending
-        self._buffer: list[NewEvent] = []
-        self._consumed: list[tuple[int, int]] = []
-        self._close_wait = False
-        self._stored_state = State.RUNNING  # what a claimed run reads as
+        self._pending = replay.pending
         self._cancel = claim.cancel_requested
         self._random: random.Random | None = None
 
@@ -112,7 +81,7 @@ class WorkflowContext:
 
     @property
     def lease_token(self) -> uuid.UUID:
-        return self._token
+        return self._journal.lease_token
 
     @property
     def random(self) -> random.Random:
@@ -149,7 +118,9 @@ class WorkflowContext:
         policy = RetryPolicy.of(retry)
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise InvalidArgument(f"step {name!r}: timeout must be a positive number of seconds")
-        position, recorded = self._begin("step", name)
+        if self._cancel:
+            raise Cancelled()
+        position, recorded = self._replay.next("step", name)
         for event in recorded:
             if event.kind == Event.STEP_COMPLETED:
                 return event.payload["result"]  # type: ignore[no-any-return]
@@ -157,7 +128,7 @@ class WorkflowContext:
                 error = event.payload["error"]
                 raise StepFailed(name, error["type"], error["message"], event.payload["attempt"])
         attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED)
-        self._flush()
+        self._cancel = self._journal.flush() or self._cancel
         if self._cancel:  # learnt from the checkpoint just committed
             raise Cancelled()
         try:
@@ -172,7 +143,9 @@ class WorkflowContext:
                 f"JSON-serialisable: {exc}"
             )
             self._step_failed(position, name, attempt, problem, RetryPolicy(max_attempts=1))
-        self._buffer.append(NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded}))
+        self._journal.events.append(
+            NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded})
+        )
         return encoded  # type: ignore[no-any-return]
 
     def _step_failed(
@@ -181,12 +154,12 @@ class WorkflowContext:
         error = error_payload(exc)
         if policy.should_retry(exc, attempt):
             delay = policy.backoff(attempt)
-            self._buffer.append(NewEvent(
+            self._journal.events.append(NewEvent(
                 position, Event.STEP_FAILED, name,
                 {"attempt": attempt, "error": error, "retry_in": delay}, wake_in=delay,
             ))
             raise Park(state=State.PENDING, task=TaskAction.SCHEDULE, delay=delay) from exc
-        self._buffer.append(NewEvent(
+        self._journal.events.append(NewEvent(
             position, Event.STEP_FAILED, name, {"attempt": attempt, "error": error, "final": True}
         ))
         raise StepFailed(name, error["type"], error["message"], attempt) from exc
@@ -203,13 +176,15 @@ class WorkflowContext:
             raise InvalidArgument(
                 f"sleep {name!r}: seconds must be a positive number, got {seconds!r}"
             )
-        position, recorded = self._begin("sleep", name)
+        if self._cancel:
+            raise Cancelled()
+        position, recorded = self._replay.next("sleep", name)
         kinds = {e.kind: e for e in recorded}
         if Event.TIMER_FIRED in kinds:
             return
         started = kinds.get(Event.TIMER_STARTED)
         if started is None:
-            self._buffer.append(NewEvent(
+            self._journal.events.append(NewEvent(
                 position, Event.TIMER_STARTED, name, {"seconds": seconds}, wake_in=seconds
             ))
             raise Park(
@@ -219,8 +194,8 @@ class WorkflowContext:
         remaining = self._until(started.payload["wake_at"])
         if remaining > 0:
             raise Park(state=State.WAITING, task=TaskAction.SCHEDULE, delay=remaining)
-        self._buffer.append(NewEvent(position, Event.TIMER_FIRED, name, {}))
-        self._close_wait = True
+        self._journal.events.append(NewEvent(position, Event.TIMER_FIRED, name, {}))
+        self._journal.close_wait = True
 
     def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
         """The payload of the oldest unconsumed signal `name`, parking until one arrives.
@@ -234,7 +209,9 @@ class WorkflowContext:
             isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0
         ):
             raise InvalidArgument(f"wait_for_signal {name!r}: timeout must be > 0 seconds")
-        position, recorded = self._begin("signal", name)
+        if self._cancel:
+            raise Cancelled()
+        position, recorded = self._replay.next("signal", name)
         kinds = {e.kind: e for e in recorded}
         if Event.SIGNAL_CONSUMED in kinds:
             return kinds[Event.SIGNAL_CONSUMED].payload["payload"]
@@ -244,15 +221,16 @@ class WorkflowContext:
         arrived = next((s for s in self._pending if s.name == name), None)
         if arrived is not None:
             self._pending.remove(arrived)
-            self._consumed.append((arrived.id, position))
-            self._buffer.append(NewEvent(
+            journal = self._journal
+            journal.consumed.append((arrived.id, position))
+            journal.events.append(NewEvent(
                 position, Event.SIGNAL_CONSUMED, name,
                 {"signal_id": arrived.id, "payload": arrived.payload},
             ))
-            self._close_wait = self._close_wait or waiting is not None
+            journal.close_wait = journal.close_wait or waiting is not None
             return arrived.payload
         if waiting is None:
-            self._buffer.append(NewEvent(
+            self._journal.events.append(NewEvent(
                 position, Event.SIGNAL_WAITING, name, {"timeout": timeout}, wake_in=timeout
             ))
             raise Park(
@@ -265,8 +243,8 @@ class WorkflowContext:
         deadline = waiting.payload.get("wake_at")
         remaining = self._until(deadline) if deadline else None
         if remaining is not None and remaining <= 0:
-            self._buffer.append(NewEvent(position, Event.SIGNAL_TIMED_OUT, name, {}))
-            self._close_wait = True
+            self._journal.events.append(NewEvent(position, Event.SIGNAL_TIMED_OUT, name, {}))
+            self._journal.close_wait = True
             return None
         raise Park(
             state=State.WAITING,
@@ -277,84 +255,24 @@ class WorkflowContext:
 
     def now(self) -> datetime:
         """The database's current time, recorded so replay sees the same instant."""
-        position, recorded = self._begin("now", "now")
+        if self._cancel:
+            raise Cancelled()
+        position, recorded = self._replay.next("now", "now")
         if recorded:
             return datetime.fromisoformat(recorded[0].payload["at"])
         value = self._db_now()
-        self._buffer.append(NewEvent(position, Event.CLOCK_READ, "now", {"at": value.isoformat()}))
+        self._journal.events.append(
+            NewEvent(position, Event.CLOCK_READ, "now", {"at": value.isoformat()})
+        )
         return value
 
-    # -- turn plumbing (used by shardq.queue.turn) -----------------------------
-
-    def _begin(self, call: str, name: str) -> tuple[int, Sequence[HistoryEvent]]:
-        if self._cancel:
-            raise Cancelled()
-        return self._replay.next(call, name)
+    # -- clock -----------------------------------------------------------------
 
     def _db_now(self) -> datetime:
         return self._claim.db_now + timedelta(seconds=time.monotonic() - self._started)
 
     def _until(self, iso: str) -> float:
         return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
-
-    def _flush(self) -> None:
-        """Commit buffered events (and the running state) before a side effect.
-
-        Nothing to commit when a replay would buffer the same events again.
-        """
-        if all(e.kind in REPLAYABLE for e in self._buffer):
-            return
-        self._commit(self._commit_for(state=State.RUNNING, task=TaskAction.KEEP))
-
-    def _commit_for(
-        self,
-        *,
-        state: State | None,
-        task: TaskAction,
-        delay: float = 0.0,
-        output_json: str | None = None,
-        error: dict[str, Any] | None = None,
-        open_wait: OpenWait | None = None,
-        wake_on_signal: str | None = None,
-        close_wait: bool = False,
-    ) -> TurnCommit:
-        commit = TurnCommit(
-            execution_id=self.execution_id,
-            lease_token=self._token,
-            events=self._buffer,
-            state=None if state == self._stored_state and output_json is None else state,
-            output_json=output_json,
-            error=error,
-            task=task,
-            delay=delay,
-            open_wait=open_wait,
-            close_wait=close_wait or self._close_wait,
-            consumed_signals=self._consumed,
-            wake_on_signal=wake_on_signal,
-        )
-        self._buffer, self._consumed, self._close_wait = [], [], False
-        return commit
-
-    def _commit(self, commit: TurnCommit) -> None:
-        try:
-            outcome = self._checkpoint(commit)
-        except StoreRejected as exc:
-            # Unwinds past workflow code (a BaseException), so no `except Exception`
-            # in the workflow can swallow it.
-            raise CommitRejected(commit, exc) from exc
-        except Exception as exc:
-            # The store stayed unavailable through the completer's retries: the
-            # turn is abandoned, never blamed on the workflow; the lease expires
-            # and the run resumes from its last durable commit.
-            log.warning("commit failed; turn abandoned",
-                        extra={"execution_id": str(self.execution_id), "error": str(exc)})
-            raise TurnAborted() from exc
-        if not outcome.landed:
-            raise TurnAborted()
-        self._token = commit.next_token
-        if commit.state is not None:
-            self._stored_state = commit.state
-        self._cancel = self._cancel or outcome.cancel_requested
 
 
 def _json_round_trip(value: Any) -> Any:

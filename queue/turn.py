@@ -1,9 +1,12 @@
 """One turn: replay a claimed execution and run it until it finishes, fails or must wait.
 
-Mid-turn checkpoints go through `checkpoint` (the worker's completer) and block
-until durable. The commit that ends the turn is returned, not made: the caller
-hands it to the completer without waiting for it, so a turn's thread is free
-for the next claimed run while the commit is in flight.
+The turn's API is two functions. `run_turn` runs the workflow function and
+returns the commit that ends the turn, still to be made: the caller hands it to
+the completer without waiting, so a turn's thread is free for the next claimed
+run while the commit is in flight. Mid-turn checkpoints go through
+`checkpoint` (the worker's completer) and block until durable.
+`refused_by_store` is what the caller makes instead of an ending commit the
+database refused.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ import json
 import logging
 import uuid
 
-from shardq.queue.context import Checkpoint, WorkflowContext, error_payload
+from shardq.queue.context import WorkflowContext, error_payload
 from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
 from shardq.queue.errors import NotSerializable, StoreRejected, UnknownWorkflow
+from shardq.queue.journal import Checkpoint, Journal
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry, WorkflowFn
+from shardq.queue.replay import Replay
+
+__all__ = ["UNKNOWN_VERSION_RETRY_S", "refused_by_store", "run_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +33,7 @@ UNKNOWN_VERSION_RETRY_S = 60.0
 
 def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnCommit | None:
     """The commit that ends this turn, still to be made; None when the lease was lost."""
-    ctx = WorkflowContext(claim, checkpoint)
+    journal = Journal(claim, checkpoint)
     try:
         definition = registry.get(claim.workflow_name, claim.workflow_version)
     except UnknownWorkflow as exc:
@@ -34,23 +41,24 @@ def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnCo
             "workflow not registered in this worker; retrying later",
             extra={"execution_id": str(claim.execution_id), "error": str(exc)},
         )
-        return ctx._commit_for(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
+        return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
+    replay = Replay(claim.history, claim.signals)
     try:
-        return _play(ctx, definition.fn, claim)
+        return _play(definition.fn, claim, replay, journal)
     except CommitRejected as rejected:
-        return refused_by_store(ctx.execution_id, ctx.lease_token, rejected.error)
+        return refused_by_store(claim.execution_id, journal.lease_token, rejected.error)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
         return None
 
 
-def _play(ctx: WorkflowContext, fn: WorkflowFn, claim: Claim) -> TurnCommit:
+def _play(fn: WorkflowFn, claim: Claim, replay: Replay, journal: Journal) -> TurnCommit:
     """Run the workflow function; the commit its ending asks for (checkpoints raise through)."""
     try:
         if claim.cancel_requested:
             raise Cancelled()
-        result = fn(ctx)
-        ctx._replay.finish()
+        result = fn(WorkflowContext(claim, replay, journal))
+        replay.finish()
         try:
             output = json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -59,19 +67,18 @@ def _play(ctx: WorkflowContext, fn: WorkflowFn, claim: Claim) -> TurnCommit:
                 f"JSON-serialisable: {exc}"
             ) from exc
         # A wait the run resumed from was closed by the call that resumed
-        # (ctx flags it); nothing else can be open when the function returns.
-        return ctx._commit_for(state=State.COMPLETED, task=TaskAction.DELETE, output_json=output)
+        # (the journal flags it); nothing else can be open when the function returns.
+        return journal.commit(state=State.COMPLETED, task=TaskAction.DELETE, output_json=output)
     except Park as park:
-        return ctx._commit_for(
+        return journal.commit(
             state=park.state, task=park.task, delay=park.delay,
             open_wait=park.open_wait, wake_on_signal=park.wake_on_signal,
         )
     except Cancelled:
-        return ctx._commit_for(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)
+        return journal.commit(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)
     except Exception as exc:
-        failure = ctx._replay.fatal or exc
-        return ctx._commit_for(
-            state=State.FAILED, task=TaskAction.DELETE, error=error_payload(failure),
+        return journal.commit(
+            state=State.FAILED, task=TaskAction.DELETE, error=error_payload(replay.fatal or exc),
             close_wait=True,
         )
 

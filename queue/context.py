@@ -127,7 +127,8 @@ class WorkflowContext:
             if event.kind == Event.STEP_FAILED and event.payload.get("final"):
                 error = event.payload["error"]
                 raise StepFailed(name, error["type"], error["message"], event.payload["attempt"])
-        attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED)
+        # A new position (the common case) has no failed attempts to count.
+        attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED) if recorded else 1
         self._cancel = self._journal.flush() or self._cancel
         if self._cancel:  # learnt from the checkpoint just committed
             raise Cancelled()

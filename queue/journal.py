@@ -114,7 +114,8 @@ class Journal:
         TurnAborted when the lease was lost or the store stayed unavailable, and
         CommitRejected when the database refused a value of the commit.
         """
-        if all(e.kind in REPLAYABLE for e in self.events):
+        events = self.events
+        if not events or all(e.kind in REPLAYABLE for e in events):
             return False
         commit = self.commit(state=State.RUNNING, task=TaskAction.KEEP)
         try:

@@ -3,7 +3,8 @@
 All four derive from BaseException, not Exception: they unwind through
 workflow code, and an `except Exception` in a workflow must not swallow them.
 The context raises Park and Cancelled; the journal raises TurnAborted and
-CommitRejected at a checkpoint; the turn turns them into the commit that ends it.
+CommitRejected at a checkpoint; the turn turns the first three into the commit
+that ends it, and hands CommitRejected to its caller.
 """
 
 from __future__ import annotations

@@ -5,25 +5,25 @@ returns the commit that ends the turn, still to be made: the caller hands it to
 the completer without waiting, so a turn's thread is free for the next claimed
 run while the commit is in flight. Mid-turn checkpoints go through
 `checkpoint` (the worker's completer) and block until durable.
-`refused_by_store` is what the caller makes instead of an ending commit the
-database refused.
+`failing_commit` is what the caller makes instead of a commit the database
+refused, be it a checkpoint or the ending commit (the policy lives in
+`Worker._turn_ended`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 
 from shardq.queue.context import WorkflowContext, error_payload
-from shardq.queue.control import Cancelled, CommitRejected, Park, TurnAborted
+from shardq.queue.control import Cancelled, Park, TurnAborted
 from shardq.queue.errors import NotSerializable, StoreRejected, UnknownWorkflow
 from shardq.queue.journal import Checkpoint, Journal
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry, WorkflowFn
 from shardq.queue.replay import Replay
 
-__all__ = ["UNKNOWN_VERSION_RETRY_S", "refused_by_store", "run_turn"]
+__all__ = ["UNKNOWN_VERSION_RETRY_S", "failing_commit", "run_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,12 @@ UNKNOWN_VERSION_RETRY_S = 60.0
 
 
 def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnCommit | None:
-    """The commit that ends this turn, still to be made; None when the lease was lost."""
+    """The commit that ends this turn, still to be made; None when the lease was lost.
+
+    Raises CommitRejected when the database refused one of the turn's
+    checkpoints: the caller treats the refused commit as it would a refused
+    ending commit.
+    """
     journal = Journal(claim, checkpoint)
     try:
         definition = registry.get(claim.workflow_name, claim.workflow_version)
@@ -45,8 +50,6 @@ def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnCo
     replay = Replay(claim.history, claim.signals)
     try:
         return _play(definition.fn, claim, replay, journal)
-    except CommitRejected as rejected:
-        return refused_by_store(claim.execution_id, journal.lease_token, rejected.error)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
         return None
@@ -83,18 +86,17 @@ def _play(fn: WorkflowFn, claim: Claim, replay: Replay, journal: Journal) -> Tur
         )
 
 
-def refused_by_store(
-    execution_id: uuid.UUID, lease_token: uuid.UUID, error: StoreRejected
-) -> TurnCommit:
-    """The commit that fails a run with the database's reason for refusing its last commit.
+def failing_commit(refused: TurnCommit, error: StoreRejected) -> TurnCommit:
+    """The commit that fails a run with the database's reason for refusing `refused`.
 
     It drops the refused events: retrying them would hit the same refusal
     forever, and a failed run with the reason is what an operator can act on.
-    `lease_token` is the one the refused commit carried (it never landed).
+    It carries `refused`'s lease token, which is still current (nothing of
+    `refused` was written).
     """
     log.error("database refused a turn's commit; failing the run",
-              extra={"execution_id": str(execution_id), "error": str(error)})
+              extra={"execution_id": str(refused.execution_id), "error": str(error)})
     return TurnCommit(
-        execution_id, lease_token, state=State.FAILED, task=TaskAction.DELETE,
+        refused.execution_id, refused.lease_token, state=State.FAILED, task=TaskAction.DELETE,
         error=error_payload(error), close_wait=True,
     )

@@ -23,12 +23,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from shardq.queue.completer import Completer, Result
+from shardq.queue.control import CommitRejected
 from shardq.queue.errors import ShardUnavailable, StoreRejected
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import Claim, CommitOutcome, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
-from shardq.queue.turn import refused_by_store, run_turn
+from shardq.queue.turn import failing_commit, run_turn
 from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 
@@ -315,8 +316,11 @@ class Worker:
             if item is None:
                 return
             shard, claim = item
+            refused: StoreRejected | None = None
             try:
                 final = self._run_one(shard, claim)
+            except CommitRejected as rejected:  # a checkpoint: its turn ends there
+                final, refused = rejected.commit, rejected.error
             except Exception:
                 log.exception("turn crashed; its lease will expire and another worker retries",
                               extra={"execution_id": str(claim.execution_id)})
@@ -327,13 +331,16 @@ class Worker:
                 woken = self._claimers_to_wake()
             if final is None:
                 self._release(claim.execution_id, settled=False)
-            else:
-                self._wake(woken)
+                continue
+            self._wake(woken)
+            if refused is None:
                 # The run stays in flight (its lease heartbeated) until the commit
                 # is durable; this thread moves on to the next claimed run.
                 self._completers[shard.name].submit_async(
                     final, functools.partial(self._turn_ended, shard, final)
                 )
+            else:
+                self._turn_ended(shard, final, refused)
 
     def _run_one(self, shard: Shard, claim: Claim) -> TurnCommit | None:
         completer = self._completers[shard.name]
@@ -350,11 +357,15 @@ class Worker:
     def _turn_ended(
         self, shard: Shard, commit: TurnCommit, result: Result, *, replaced: bool = False
     ) -> None:
-        """The outcome of a turn's last commit (on the completer's thread)."""
+        """The outcome of a turn's last commit: its ending, or a checkpoint the database refused.
+
+        On the completer's thread, or on the turn's for a refused checkpoint.
+        This is the one place a refused commit is handled: the run fails with
+        the database's reason, once; should that failing commit be refused too,
+        the lease expires and the run is retried rather than replaced forever.
+        """
         if isinstance(result, StoreRejected) and not replaced:
-            # Once: should the failing commit be refused too, the lease expires
-            # and the run is retried rather than replaced forever.
-            failure = refused_by_store(commit.execution_id, commit.lease_token, result)
+            failure = failing_commit(commit, result)
             self._completers[shard.name].submit_async(
                 failure, functools.partial(self._turn_ended, shard, failure, replaced=True)
             )

@@ -1,12 +1,19 @@
-"""The turn's API without a database: the commits a turn asks for, through a fake checkpoint."""
+"""The turn's API: the commits a turn asks for, through a fake checkpoint (no database),
+and a refused checkpoint through a real worker."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
+from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
+from shardq.queue.control import CommitRejected
+from shardq.queue.errors import StoreRejected
 from shardq.queue.models import (
     Claim,
     CommitOutcome,
@@ -17,7 +24,12 @@ from shardq.queue.models import (
     TurnCommit,
 )
 from shardq.queue.registry import Registry
-from shardq.queue.turn import run_turn
+from shardq.queue.turn import failing_commit, run_turn
+from shardq.queue.worker import Worker
+from shardq.shards.config import ShardMap
+from shardq.shards.pools import ShardPools
+
+from .support import all_rows
 
 registry = Registry()
 LANDED = CommitOutcome(landed=True)
@@ -31,6 +43,16 @@ def one(ctx: WorkflowContext) -> Any:
 @registry.workflow("two")
 def two(ctx: WorkflowContext) -> Any:
     return [ctx.step("a", lambda: 1), ctx.step("b", lambda: 2)]
+
+
+ran: list[str] = []
+
+
+@registry.workflow("refused_midway")
+def refused_midway(ctx: WorkflowContext) -> Any:
+    # PostgreSQL's jsonb cannot store NUL: the checkpoint before "after" is refused.
+    ctx.step("nul", lambda: "nul\u0000")
+    return ctx.step("after", lambda: ran.append("after"))
 
 
 def claim(workflow: str, *history: HistoryEvent) -> Claim:
@@ -81,9 +103,34 @@ def test_a_lost_lease_at_a_checkpoint_ends_the_turn_with_nothing_to_commit() -> 
     assert run_turn(claim("two"), registry, Checkpoints(ConnectionError("down"))) is None
 
 
+def test_a_refused_checkpoint_is_handed_to_the_caller_and_fails_the_run_once() -> None:
+    checkpoints = Checkpoints(StoreRejected("unsupported Unicode escape sequence"))
+    with pytest.raises(CommitRejected) as rejected:
+        run_turn(claim("two"), registry, checkpoints)
+    assert rejected.value.commit is checkpoints.made[0]
+    failure = failing_commit(rejected.value.commit, rejected.value.error)
+    assert failure.lease_token == checkpoints.made[0].lease_token
+    assert (failure.state, failure.task, failure.events) == (State.FAILED, TaskAction.DELETE, [])
+    assert failure.error is not None and failure.error["type"] == "StoreRejected"
+
+
 def test_a_diverging_replay_fails_the_run() -> None:
     history = HistoryEvent(1, 0, Event.TIMER_STARTED.value, "nap", {"seconds": 5})
     final = run_turn(claim("one", history), registry, Checkpoints())
     assert final is not None and final.state is State.FAILED and final.error is not None
     assert final.error["type"] == "NonDeterminismError"
     assert "history recorded sleep 'nap', the code now calls step 'a'" in final.error["message"]
+
+
+def test_a_refused_checkpoint_fails_the_run_with_the_reason(
+    shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
+) -> None:
+    client = Client(shard_map, registry, pools=pools)
+    start_worker(registry)
+    run = client.start("refused_midway", "r-1")
+    done = client.wait(run.execution_id, timeout=15)
+    assert done.state is State.FAILED and done.error is not None
+    assert done.error["type"] == "StoreRejected"
+    assert ran == []  # "after" never ran, and "nul" left no record
+    assert [e.kind for e in client.history(run.execution_id) if e.position is not None] == []
+    assert all_rows(shard_map, "SELECT count(*) FROM shardq.tasks") == [(0,), (0,)]

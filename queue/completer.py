@@ -58,6 +58,26 @@ class _Waiter:
 
 
 class Completer:
+    """Group commit of one shard's turn commits.
+
+    Threads: its own (`shardq-completer-<shard>`) takes the queued commits,
+    applies them in batches and runs their `on_done` callbacks. `submit` and
+    `submit_async` are called by turn threads, `submit_async` also by those
+    callbacks; `submit` commits on the calling turn thread itself when nothing
+    is queued or being applied, so the store is called from several threads at
+    once (each call takes its own pooled connection). `close` is called once,
+    by the worker's stop(); `_closing` makes it and `submit_async` agree on
+    whether a commit got into the queue.
+
+    `_busy` is written by the completer's thread only, and `submit` reads it
+    (and the queue's emptiness) without a lock: a stale read is harmless. Seen
+    False while a batch is being applied, a checkpoint commits alone beside the
+    batch, which holds other executions only (an execution makes its next
+    commit only once its previous one is settled); seen True just after, the
+    checkpoint is queued and waits for the completer's thread, slower but
+    correct. A lock there would cost every checkpoint.
+    """
+
     def __init__(
         self,
         store: Store,

@@ -291,6 +291,9 @@ def _run_attempt(
 ) -> T:
     if timeout is None:
         return fn(*args, **kwargs)
+    # The attempt runs on a thread of its own (`shardq-step`) that touches nothing
+    # but `box`; past the timeout the turn stops waiting for it and never reads
+    # `box` again, so its late result or error goes nowhere.
     box: dict[str, Any] = {}
 
     def target() -> None:

@@ -138,7 +138,7 @@ class TaskAction(StrEnum):
     """What a commit does to the execution's task row."""
 
     KEEP = "keep"
-    """Mid-turn checkpoint: the lease stays (and is extended)."""
+    """Mid-turn checkpoint: the lease stays (the heartbeat extends it, not the commit)."""
     DELETE = "delete"
     """The run finished or parked on a wait with no deadline."""
     SCHEDULE = "schedule"

@@ -86,6 +86,17 @@ class WorkerConfig:
 
 @dataclass
 class _InFlight:
+    """A lease this worker holds, from the claim until the turn's last commit is settled.
+
+    `token` is rewritten by the run's turn thread when a checkpoint lands, and
+    read without the lock by the heartbeat and by stop(). A token one
+    checkpoint old costs the heartbeat one extension of that lease (a lease
+    spans three heartbeats, and outlives a failed one just the same) and
+    stop() the hand-back of that lease (it expires instead). A lock would
+    prevent neither, as a checkpoint can land between a reader's read and its
+    statement anyway, and it would cost every checkpoint.
+    """
+
     shard: Shard
     execution_id: uuid.UUID
     token: uuid.UUID
@@ -100,6 +111,33 @@ class _Partial:
 
 
 class Worker:
+    """Runs the turns of due runs on the served shards: `start()`, then `stop()` to drain.
+
+    Threads, and what each one owns:
+
+    - The caller's: `start()`, `stop()`, `wake()`.
+    - A claim thread per shard (`shardq-claim-<shard>`, `_claim_loop`): reserves
+      free turn slots, claims, records the leases in `_inflight` and queues the
+      claims for the turn threads; sleeps on its shard's WakeSource.
+    - A completer per shard (`shardq-completer-<shard>`, see Completer): group
+      commits, and runs `_turn_ended` for each turn's last commit, which
+      releases the run (or submits the commit that fails a refused one).
+    - `concurrency` turn threads (`shardq-turn-<i>`, `_turn_loop`): run one
+      claimed run's turn at a time: workflow code, steps and checkpoints (which
+      block the thread, and may commit on it, see Completer.submit); then hand
+      the last commit to the completer without waiting for it.
+    - The heartbeat (`shardq-heartbeat`): extends the leases in `_inflight`
+      every third of a lease until the drain is over.
+    - Step-attempt threads (`shardq-step`), one per attempt of a step with a
+      `timeout`: run the step function and touch no worker state.
+
+    `_inflight`, `_turning`, `_settling` and `_starved` change only under
+    `_lock` (`_idle` is a condition on it). A turn thread looks its run's
+    `_inflight` entry up without the lock (`_run_one`): the claim thread added
+    it before queueing the claim, and only the end of that run's turn removes
+    it. `_InFlight.token` is written outside the lock; see there why that holds.
+    """
+
     def __init__(
         self,
         pools: ShardPools,
@@ -349,7 +387,7 @@ class Worker:
         def checkpoint(commit: TurnCommit) -> CommitOutcome:
             outcome = completer.submit(commit)
             if outcome.landed:
-                entry.token = commit.next_token
+                entry.token = commit.next_token  # read unlocked: see _InFlight
             return outcome
 
         return run_turn(claim, self.registry, checkpoint)

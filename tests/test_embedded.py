@@ -25,7 +25,8 @@ def _alive(pid: int) -> bool:
     # which in a container may never reap it.
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # ProcessLookupError: the process exited between the open and the read.
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 

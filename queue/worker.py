@@ -37,9 +37,8 @@ log = logging.getLogger(__name__)
 
 
 COALESCE_S = 0.001
-"""How long a claim loop with a few free turn threads waits for more to free up."""
-COALESCE_MAX_S = 0.005
-"""The longest a due run waits for a worthwhile batch while a turn thread is free."""
+"""How long a claim loop with a few free turn threads waits for more to free up: a
+partial batch is claimed once a wait this long freed none."""
 GC_YOUNG_THRESHOLD = 20_000
 """Allocations between young collections in a worker daemon (CPython's default: 700)."""
 
@@ -100,14 +99,6 @@ class _InFlight:
     shard: Shard
     execution_id: uuid.UUID
     token: uuid.UUID
-
-
-@dataclass
-class _Partial:
-    """A claim loop's wait for a worthwhile batch of free turn threads."""
-
-    since: float
-    free: int
 
 
 class Worker:
@@ -253,7 +244,7 @@ class Worker:
 
     def _claim_loop(self, shard: Shard) -> None:
         wake = self._wakes[shard.name]
-        partial: _Partial | None = None
+        partial: int | None = None  # free slots seen while waiting for a worthwhile batch
         failures = 0
         while not self._stopping.is_set():
             # Cleared before the slots are read: a wake from here on is kept
@@ -293,17 +284,19 @@ class Worker:
             if len(claims) < limit:
                 wake.wait(self._sleep_time(due_in))
 
-    def _reserve(self, shard: Shard, partial: _Partial | None) -> tuple[int, _Partial | None]:
-        """Take free slots for a claim: (how many, the partial batch still being waited for).
+    def _reserve(self, shard: Shard, partial: int | None) -> tuple[int, int | None]:
+        """Take free slots for a claim: (how many, the free slots of a partial batch
+        still being waited for).
 
         Under a backlog of short turns, slots free up many per millisecond, and
         waiting for half a batch of them keeps claims large (a claim statement
-        costs the server about as much as several jobs). Turns that hold their
-        threads (a long step) free nothing, and a due run must not wait behind
-        them while a thread is idle: a partial batch is claimed as soon as no
-        slot freed for COALESCE_S, and at the latest after COALESCE_MAX_S.
-        Slots are reserved before the claim, so the other shards' loops cannot
-        take the same free slots while this claim is out.
+        costs the server about as much as several jobs), so while slots keep
+        freeing the loop keeps waiting. Turns that hold their threads (a long
+        step) free nothing, and a due run must not wait behind them while a
+        thread is idle: a partial batch is claimed as soon as a wait of
+        COALESCE_S freed no slot. Slots are reserved before the claim, so the
+        other shards' loops cannot take the same free slots while this claim is
+        out.
         """
         with self._lock:
             # Below zero too: turns already claimed may settle past commit_batch.
@@ -311,13 +304,8 @@ class Worker:
             if free <= 0:
                 self._starved.add(shard.name)
                 return 0, None
-            if free < self._claim_threshold:
-                now = time.monotonic()
-                if partial is None:
-                    return 0, _Partial(now, free)
-                if free > partial.free and now - partial.since < COALESCE_MAX_S:
-                    partial.free = free
-                    return 0, partial
+            if free < self._claim_threshold and (partial is None or free > partial):
+                return 0, free
             limit = min(self.config.batch_size, free)
             self._turning += limit
             self._starved.discard(shard.name)

@@ -116,9 +116,31 @@ def run_demo(shard_count: int) -> None:
                            f"{json.dumps(event.payload)}")
             if final.state is not State.COMPLETED:
                 raise SystemExit(f"demo failed: the run ended {final.state.value}")
+            quorum_demo(client, run)
         finally:
             worker.stop(drain_timeout_s=5)
             pools.close()
+
+
+def quorum_demo(client: Client, run: str) -> None:
+    """Two approvers before a deadline: a signal-started run and a condition over signals."""
+    key = f"expense-77-{run}"
+    click.echo(f"\ntimeline of quorum_approval {key}:")
+    timeline = Timeline()
+    first = client.signal_with_start("quorum_approval", key, {"hours": 48}, "approved",
+                                     {"approver": "ann"}, idempotency_key=f"ann-{run}")
+    timeline.mark(f"signal-with-start: run created={first.created}, ann's approval buffered")
+    again = client.signal_with_start("quorum_approval", key, {"hours": 48}, "approved",
+                                     {"approver": "ann"}, idempotency_key=f"ann-{run}")
+    timeline.mark(f"ann's webhook retried: created={again.created}, "
+                  f"delivered={again.delivered}")
+    wait_for_state(client, first.execution_id, {State.WAITING})
+    timeline.mark("parked    quorum 1 of 2; no process holds it")
+    client.signal(first.execution_id, "approved", {"approver": "bob"})
+    final = client.wait(first.execution_id, timeout=30)
+    timeline.mark(f"bob approved -> {final.state.value}: {json.dumps(final.output)}")
+    if final.state is not State.COMPLETED or final.output["outcome"] != "approved":
+        raise SystemExit(f"demo failed: the quorum ended {final.state.value}")
 
 
 @click.command()

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from shardq.queue.context import WorkflowContext
+from shardq.queue.models import Signal
 from shardq.queue.registry import Registry
 
 registry = Registry()
@@ -28,6 +29,27 @@ def checkout(ctx: WorkflowContext) -> dict[str, Any]:
     payment = ctx.wait_for_signal("payment_captured")
     shipment = ctx.step("fulfill_order", fulfill_order, order, payment)
     return {"reservation": reservation, "payment": payment, "shipment": shipment}
+
+
+@registry.workflow("quorum_approval")
+def quorum_approval(ctx: WorkflowContext) -> dict[str, Any]:
+    """Two distinct approvers before a deadline (`hours`, default 48); else timed out.
+
+    The approvals live in the workflow's own state; `wait_until` feeds it each
+    `approved` signal and re-checks the quorum after every one. Signals of other
+    names wait for later calls.
+    """
+    approvers: list[str] = []
+
+    def approved(signal: Signal) -> None:
+        who = (signal.payload or {}).get("approver", f"anonymous-{signal.signal_id}")
+        if who not in approvers:
+            approvers.append(who)
+
+    deadline = float(ctx.input.get("hours", 48)) * 3600
+    met = ctx.wait_until(lambda: len(approvers) >= 2, on={"approved": approved},
+                         timeout=deadline, name="quorum")
+    return {"outcome": "approved" if met else "timed_out", "approvers": approvers}
 
 
 def noop() -> None:

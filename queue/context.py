@@ -15,14 +15,30 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 from shardq.queue.control import Cancelled, Park
-from shardq.queue.errors import InvalidArgument, NotSerializable, StepFailed
+from shardq.queue.errors import (
+    InvalidArgument,
+    NonDeterminismError,
+    NotSerializable,
+    SignalTimedOut,
+    StepFailed,
+)
 from shardq.queue.journal import Journal
-from shardq.queue.models import Claim, Event, NewEvent, OpenWait, State, TaskAction
+from shardq.queue.models import (
+    Claim,
+    Event,
+    HistoryEvent,
+    NewEvent,
+    OpenWait,
+    PendingSignal,
+    Signal,
+    State,
+    TaskAction,
+)
 from shardq.queue.names import check_name
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
@@ -60,6 +76,7 @@ class WorkflowContext:
         self._pending = replay.pending
         self._cancel = claim.cancel_requested
         self._random: random.Random | None = None
+        self._in_condition = False
 
     # -- identity --------------------------------------------------------------
 
@@ -86,6 +103,7 @@ class WorkflowContext:
     @property
     def random(self) -> random.Random:
         """Deterministic randomness: the same sequence on every replay of this execution."""
+        self._guard()
         if self._random is None:  # seeding costs more than a no-op step: only on use
             self._random = random.Random(self._claim.execution_id.int)
         return self._random
@@ -118,8 +136,7 @@ class WorkflowContext:
         policy = RetryPolicy.of(retry)
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise InvalidArgument(f"step {name!r}: timeout must be a positive number of seconds")
-        if self._cancel:
-            raise Cancelled()
+        self._guard()
         position, recorded = self._replay.next("step", name)
         for event in recorded:
             if event.kind == Event.STEP_COMPLETED:
@@ -177,8 +194,7 @@ class WorkflowContext:
             raise InvalidArgument(
                 f"sleep {name!r}: seconds must be a positive number, got {seconds!r}"
             )
-        if self._cancel:
-            raise Cancelled()
+        self._guard()
         position, recorded = self._replay.next("sleep", name)
         kinds = {e.kind: e for e in recorded}
         if Event.TIMER_FIRED in kinds:
@@ -198,38 +214,31 @@ class WorkflowContext:
         self._journal.events.append(NewEvent(position, Event.TIMER_FIRED, name, {}))
         self._journal.close_wait = True
 
-    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
-        """The payload of the oldest unconsumed signal `name`, parking until one arrives.
+    def receive(self, name: str, timeout: float | None = None) -> Signal | None:
+        """The oldest unconsumed signal `name`, parking until one arrives.
 
         Signals that arrived early are buffered and consumed oldest first. With a
-        `timeout` (seconds, > 0) the wait gives up at a database-clock deadline and
-        returns None.
+        `timeout` (seconds, > 0) the wait gives up at a database-clock deadline
+        and returns None; a signal sent without payload is still a `Signal`
+        (its `.payload` is None), so the two never look alike.
         """
         check_name(name, "signal")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0
-        ):
-            raise InvalidArgument(f"wait_for_signal {name!r}: timeout must be > 0 seconds")
-        if self._cancel:
-            raise Cancelled()
+        _check_timeout(timeout, f"receive {name!r}")
+        self._guard()
         position, recorded = self._replay.next("signal", name)
         kinds = {e.kind: e for e in recorded}
         if Event.SIGNAL_CONSUMED in kinds:
-            return kinds[Event.SIGNAL_CONSUMED].payload["payload"]
+            return _signal(name, kinds[Event.SIGNAL_CONSUMED].payload)
         if Event.SIGNAL_TIMED_OUT in kinds:
             return None
         waiting = kinds.get(Event.SIGNAL_WAITING)
         arrived = next((s for s in self._pending if s.name == name), None)
         if arrived is not None:
-            self._pending.remove(arrived)
             journal = self._journal
-            journal.consumed.append((arrived.id, position))
-            journal.events.append(NewEvent(
-                position, Event.SIGNAL_CONSUMED, name,
-                {"signal_id": arrived.id, "payload": arrived.payload},
-            ))
+            payload = self._consume(arrived, position)
+            journal.events.append(NewEvent(position, Event.SIGNAL_CONSUMED, name, payload))
             journal.close_wait = journal.close_wait or waiting is not None
-            return arrived.payload
+            return _signal(name, payload)
         if waiting is None:
             self._journal.events.append(NewEvent(
                 position, Event.SIGNAL_WAITING, name, {"timeout": timeout}, wake_in=timeout
@@ -239,7 +248,7 @@ class WorkflowContext:
                 task=TaskAction.SCHEDULE if timeout else TaskAction.DELETE,
                 delay=timeout or 0.0,
                 open_wait=OpenWait(position, "signal", name, deadline_in=timeout),
-                wake_on_signal=name,
+                wake_on_signals=(name,),
             )
         deadline = waiting.payload.get("wake_at")
         remaining = self._until(deadline) if deadline else None
@@ -251,13 +260,165 @@ class WorkflowContext:
             state=State.WAITING,
             task=TaskAction.SCHEDULE if remaining else TaskAction.DELETE,
             delay=remaining or 0.0,
-            wake_on_signal=name,
+            wake_on_signals=(name,),
         )
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        """The payload of the oldest unconsumed signal `name` (the short form of `receive`).
+
+        At a `timeout`'s deadline it raises SignalTimedOut, which the workflow
+        may catch: a payload of None always means a signal arrived without one.
+        """
+        received = self.receive(name, timeout)
+        if received is None:
+            raise SignalTimedOut(name)
+        return received.payload
+
+    def wait_until(
+        self,
+        predicate: Callable[[], object],
+        *,
+        on: Mapping[str, Callable[[Signal], object]],
+        timeout: float | None = None,
+        name: str = "condition",
+    ) -> bool:
+        """Wait until `predicate()` holds; True when it does, False at the deadline.
+
+        `on` maps signal names to handlers: each signal of those names that
+        arrives is consumed, oldest first, and passed to its handler, which
+        updates the workflow's own state; the predicate is evaluated before the
+        first and after each one. Signals of other names stay buffered for later
+        waits. With a `timeout` (seconds, > 0) only signals received before the
+        database-clock deadline count, and the call returns False once it passed.
+
+        Replay feeds the handlers the same signals in the same order and
+        re-evaluates the predicate at the same points, so both must depend only
+        on workflow state: no time, randomness or I/O (ctx calls inside them are
+        refused; a predicate that answers differently on replay fails the run
+        with a non-determinism error).
+        """
+        _check_condition(name, on, timeout)
+        self._guard()
+        position, recorded = self._replay.next("condition", name)
+        waiting = next((e for e in recorded if e.kind == Event.CONDITION_WAITING), None)
+        met, outcome = self._replay_condition(position, name, recorded, predicate, on)
+        if outcome is not None:
+            return met
+        deadline = waiting.payload.get("wake_at") if waiting is not None else None
+        journal = self._journal
+        if not met:
+            met = self._feed_condition(position, name, predicate, on, deadline)
+        if met:
+            journal.events.append(NewEvent(position, Event.CONDITION_MET, name, {}))
+            journal.close_wait = journal.close_wait or waiting is not None
+            return True
+        names = tuple(sorted(on))
+        if waiting is None:
+            journal.events.append(NewEvent(
+                position, Event.CONDITION_WAITING, name,
+                {"timeout": timeout, "signals": list(names)}, wake_in=timeout,
+            ))
+            raise Park(
+                state=State.WAITING,
+                task=TaskAction.SCHEDULE if timeout else TaskAction.DELETE,
+                delay=timeout or 0.0,
+                open_wait=OpenWait(position, "condition", name, deadline_in=timeout,
+                                   request={"signals": list(names)}),
+                wake_on_signals=names,
+            )
+        remaining = self._until(deadline) if deadline else None
+        if remaining is not None and remaining <= 0:
+            journal.events.append(NewEvent(position, Event.CONDITION_TIMED_OUT, name, {}))
+            journal.close_wait = True
+            return False
+        raise Park(
+            state=State.WAITING,
+            task=TaskAction.SCHEDULE if remaining else TaskAction.DELETE,
+            delay=remaining or 0.0,
+            wake_on_signals=names,
+        )
+
+    def _replay_condition(
+        self, position: int, name: str, recorded: Sequence[HistoryEvent],
+        predicate: Callable[[], object], on: Mapping[str, Callable[[Signal], object]],
+    ) -> tuple[bool, Event | None]:
+        """Feed the handlers what history recorded: (whether the predicate holds, the
+        recorded outcome if any). Raises NonDeterminismError where replay disagrees."""
+        met = self._holds(predicate)
+        outcome = None
+        for event in recorded:
+            if event.kind == Event.CONDITION_CONSUMED:
+                signal = _signal(event.payload["signal"], event.payload)
+                if met or signal.name not in on:
+                    raise self._diverged(position, name)
+                self._handle(on[signal.name], signal)
+                met = self._holds(predicate)
+            elif event.kind in (Event.CONDITION_MET, Event.CONDITION_TIMED_OUT):
+                outcome = Event(event.kind)
+        if outcome is not None and met != (outcome == Event.CONDITION_MET):
+            raise self._diverged(position, name)
+        return met, outcome
+
+    def _feed_condition(
+        self, position: int, name: str, predicate: Callable[[], object],
+        on: Mapping[str, Callable[[Signal], object]], deadline: str | None,
+    ) -> bool:
+        """Consume buffered signals of the handled names until the predicate holds."""
+        cutoff = datetime.fromisoformat(deadline) if deadline else None
+        while True:
+            arrived = next((
+                s for s in self._pending if s.name in on
+                and (cutoff is None or _received(s) <= cutoff)
+            ), None)
+            if arrived is None:
+                return False
+            payload = self._consume(arrived, position)
+            self._journal.events.append(NewEvent(
+                position, Event.CONDITION_CONSUMED, name, {**payload, "signal": arrived.name}
+            ))
+            self._handle(on[arrived.name], _signal(arrived.name, payload))
+            if self._holds(predicate):
+                return True
+
+    def _consume(self, arrived: PendingSignal, position: int) -> dict[str, Any]:
+        """Take a buffered signal for the call at `position`: what its event records."""
+        self._pending.remove(arrived)
+        self._journal.consumed.append((arrived.id, position))
+        return {"signal_id": arrived.id, "payload": arrived.payload,
+                "idempotency_key": arrived.idempotency_key, "received_at": arrived.received_at}
+
+    def _holds(self, predicate: Callable[[], object]) -> bool:
+        self._in_condition = True
+        try:
+            return bool(predicate())
+        finally:
+            self._in_condition = False
+
+    def _handle(self, handler: Callable[[Signal], object], signal: Signal) -> None:
+        self._in_condition = True
+        try:
+            handler(signal)
+        finally:
+            self._in_condition = False
+
+    def _diverged(self, position: int, name: str) -> NonDeterminismError:
+        return NonDeterminismError(
+            f"non-deterministic workflow at position {position}: condition {name!r} "
+            "answered differently on replay than when it was recorded (its predicate and "
+            "handlers must depend only on workflow state: no time, randomness or I/O)"
+        )
+
+    def _guard(self) -> None:
+        """Every call first: refused inside a condition, unwinds a cancelled run."""
+        if self._in_condition:
+            raise InvalidArgument("a wait_until predicate or handler must not call ctx: it is "
+                                  "re-evaluated on replay and must depend only on workflow state")
+        if self._cancel:
+            raise Cancelled()
 
     def now(self) -> datetime:
         """The database's current time, recorded so replay sees the same instant."""
-        if self._cancel:
-            raise Cancelled()
+        self._guard()
         position, recorded = self._replay.next("now", "now")
         if recorded:
             return datetime.fromisoformat(recorded[0].payload["at"])
@@ -274,6 +435,43 @@ class WorkflowContext:
 
     def _until(self, iso: str) -> float:
         return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
+
+
+def _check_timeout(timeout: float | None, what: str) -> None:
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout) or timeout <= 0
+    ):
+        raise InvalidArgument(f"{what}: timeout must be > 0 seconds, got {timeout!r}")
+
+
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
+
+
+def _check_condition(
+    name: str, on: Mapping[str, Callable[[Signal], object]], timeout: float | None
+) -> None:
+    check_name(name, "condition")
+    _check_timeout(timeout, f"wait_until {name!r}")
+    if not on:
+        raise InvalidArgument(f"wait_until {name!r}: `on` must name at least one signal")
+    for signal_name, handler in on.items():
+        check_name(signal_name, "signal")
+        if not callable(handler):
+            raise InvalidArgument(f"wait_until {name!r}: the handler of {signal_name!r} "
+                                  "is not callable")
+
+
+def _received(signal: PendingSignal) -> datetime:
+    return datetime.fromisoformat(signal.received_at) if signal.received_at else _LONG_AGO
+
+
+def _signal(name: str, recorded: Mapping[str, Any]) -> Signal:
+    """A received signal from what its consumption event records."""
+    at = recorded.get("received_at")
+    return Signal(name, recorded["payload"], int(recorded["signal_id"]),
+                  recorded.get("idempotency_key"),
+                  datetime.fromisoformat(at) if at else _LONG_AGO)
 
 
 def _json_round_trip(value: Any) -> Any:

@@ -23,11 +23,11 @@ class Park(BaseException):
         task: TaskAction,
         delay: float = 0.0,
         open_wait: OpenWait | None = None,
-        wake_on_signal: str | None = None,
+        wake_on_signals: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.state, self.task, self.delay = state, task, delay
-        self.open_wait, self.wake_on_signal = open_wait, wake_on_signal
+        self.open_wait, self.wake_on_signals = open_wait, wake_on_signals
 
 
 class Cancelled(BaseException):

@@ -12,6 +12,7 @@ __all__ = [
     "NotSerializable",
     "ShardUnavailable",
     "SignalRefused",
+    "SignalTimedOut",
     "StepFailed",
     "StoreConflict",
     "StoreRejected",
@@ -42,6 +43,18 @@ class ExecutionNotFound(WorkflowError):
 
 class SignalRefused(WorkflowError):
     """The target run cannot take signals any more (it has finished) or has too many pending."""
+
+
+class SignalTimedOut(WorkflowError):
+    """`ctx.wait_for_signal` reached its deadline before a signal of that name arrived.
+
+    Raised into the workflow at the call (and again on replay), so a timeout is
+    never mistaken for a signal that came without a payload.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no signal {name!r} arrived before the wait's deadline")
+        self.signal_name = name
 
 
 class LeaseLost(WorkflowError):

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 Checkpoint = Callable[[TurnCommit], CommitOutcome]
 """Makes a mid-turn commit and blocks until it is durable; raises on store errors."""
-REPLAYABLE = frozenset({Event.SIGNAL_CONSUMED, Event.TIMER_FIRED})
+REPLAYABLE = frozenset({
+    Event.SIGNAL_CONSUMED, Event.TIMER_FIRED, Event.CONDITION_CONSUMED, Event.CONDITION_MET,
+})
 """Event kinds a replay records identically from durable state (see the module doc)."""
 
 
@@ -81,7 +83,7 @@ class Journal:
         output_json: str | None = None,
         error: dict[str, Any] | None = None,
         open_wait: OpenWait | None = None,
-        wake_on_signal: str | None = None,
+        wake_on_signals: tuple[str, ...] = (),
         close_wait: bool = False,
     ) -> TurnCommit:
         """A commit of everything buffered, with this state and task; the buffer starts over.
@@ -101,7 +103,7 @@ class Journal:
             open_wait=open_wait,
             close_wait=close_wait or self.close_wait,
             consumed_signals=self.consumed,
-            wake_on_signal=wake_on_signal,
+            wake_on_signals=wake_on_signals,
         )
         self.events, self.consumed, self.close_wait = [], [], False
         return commit

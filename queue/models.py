@@ -39,6 +39,11 @@ class Event(StrEnum):
     SIGNAL_WAITING = "signal.waiting"
     SIGNAL_CONSUMED = "signal.consumed"
     SIGNAL_TIMED_OUT = "signal.timed_out"
+    CONDITION_WAITING = "condition.waiting"
+    CONDITION_CONSUMED = "condition.consumed"
+    """A signal a condition's handler was given (payload as in signal.consumed)."""
+    CONDITION_MET = "condition.met"
+    CONDITION_TIMED_OUT = "condition.timed_out"
     CLOCK_READ = "now.read"
     SIGNAL_RECEIVED = "signal.received"
     """Not tied to a call: written by the sender when a signal lands."""
@@ -88,6 +93,24 @@ class PendingSignal:
     id: int
     name: str
     payload: Any
+    idempotency_key: str | None = None
+    received_at: str | None = None
+    """ISO 8601, as the database recorded it."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A signal a workflow received (`ctx.receive`, `ctx.wait_until` handlers).
+
+    The same on the first run and on replay: it is read back from history.
+    """
+
+    name: str
+    payload: Any
+    """What the sender sent; None for a signal without payload (it still arrived)."""
+    signal_id: int
+    idempotency_key: str | None
+    received_at: datetime
 
 
 @dataclass(frozen=True)
@@ -187,8 +210,8 @@ class TurnCommit:
     close_wait: bool = False
     consumed_signals: list[tuple[int, int]] = field(default_factory=list)
     """(signal id, position) pairs consumed by this turn."""
-    wake_on_signal: str | None = None
-    """Parking on this signal name: if one is already pending, the task stays due."""
+    wake_on_signals: tuple[str, ...] = ()
+    """Parking on signals of these names: if one is already pending, the task stays due."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from shardq.queue.errors import NonDeterminismError
 from shardq.queue.models import Event, HistoryEvent, PendingSignal
 
 _NOTHING: tuple[HistoryEvent, ...] = ()
+_CONSUMING = frozenset({Event.SIGNAL_CONSUMED, Event.CONDITION_CONSUMED})
 
 
 class Replay:
@@ -36,7 +37,7 @@ class Replay:
         for event in history:
             if event.position is not None:
                 self._recorded.setdefault(event.position, []).append(event)
-            if event.kind == Event.SIGNAL_CONSUMED:
+            if event.kind in _CONSUMING:
                 consumed.add(int(event.payload["signal_id"]))
         self.pending = [s for s in signals if s.id not in consumed]
         """Of the run's unconsumed `signals`, those no recorded call consumed either, oldest

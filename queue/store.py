@@ -353,8 +353,7 @@ def _commit_turns(
             w = c.open_wait
             waits.append([cid, w.position, w.kind, w.name, w.deadline_in, w.request])
         consumed.extend(c.consumed_signals)
-        if c.wake_on_signal is not None:
-            parking.append([cid, c.wake_on_signal])
+        parking.extend([cid, name] for name in c.wake_on_signals)
     parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking}
     batch = json.dumps({k: v for k, v in parts.items() if v or k == "c"})
     with conn.cursor(row_factory=tuple_row) as cur:
@@ -436,6 +435,7 @@ def _claim(row: tuple[Any, ...]) -> Claim:
             for seq, position, kind, name, payload in json.loads(history)
         ) if history else (),
         signals=tuple(
-            PendingSignal(sid, name, payload) for sid, name, payload in json.loads(signals)
+            PendingSignal(sid, name, payload, key, received_at)
+            for sid, name, payload, key, received_at in json.loads(signals)
         ) if signals else (),
     )

@@ -75,7 +75,7 @@ def _play(fn: WorkflowFn, claim: Claim, replay: Replay, journal: Journal) -> Tur
     except Park as park:
         return journal.commit(
             state=park.state, task=park.task, delay=park.delay,
-            open_wait=park.open_wait, wake_on_signal=park.wake_on_signal,
+            open_wait=park.open_wait, wake_on_signals=park.wake_on_signals,
         )
     except Cancelled:
         return journal.commit(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)

@@ -404,7 +404,7 @@ class Worker:
                         extra={"execution_id": str(commit.execution_id), "error": str(result)})
         elif not result.landed:
             log.warning("lease lost at commit", extra={"execution_id": str(commit.execution_id)})
-        elif commit.task is TaskAction.SCHEDULE or commit.wake_on_signal is not None:
+        elif commit.task is TaskAction.SCHEDULE or commit.wake_on_signals:
             # A new timer, a retry backoff or a signal that raced the parking:
             # re-read the next due time instead of waiting for a NOTIFY.
             self._wakes[shard.name].set()

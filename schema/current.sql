@@ -109,7 +109,7 @@ ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_singleton_check 
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_idempotency_key_check CHECK ((idempotency_key <> ''::text));
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
-ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'interrupt'::text])));
+ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));

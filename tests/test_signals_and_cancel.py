@@ -40,7 +40,8 @@ def two_payments(ctx: WorkflowContext) -> list[Any]:
 
 @registry.workflow("approval")
 def approval(ctx: WorkflowContext) -> Any:
-    return ctx.wait_for_signal("approved", timeout=float(ctx.input["timeout"]))
+    got = ctx.receive("approved", timeout=float(ctx.input["timeout"]))
+    return "timed_out" if got is None else got.payload
 
 
 @registry.workflow("long_step")
@@ -246,7 +247,7 @@ def test_wait_for_signal_times_out_on_the_database_clock(
     start_worker(registry, poll_interval_s=60.0)
     run = client.start("approval", "a-1", {"timeout": 0.5})
     done = client.wait(run.execution_id, timeout=10)
-    assert done.state is State.COMPLETED and done.output is None
+    assert done.state is State.COMPLETED and done.output == "timed_out"
     kinds = [e.kind for e in client.history(run.execution_id)]
     assert kinds == ["signal.waiting", "signal.timed_out", "run.completed"]
     answered = client.start("approval", "a-2", {"timeout": 30})

@@ -58,7 +58,7 @@ def _park_on_go(execution_id: uuid.UUID, token: uuid.UUID) -> TurnCommit:
     return TurnCommit(
         execution_id, token,
         events=[NewEvent(0, Event.SIGNAL_WAITING, "go", {"timeout": None})],
-        state=State.WAITING, task=TaskAction.DELETE, wake_on_signal="go",
+        state=State.WAITING, task=TaskAction.DELETE, wake_on_signals=("go",),
         open_wait=OpenWait(0, "signal", "go"),
     )
 

@@ -586,3 +586,29 @@ def test_worker_serves_the_reachable_shard_and_picks_up_one_that_returns(
     ]
     worker.send(signal.SIGTERM)
     assert worker.wait_exit(30) == 0, worker.stderr()
+
+
+@pytest.mark.slow
+def test_a_quorum_met_across_a_kill_of_every_worker(
+    shard_map: ShardMap, client: Client, spawn: Spawn
+) -> None:
+    run = client.start("quorum_approval", "kill-quorum", {"hours": 1})
+    a = spawn("a", urls_of(shard_map), "--lease", "2")
+    wait_for(in_state(client, run.execution_id, State.WAITING), 15, "the run to park", a.stderr)
+    client.signal(run.execution_id, "approved", {"approver": "ann"})
+    client.signal(run.execution_id, "approved", {"approver": "ann"})  # the same person again
+    wait_for(lambda: [k for _, k, _ in history(shard_map, run.execution_id)].count(
+        "condition.consumed") == 2, 15, "both consumed", a.stderr)
+    a.send(signal.SIGKILL)
+    assert a.wait_exit(10) == -signal.SIGKILL
+    # Nothing runs now: the second approver's signal waits in the buffer.
+    client.signal(run.execution_id, "approved", {"approver": "bob"})
+    assert client.get(run.execution_id).state is State.WAITING
+    b = spawn("b", urls_of(shard_map), "--lease", "2")
+    finished = client.wait(run.execution_id, timeout=30)
+    assert finished.state is State.COMPLETED, b.stderr()
+    assert finished.output == {"outcome": "approved", "approvers": ["ann", "bob"]}
+    assert [k for p, k, _ in history(shard_map, run.execution_id) if p == 0] == [
+        "condition.waiting", "condition.consumed", "condition.consumed",
+        "condition.consumed", "condition.met",
+    ]

@@ -64,7 +64,8 @@ BEGIN
                              ORDER BY h.seq)
              FROM shardq.history h WHERE h.execution_id = l.execution_id)::text
         END,
-        (SELECT json_agg(json_build_array(s.id, s.name, s.payload) ORDER BY s.id)
+        (SELECT json_agg(json_build_array(s.id, s.name, s.payload, s.idempotency_key,
+                                          s.received_at) ORDER BY s.id)
          FROM shardq.signals s
          WHERE s.execution_id = l.execution_id AND s.consumed_at IS NULL)::text,
         NULL::float8

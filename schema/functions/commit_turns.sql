@@ -18,7 +18,7 @@
 --   e: [execution_id, position, kind, name, payload, wake_in]
 --   w: [execution_id, position, kind, name, deadline_in, request]
 --   s: [signal_id, position]
---   p: [execution_id, signal_name]
+--   p: [execution_id, signal_name], a row per name the parking run waits on
 -- The answer is one row per commit that held its lease: its position in `c`
 -- (from 1) and whether cancellation was requested meanwhile. Only a commit
 -- that finishes the run writes its outcome (a `run.<state>` event); running,
@@ -254,10 +254,11 @@ BEGIN
     END IF;
 
     -- A run parking on a signal that already arrived stays due. The task row is
-    -- not its first (claims = 1): its next claim reads its history.
+    -- not its first (claims = 1): its next claim reads its history. A run that
+    -- waits on several names (a condition) has a row per name.
     IF cardinality(p_ids) > 0 THEN
         INSERT INTO shardq.tasks (execution_id, run_at, claims)
-        SELECT p.id, now(), 1
+        SELECT DISTINCT p.id, now(), 1
         FROM unnest(p_ids, p_names) AS p(id, name)
         WHERE (all_fenced OR (p.id = ANY(fenced) AND NOT p.id = ANY(cancelling)))
           AND EXISTS (

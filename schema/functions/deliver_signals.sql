@@ -1,6 +1,6 @@
 -- Deliver signals to executions of one tenant on this shard, in one transaction.
 -- Each signal is stored, recorded in its run's history and wakes the run if it
--- waits on that name. Refusals (unknown run, another tenant's, finished, too many
+-- waits on that name (a signal wait of that name, or a condition that handles it). Refusals (unknown run, another tenant's, finished, too many
 -- pending) insert nothing and come back as a row the caller reads the reason
 -- from; a repeated idempotency key returns the earlier signal's id and name.
 -- Rows come back one per input, `ord` numbering them from 1.
@@ -95,10 +95,11 @@ BEGIN
             SELECT n.execution_id, now(), 1
             FROM inserted n
             CROSS JOIN LATERAL (
-                SELECT w.kind, w.name FROM shardq.waits w
+                SELECT w.kind, w.name, w.request FROM shardq.waits w
                 WHERE w.execution_id = n.execution_id OFFSET 0
             ) w
-            WHERE w.kind = 'signal' AND w.name = n.name
+            WHERE (w.kind = 'signal' AND w.name = n.name)
+               OR (w.kind = 'condition' AND w.request->'signals' ? n.name)
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id
@@ -149,7 +150,8 @@ BEGIN
             INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims)
             SELECT w.execution_id, now(), 1
             FROM shardq.waits w JOIN inserted n ON n.execution_id = w.execution_id
-            WHERE w.kind = 'signal' AND w.name = p_names[i]
+            WHERE (w.kind = 'signal' AND w.name = p_names[i])
+               OR (w.kind = 'condition' AND w.request->'signals' ? p_names[i])
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id

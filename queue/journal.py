@@ -12,7 +12,8 @@ need no commit of their own before a step: a consumed signal (a run's signals
 become visible in id order, so a replay after a crash consumes the same one)
 and a fired timer (the database clock only moves on). A run resumed by a signal
 thus commits the consumption with its next step's result, one commit instead of
-two on the signal -> step path; until then the run reads `waiting`.
+two on the signal -> step path. (A condition's consumed signals and its being
+met are replayed alike.)
 """
 
 from __future__ import annotations

@@ -53,19 +53,21 @@ _FUNCTION_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql$")
 _REPLACES = re.compile(r"^-- replaces checksum: ([0-9a-f]{64})$", re.MULTILINE)
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 @dataclass(frozen=True)
-class Migration:
-    version: int
+class _SchemaFile:
     name: str
     sql: str
 
     @property
     def checksum(self) -> str:
-        return _sha256(self.sql)
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Migration(_SchemaFile):
+    """A numbered migration (`NNNN_name.sql`): applied once, never edited after."""
+
+    version: int
 
     @property
     def label(self) -> str:
@@ -74,7 +76,7 @@ class Migration:
     @property
     def bookkeeping(self) -> tuple[str, dict[str, Any]]:
         return SQL["record_migration"], {"version": self.version, "name": self.name,
-                                    "checksum": self.checksum}
+                                         "checksum": self.checksum}
 
     def matches(self, recorded_checksum: str) -> bool:
         return recorded_checksum == self.checksum or recorded_checksum in _REPLACES.findall(
@@ -83,15 +85,8 @@ class Migration:
 
 
 @dataclass(frozen=True)
-class Function:
+class Function(_SchemaFile):
     """The current body of one SQL function (`functions/NAME.sql`)."""
-
-    name: str
-    sql: str
-
-    @property
-    def checksum(self) -> str:
-        return _sha256(self.sql)
 
     @property
     def label(self) -> str:
@@ -147,7 +142,9 @@ def load_schema(directory: Path | Traversable | None = None) -> Schema:
         match = _FILE.match(entry.name)
         if not match:
             raise MigrationError(f"{entry.name}: migration files are named NNNN_lower_words.sql")
-        migrations.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+        migrations.append(Migration(
+            name=match[2], sql=entry.read_text(encoding="utf-8"), version=int(match[1])
+        ))
     migrations.sort(key=lambda m: m.version)
     for expected, migration in enumerate(migrations, start=1):
         if migration.version != expected:
@@ -162,7 +159,7 @@ def load_schema(directory: Path | Traversable | None = None) -> Schema:
             if not match:
                 raise MigrationError(f"functions/{entry.name}: function files are named "
                                      "lower_words.sql")
-            functions.append(Function(match[1], entry.read_text(encoding="utf-8")))
+            functions.append(Function(name=match[1], sql=entry.read_text(encoding="utf-8")))
     functions.sort(key=lambda f: f.name)
     return Schema(migrations, functions)
 

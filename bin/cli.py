@@ -621,7 +621,7 @@ def workflow_list(
 ) -> None:
     """List runs over every shard, oldest first, one page at a time."""
     with open_client(settings) as client, errors_as_exit_codes():
-        page = client.list(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
+        page = client.list_runs(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
                            cursor=cursor)
     lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
              for e in page.items]

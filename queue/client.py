@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import heapq
 import json
 import re
@@ -64,7 +63,7 @@ def _check_strings(value: Any, what: str) -> None:
 
     Iterative: `value` may be nested as deeply as json.dumps allows.
     """
-    stack: builtins.list[tuple[Any, str]] = [(value, "$")]
+    stack: list[tuple[Any, str]] = [(value, "$")]
     while stack:
         item, path = stack.pop()
         if isinstance(item, str):
@@ -214,11 +213,11 @@ class Client:
 
     def waiting(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
-    ) -> tuple[WaitInfo | None, builtins.list[BufferedSignal]]:
+    ) -> tuple[WaitInfo | None, list[BufferedSignal]]:
         """The run's open wait (None when it waits for nothing) and its buffered signals."""
         return self.store.waits_and_signals(self.get(execution_id, tenant=tenant).id)
 
-    def list(
+    def list_runs(
         self,
         *,
         tenant: str | None = DEFAULT_TENANT,
@@ -290,7 +289,7 @@ class Client:
 
     def signal_many(
         self, signals: Sequence[SignalRequest], *, tenant: str = DEFAULT_TENANT
-    ) -> builtins.list[SignalResult]:
+    ) -> list[SignalResult]:
         """Deliver many signals: one commit per shard touched, results in input order.
 
         A signal the run cannot take comes back with `error` set (ExecutionNotFound,
@@ -306,7 +305,7 @@ class Client:
             values = self._signal_values(request.name, request.payload, request.idempotency_key)
             shard = self.map.for_execution(ident)
             by_shard[shard.name].append((index, (ident, *values)))
-        results: builtins.list[SignalResult | None] = [None] * len(signals)
+        results: list[SignalResult | None] = [None] * len(signals)
         for shard_name, rows in by_shard.items():
             delivered = self.store.deliver_signals(
                 self.map.named([shard_name])[0], tenant=tenant, signals=[r for _, r in rows]
@@ -361,7 +360,7 @@ def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
     """Every run matching `filters`, page by page."""
     cursor: str | None = None
     while True:
-        page = client.list(cursor=cursor, **filters)
+        page = client.list_runs(cursor=cursor, **filters)
         yield from page.items
         if page.next_cursor is None:
             return

@@ -61,7 +61,7 @@ CALLS: list[tuple[str, Call, str]] = [
     ("surrogate-key-many", lambda c, run: c.signal_many(
         [SignalRequest(run, "go", None, "ok"), SignalRequest(run, "go", None, "\udcff")]),
      "idempotency_key contains a lone surrogate"),
-    ("nul-list-filter", lambda c, run: c.list(workflow="x\x00"), "workflow filter"),
+    ("nul-list-filter", lambda c, run: c.list_runs(workflow="x\x00"), "workflow filter"),
     ("nul-cancel-tenant", lambda c, run: c.cancel(run, tenant="\x00"), "tenant name"),
     ("10-MB-input", lambda c, run: c.start("checkout", "k", "x" * 10_000_000),
      "input of checkout 'k' is 10,000,002 bytes of JSON; at most 1,048,576"),

@@ -251,7 +251,7 @@ def test_list_pages_are_stable_under_concurrent_inserts(client: Client) -> None:
     cursor = None
     pages = 0
     while True:
-        page = client.list(limit=100, cursor=cursor)
+        page = client.list_runs(limit=100, cursor=cursor)
         seen.extend(e.id for e in page.items)
         pages += 1
         client.start_many("job", [(f"late-{pages}-{i}", None) for i in range(30)])
@@ -263,7 +263,7 @@ def test_list_pages_are_stable_under_concurrent_inserts(client: Client) -> None:
     assert ids == sorted(ids)
     assert {r.execution_id for r in first} <= set(ids)
     assert len(list(iter_all(client, workflow="job"))) == 230 + 30 * pages
-    waiting = client.list(state="waiting")
+    waiting = client.list_runs(state="waiting")
     assert waiting.items == [] and waiting.next_cursor is None
 
 

@@ -117,6 +117,7 @@ def run_demo(shard_count: int) -> None:
             if final.state is not State.COMPLETED:
                 raise SystemExit(f"demo failed: the run ended {final.state.value}")
             quorum_demo(client, run)
+            fan_out_demo(client, run)
         finally:
             worker.stop(drain_timeout_s=5)
             pools.close()
@@ -141,6 +142,35 @@ def quorum_demo(client: Client, run: str) -> None:
     timeline.mark(f"bob approved -> {final.state.value}: {json.dumps(final.output)}")
     if final.state is not State.COMPLETED or final.output["outcome"] != "approved":
         raise SystemExit(f"demo failed: the quorum ended {final.state.value}")
+
+
+def fan_out_demo(client: Client, run: str) -> None:
+    """A tenant cancelled: one run signals every onboarding run of the tenant on its shard."""
+    shard = client.map.shards[0]
+
+    def key_on_shard(workflow: str, prefix: str) -> str:
+        return next(k for k in (f"{prefix}-{run}-{i}" for i in range(100_000))
+                    if client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
+
+    click.echo(f"\ntimeline of tenant_cancel on {shard.name}:")
+    timeline = Timeline()
+    users = [client.start("onboarding", key_on_shard("onboarding", f"user{n}")).execution_id
+             for n in range(3)]
+    for user in users:
+        wait_for_state(client, user, {State.WAITING})
+    timeline.mark("3 onboarding runs parked, each waiting up to 30 days")
+    client.signal(users[0], "tenant_cancelled", {"reason": "earlier, by hand"})
+    client.wait(users[0], timeout=30)
+    timeline.mark("the first one was stopped by hand and finished")
+    sender = client.start("tenant_cancel", key_on_shard("tenant_cancel", "cancel"),
+                          {"runs": [str(u) for u in users], "reason": "churned"})
+    done = client.wait(sender.execution_id, timeout=30)
+    timeline.mark(f"tenant_cancel {done.state.value}: signalled {len(done.output['signalled'])}, "
+                  f"skipped {list(done.output['skipped'].values())}")
+    stopped = [client.wait(u, timeout=30).output for u in users[1:]]
+    timeline.mark(f"the others: {stopped}")
+    if done.state is not State.COMPLETED or len(done.output["signalled"]) != 2:
+        raise SystemExit(f"demo failed: the fan-out ended {done.state.value}")
 
 
 @click.command()

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from shardq.queue.context import WorkflowContext
+from shardq.queue.errors import ExternalSignalFailed
 from shardq.queue.models import Signal
 from shardq.queue.registry import Registry
 
@@ -50,6 +51,34 @@ def quorum_approval(ctx: WorkflowContext) -> dict[str, Any]:
     met = ctx.wait_until(lambda: len(approvers) >= 2, on={"approved": approved},
                          timeout=deadline, name="quorum")
     return {"outcome": "approved" if met else "timed_out", "approvers": approvers}
+
+
+@registry.workflow("onboarding")
+def onboarding(ctx: WorkflowContext) -> str:
+    """A tenant's new user, onboarding for up to `days` unless the tenant is cancelled."""
+    days = float((ctx.input or {}).get("days", 30))
+    cancelled = ctx.receive("tenant_cancelled", timeout=days * 86400)
+    return "stopped: tenant cancelled" if cancelled is not None else "onboarded"
+
+
+@registry.workflow("tenant_cancel")
+def tenant_cancel(ctx: WorkflowContext) -> dict[str, Any]:
+    """Tell every onboarding run of a tenant (`runs`, on this shard) that it was cancelled.
+
+    A run that already finished is skipped by its reason code; the rest of the
+    fan-out goes on. Each signal is keyed by this run and its target, so the
+    whole fan-out can be retried without signalling anyone twice.
+    """
+    signalled: list[str] = []
+    skipped: dict[str, str] = {}
+    for run in ctx.input["runs"]:
+        try:
+            ctx.signal_external(run, "tenant_cancelled", {"reason": ctx.input.get("reason")},
+                                idempotency_key=f"{ctx.execution_id}:{run}")
+            signalled.append(run)
+        except ExternalSignalFailed as exc:
+            skipped[run] = exc.reason_code
+    return {"signalled": signalled, "skipped": skipped}
 
 
 def noop() -> None:

@@ -18,9 +18,11 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
+from uuid import UUID
 
 from shardq.queue.control import Cancelled, Park
 from shardq.queue.errors import (
+    ExternalSignalFailed,
     InvalidArgument,
     NonDeterminismError,
     NotSerializable,
@@ -28,9 +30,12 @@ from shardq.queue.errors import (
     StepFailed,
 )
 from shardq.queue.journal import Journal
+from shardq.queue.limits import Limits
 from shardq.queue.models import (
     Claim,
     Event,
+    ExternalRequest,
+    ExternalSignal,
     HistoryEvent,
     NewEvent,
     OpenWait,
@@ -42,6 +47,7 @@ from shardq.queue.models import (
 from shardq.queue.names import check_name
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
+from shardq.shards.routing import parse_execution_id
 
 T = TypeVar("T")
 MAX_ERROR_TEXT = 8000
@@ -68,8 +74,12 @@ class WorkflowContext:
     walks the claim's history, `journal` collects what the calls record.
     """
 
-    def __init__(self, claim: Claim, replay: Replay, journal: Journal) -> None:
+    def __init__(
+        self, claim: Claim, replay: Replay, journal: Journal,
+        on_this_shard: Callable[[uuid.UUID], bool] | None = None,
+    ) -> None:
         self._claim = claim
+        self._on_this_shard = on_this_shard
         self._replay = replay
         self._journal = journal
         self._started = time.monotonic()
@@ -416,6 +426,56 @@ class WorkflowContext:
         if self._cancel:
             raise Cancelled()
 
+    def signal_external(
+        self,
+        target: str | UUID,
+        name: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> ExternalSignal:
+        """Signal another run, durably, from this one; the same rules as a client's signal.
+
+        The target must be of this run's tenant (another tenant's run counts as
+        not found) and, for now, on this run's shard: the signal, the target's
+        wake-up and this run's record of it commit together, in this turn's
+        commit, which this call waits for. Cross-shard delivery needs the outbox
+        relay (`target_on_another_shard` until it exists). A target that cannot
+        take it raises ExternalSignalFailed with a `reason_code`. Replay returns
+        the recorded outcome and sends nothing, even if the code now computes
+        another key.
+        """
+        check_name(name, "signal")
+        ident = parse_execution_id(target)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key.strip()
+        ):
+            raise InvalidArgument("idempotency_key must be a non-empty string when given")
+        self._guard()
+        position, recorded = self._replay.next("external", name)
+        if recorded:
+            return _external_outcome(recorded[0].payload)
+        limits = Limits()
+        if idempotency_key is not None:
+            limits.check_key(idempotency_key)
+        what = f"payload of signal {name!r}"
+        try:
+            encoded = json.dumps(payload, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
+        limits.check_payload(encoded, what)
+        if self._on_this_shard is None or not self._on_this_shard(ident):
+            raise ExternalSignalFailed(
+                "target_on_another_shard",
+                f"execution {ident} lives on another shard; cross-shard delivery needs the "
+                "outbox relay, which shardq does not have yet",
+            )
+        journal = self._journal
+        journal.externals.append(ExternalRequest(position, ident, name, encoded, idempotency_key))
+        self._cancel = journal.flush() or self._cancel
+        (outcome,) = journal.sent
+        return _external_outcome(outcome)
+
     def now(self) -> datetime:
         """The database's current time, recorded so replay sees the same instant."""
         self._guard()
@@ -435,6 +495,16 @@ class WorkflowContext:
 
     def _until(self, iso: str) -> float:
         return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
+
+
+def _external_outcome(recorded: Mapping[str, Any]) -> ExternalSignal:
+    """What a signal_external call returns, or raises, from its recorded outcome."""
+    if "reason_code" in recorded:
+        detail = recorded.get("detail") or f"execution {recorded['target']} not found"
+        raise ExternalSignalFailed(recorded["reason_code"], detail)
+    return ExternalSignal(uuid.UUID(recorded["target"]), recorded["name"],
+                          int(recorded["signal_id"]), bool(recorded["delivered"]),
+                          recorded.get("idempotency_key"))
 
 
 def _check_timeout(timeout: float | None, what: str) -> None:

@@ -6,6 +6,7 @@ from shardq.shards.errors import ShardqError, ShardUnavailable
 
 __all__ = [
     "ExecutionNotFound",
+    "ExternalSignalFailed",
     "InvalidArgument",
     "LeaseLost",
     "NonDeterminismError",
@@ -55,6 +56,19 @@ class SignalTimedOut(WorkflowError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no signal {name!r} arrived before the wait's deadline")
         self.signal_name = name
+
+
+class ExternalSignalFailed(WorkflowError):
+    """`ctx.signal_external` could not deliver; `reason_code` says why.
+
+    `target_not_found` (no such run for this tenant), `target_finished`,
+    `target_refused` (its bounds), `target_on_another_shard` (cross-shard
+    delivery needs the outbox relay). Raised at the call, and again on replay.
+    """
+
+    def __init__(self, reason_code: str, message: str) -> None:
+        super().__init__(f"{reason_code}: {message}")
+        self.reason_code = reason_code
 
 
 class LeaseLost(WorkflowError):

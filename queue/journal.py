@@ -29,6 +29,7 @@ from shardq.queue.models import (
     Claim,
     CommitOutcome,
     Event,
+    ExternalRequest,
     NewEvent,
     OpenWait,
     State,
@@ -55,7 +56,7 @@ class Journal:
 
     __slots__ = (
         "_checkpoint", "_execution_id", "_stored_state", "_token",
-        "close_wait", "consumed", "events",
+        "close_wait", "consumed", "events", "externals", "sent",
     )
 
     def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
@@ -69,6 +70,10 @@ class Journal:
         """(signal id, position) pairs consumed since the last commit."""
         self.close_wait = False
         """The wait the run resumed from was closed by a call since the last commit."""
+        self.externals: list[ExternalRequest] = []
+        """Signals to other runs of the shard, to deliver with the next commit."""
+        self.sent: tuple[dict[str, Any], ...] = ()
+        """The outcomes of the externals the last checkpoint delivered."""
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -105,8 +110,9 @@ class Journal:
             close_wait=close_wait or self.close_wait,
             consumed_signals=self.consumed,
             wake_on_signals=wake_on_signals,
+            externals=self.externals,
         )
-        self.events, self.consumed, self.close_wait = [], [], False
+        self.events, self.consumed, self.close_wait, self.externals = [], [], False, []
         return commit
 
     def flush(self) -> bool:
@@ -118,7 +124,7 @@ class Journal:
         CommitRejected when the database refused a value of the commit.
         """
         events = self.events
-        if not events or all(e.kind in REPLAYABLE for e in events):
+        if not self.externals and (not events or all(e.kind in REPLAYABLE for e in events)):
             return False
         commit = self.commit(state=State.RUNNING, task=TaskAction.KEEP)
         try:
@@ -134,6 +140,12 @@ class Journal:
             raise TurnAborted() from exc
         if not outcome.landed:
             raise TurnAborted()
+        if commit.externals:
+            if outcome.externals is None:
+                # It landed, but a retry after a broken connection found that
+                # out and not what it delivered: the replay reads it from history.
+                raise TurnAborted()
+            self.sent = outcome.externals
         self._token = commit.next_token
         if commit.state is not None:
             self._stored_state = commit.state

@@ -212,6 +212,30 @@ class TurnCommit:
     """(signal id, position) pairs consumed by this turn."""
     wake_on_signals: tuple[str, ...] = ()
     """Parking on signals of these names: if one is already pending, the task stays due."""
+    externals: list[ExternalRequest] = field(default_factory=list)
+    """Signals to other runs of the shard, delivered in this commit."""
+
+
+@dataclass(frozen=True)
+class ExternalRequest:
+    """A `ctx.signal_external` to a run of the sender's shard, made by its turn's commit."""
+
+    position: int
+    target: uuid.UUID
+    name: str
+    payload_json: str
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True)
+class ExternalSignal:
+    """A signal `ctx.signal_external` delivered (or found delivered, `delivered=False`)."""
+
+    target: uuid.UUID
+    name: str
+    signal_id: int
+    delivered: bool
+    idempotency_key: str | None
 
 
 @dataclass(frozen=True)
@@ -219,6 +243,9 @@ class CommitOutcome:
     landed: bool
     """False when the lease was lost: nothing of the commit was written."""
     cancel_requested: bool = False
+    externals: tuple[dict[str, Any], ...] | None = None
+    """The outcomes of the commit's signals to other runs, as recorded in its history
+    (None when it sent none, or when they are not known: a retry found it landed)."""
 
 
 @dataclass(frozen=True)

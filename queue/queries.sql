@@ -59,7 +59,8 @@ SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens, as one JSON document.
 -- Body and the document's layout: schema/functions/commit_turns.sql.
-SELECT commit_ord, cancel_requested FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
+SELECT commit_ord, cancel_requested, externals
+FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
 
 -- name: landed_commits
 -- After a lost connection: which commits of the failed attempt had landed.

@@ -342,6 +342,7 @@ def _commit_turns(
     waits: list[list[Any]] = []
     consumed: list[tuple[int, int]] = []
     parking: list[list[str]] = []
+    externals: list[list[Any]] = []
     for c in commits:
         cid = c.execution_id.hex
         rows.append([
@@ -354,17 +355,30 @@ def _commit_turns(
             waits.append([cid, w.position, w.kind, w.name, w.deadline_in, w.request])
         consumed.extend(c.consumed_signals)
         parking.extend([cid, name] for name in c.wake_on_signals)
-    parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking}
+        externals.extend(
+            [cid, x.position, x.target.hex, x.name, json.loads(x.payload_json), x.idempotency_key,
+             MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
+            for x in c.externals
+        )
+    parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking, "x": externals}
     batch = json.dumps({k: v for k, v in parts.items() if v or k == "c"})
     with conn.cursor(row_factory=tuple_row) as cur:
-        # (position in the batch from 1, cancel requested) of each commit that landed
-        landed: dict[int, bool] = dict(
+        # (position in the batch from 1, cancel requested, signals' outcomes) of each
+        # commit that landed
+        landed: dict[int, tuple[bool, list[dict[str, Any]] | None]] = {
+            ord_: (cancel, sent) for ord_, cancel, sent in
             cur.execute(SQL["commit_turns"], {"lease_s": lease_s, "batch": batch})
-        )
-    return {
-        c.execution_id: _LOST if i not in landed else _CANCEL if landed[i] else _LANDED
-        for i, c in enumerate(commits, 1)
-    }
+        }
+    return {c.execution_id: _outcome(landed.get(i)) for i, c in enumerate(commits, 1)}
+
+
+def _outcome(landed: tuple[bool, list[dict[str, Any]] | None] | None) -> CommitOutcome:
+    if landed is None:
+        return _LOST
+    cancel, sent = landed
+    if sent is not None:
+        return CommitOutcome(True, cancel, tuple(sent))
+    return _CANCEL if cancel else _LANDED
 
 
 _LANDED, _CANCEL, _LOST = CommitOutcome(True), CommitOutcome(True, True), CommitOutcome(False)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
+from collections.abc import Callable
 
 from shardq.queue.context import WorkflowContext, error_payload
 from shardq.queue.control import Cancelled, Park, TurnAborted
@@ -31,8 +33,15 @@ UNKNOWN_VERSION_RETRY_S = 60.0
 """How long a run whose workflow version this worker lacks waits for a worker that has it."""
 
 
-def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnCommit | None:
+def run_turn(
+    claim: Claim, registry: Registry, checkpoint: Checkpoint,
+    on_this_shard: Callable[[uuid.UUID], bool] | None = None,
+) -> TurnCommit | None:
     """The commit that ends this turn, still to be made; None when the lease was lost.
+
+    `on_this_shard` says whether an execution id routes to the claim's shard
+    (`ctx.signal_external` delivers there in the turn's own commit); without
+    it, every target counts as on another shard.
 
     Raises CommitRejected when the database refused one of the turn's
     checkpoints: the caller treats the refused commit as it would a refused
@@ -49,18 +58,21 @@ def run_turn(claim: Claim, registry: Registry, checkpoint: Checkpoint) -> TurnCo
         return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
     replay = Replay(claim.history, claim.signals)
     try:
-        return _play(definition.fn, claim, replay, journal)
+        ctx = WorkflowContext(claim, replay, journal, on_this_shard)
+        return _play(definition.fn, ctx, claim, replay, journal)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
         return None
 
 
-def _play(fn: WorkflowFn, claim: Claim, replay: Replay, journal: Journal) -> TurnCommit:
+def _play(
+    fn: WorkflowFn, ctx: WorkflowContext, claim: Claim, replay: Replay, journal: Journal
+) -> TurnCommit:
     """Run the workflow function; the commit its ending asks for (checkpoints raise through)."""
     try:
         if claim.cancel_requested:
             raise Cancelled()
-        result = fn(WorkflowContext(claim, replay, journal))
+        result = fn(ctx)
         replay.finish()
         try:
             output = json.dumps(result, allow_nan=False)

@@ -32,6 +32,7 @@ from shardq.queue.store import Store
 from shardq.queue.turn import failing_commit, run_turn
 from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_of
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +379,10 @@ class Worker:
                 entry.token = commit.next_token  # read unlocked: see _InFlight
             return outcome
 
-        return run_turn(claim, self.registry, checkpoint)
+        def on_this_shard(target: uuid.UUID) -> bool:
+            return shard.first_bucket <= bucket_of(target) <= shard.last_bucket
+
+        return run_turn(claim, self.registry, checkpoint, on_this_shard)
 
     def _turn_ended(
         self, shard: Shard, commit: TurnCommit, result: Result, *, replaced: bool = False

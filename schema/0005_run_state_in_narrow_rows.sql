@@ -27,6 +27,7 @@
 
 DROP FUNCTION IF EXISTS shardq.claim_tasks(text, integer, float8);
 DROP FUNCTION IF EXISTS shardq.deliver_signals(text, uuid[], text[], jsonb[], text[], integer);
+DROP FUNCTION IF EXISTS shardq.commit_turns(float8, jsonb);
 
 INSERT INTO shardq.history (execution_id, position, kind, name, payload, recorded_at)
 SELECT x.id, NULL, 'run.' || x.state, 'run',

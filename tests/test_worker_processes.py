@@ -612,3 +612,45 @@ def test_a_quorum_met_across_a_kill_of_every_worker(
         "condition.waiting", "condition.consumed", "condition.consumed",
         "condition.consumed", "condition.met",
     ]
+
+
+@pytest.mark.slow
+def test_a_fan_out_killed_mid_way_signals_every_target_once(
+    shard_map: ShardMap, client: Client, spawn: Spawn
+) -> None:
+    # The signal, the target's wake-up and the sender's record of it are one
+    # statement: a worker killed at any moment leaves both or neither, and the
+    # replay after it sends only what was not recorded.
+    shard = shard_map.shards[0]
+    keys = (k for k in (f"onb-{i}" for i in range(100_000))
+            if shard_map.for_bucket(bucket_for("default", "onboarding", k)) == shard)
+    targets = [client.start("onboarding", next(keys)).execution_id for _ in range(40)]
+    senders_keys = (k for k in (f"tc-{i}" for i in range(100_000))
+                    if shard_map.for_bucket(bucket_for("default", "tenant_cancel", k)) == shard)
+    a = spawn("a", urls_of(shard_map), "--lease", "2")
+    wait_for(lambda: all(client.get(t).state is State.WAITING for t in targets), 30,
+             "the targets to park", a.stderr)
+    senders = [
+        client.start("tenant_cancel", next(senders_keys),
+                     {"runs": [str(t) for t in targets[i::4]], "reason": "churned"}).execution_id
+        for i in range(4)
+    ]
+    wait_for(lambda: any(k.startswith("external.") for s in senders
+                         for _, k, _ in history(shard_map, s)), 30, "the fan-out to begin",
+             a.stderr)
+    a.send(signal.SIGKILL)
+    assert a.wait_exit(10) == -signal.SIGKILL
+    b = spawn("b", urls_of(shard_map), "--lease", "2")
+    for sender in senders:
+        done = client.wait(sender, timeout=60)
+        assert done.state is State.COMPLETED, b.stderr()
+        assert done.output["skipped"] == {}
+    for target in targets:
+        assert client.wait(target, timeout=30).output == "stopped: tenant cancelled"
+    url = shard.url
+    assert query(url, "SELECT execution_id, count(*) FROM shardq.signals "
+                      "GROUP BY 1 HAVING count(*) <> 1") == []
+    recorded = {(p["target"], int(p["signal_id"])) for (p,) in query(
+        url, "SELECT payload FROM shardq.history WHERE kind = 'external.sent'")}
+    stored = {(str(t), i) for t, i in query(url, "SELECT execution_id, id FROM shardq.signals")}
+    assert recorded == stored and len(stored) == len(targets)

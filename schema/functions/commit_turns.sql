@@ -19,8 +19,11 @@
 --   w: [execution_id, position, kind, name, deadline_in, request]
 --   s: [signal_id, position]
 --   p: [execution_id, signal_name], a row per name the parking run waits on
+--   x: [sender_id, position, target_id, signal_name, payload, key, max_pending,
+--       max_pending_total]: a signal to a run of this shard (ctx.signal_external)
 -- The answer is one row per commit that held its lease: its position in `c`
--- (from 1) and whether cancellation was requested meanwhile. Only a commit
+-- (from 1), whether cancellation was requested meanwhile, and the outcomes of
+-- its signals to other runs (null when it sent none). Only a commit
 -- that finishes the run writes its outcome (a `run.<state>` event); running,
 -- waiting and pending are where the run's task and wait rows are, which the
 -- commit writes anyway, so the wide executions row is never rewritten.
@@ -37,7 +40,7 @@
 --   well as a custom one; custom planning of all of them cost ~0.5 ms per
 --   call, so it plans once per connection.
 CREATE OR REPLACE FUNCTION shardq.commit_turns(lease_s float8, batch jsonb)
-RETURNS TABLE (commit_ord integer, cancel_requested boolean)
+RETURNS TABLE (commit_ord integer, cancel_requested boolean, externals jsonb)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -77,6 +80,12 @@ DECLARE
     scheduling      uuid[];
     cancelling      uuid[] := '{}';
     i               integer;
+    x               jsonb;
+    x_targets       uuid[] := '{}';
+    sender_tenant   text;
+    d               record;
+    outcome         jsonb;
+    sent            jsonb := '{}';
 BEGIN
     SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
            array_agg((r->>1)::uuid ORDER BY o),
@@ -125,6 +134,16 @@ BEGIN
         SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'), array_agg(r->>1 ORDER BY o)
         INTO p_ids, p_names
         FROM jsonb_array_elements(batch->'p') WITH ORDINALITY AS x(r, o);
+    END IF;
+
+    -- Signals to other runs of this shard: their task rows are locked with the
+    -- senders', all in id order, before the fence (the workers' and the
+    -- senders' lock order: task rows, then executions rows).
+    IF batch ? 'x' THEN
+        SELECT coalesce(array_agg(DISTINCT (r->>2)::uuid), '{}') INTO x_targets
+        FROM jsonb_array_elements(batch->'x') AS r;
+        PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets)
+        ORDER BY t.execution_id FOR UPDATE;
     END IF;
 
     -- Lock the task rows still leased with each commit's token, in id order so
@@ -269,6 +288,51 @@ BEGIN
         SET run_at = now(), lease_token = NULL, lease_owner = NULL;
     END IF;
 
-    RETURN QUERY SELECT * FROM unnest(fenced_ords, cancels);
+    -- Deliver them, each as a client signal from the sender's tenant would be,
+    -- and record the outcome in the sender's history at the calling position:
+    -- replay returns that, and never sends again.
+    IF batch ? 'x' THEN
+        FOR x IN SELECT r FROM jsonb_array_elements(batch->'x') AS r LOOP
+            CONTINUE WHEN NOT (x->>0)::uuid = ANY(fenced)
+                          OR (x->>0)::uuid = ANY(cancelling);
+            SELECT e.tenant INTO sender_tenant FROM shardq.executions e
+            WHERE e.id = (x->>0)::uuid;
+            SELECT * INTO d FROM shardq.deliver_signals(
+                sender_tenant, ARRAY[(x->>2)::uuid], ARRAY[x->>3], ARRAY[x->4],
+                ARRAY[x->>5], (x->>6)::integer, (x->>7)::integer);
+            outcome := jsonb_build_object('target', (x->>2)::uuid, 'name', x->>3,
+                                          'idempotency_key', x->5);
+            IF d.tenant IS DISTINCT FROM sender_tenant THEN
+                outcome := outcome || '{"reason_code": "target_not_found"}';
+            ELSIF d.earlier_id IS NOT NULL THEN
+                outcome := outcome || jsonb_build_object(
+                    'signal_id', d.earlier_id, 'delivered', false);
+            ELSIF d.finished IS NOT NULL THEN
+                outcome := outcome || jsonb_build_object(
+                    'reason_code', 'target_finished', 'detail', 'the target is ' || d.finished);
+            ELSIF d.signal_id IS NULL THEN
+                outcome := outcome || jsonb_build_object(
+                    'reason_code', 'target_refused',
+                    'detail', 'the target already buffers ' || d.pending || ' signals named '
+                              || (x->>3) || ' (' || d.pending_total || ' in all)');
+            ELSE
+                outcome := outcome || jsonb_build_object(
+                    'signal_id', d.signal_id, 'delivered', true);
+            END IF;
+            INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+            VALUES ((x->>0)::uuid, (x->>1)::integer,
+                    CASE WHEN outcome ? 'reason_code' THEN 'external.failed'
+                         ELSE 'external.sent' END,
+                    x->>3, outcome);
+            -- Keyed by the sender's id as uuid text (the document spells it as hex).
+            sent := jsonb_set(sent, ARRAY[(x->>0)::uuid::text],
+                              coalesce(sent->((x->>0)::uuid::text), '[]')
+                              || jsonb_build_array(outcome));
+        END LOOP;
+    END IF;
+
+    RETURN QUERY
+    SELECT f.ord, f.cancel, sent->(f.id::text)
+    FROM unnest(fenced, fenced_ords, cancels) AS f(id, ord, cancel);
 END
 $$;

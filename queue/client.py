@@ -292,20 +292,29 @@ class Client:
     ) -> list[SignalResult]:
         """Deliver many signals: one commit per shard touched, results in input order.
 
-        A signal the run cannot take comes back with `error` set (ExecutionNotFound,
-        SignalRefused) while the others land; invalid arguments raise before
-        anything is sent. Signals to one run are handled in the order given.
+        A signal that cannot be taken comes back with `error` set while the others
+        land: a bad name, payload or key, or a bound it exceeds (InvalidArgument),
+        refused before anything is sent; a run that is not there or cannot take
+        it (ExecutionNotFound, SignalRefused). A value that is not an execution id
+        at all raises (a caller's bug, not a refusal). Signals to one run are
+        handled in the order given.
         """
         check_name(tenant, "tenant")
         by_shard: dict[str, list[tuple[int, tuple[uuid.UUID, str, str, str | None]]]] = (
             defaultdict(list)
         )
+        results: list[SignalResult | None] = [None] * len(signals)
         for index, request in enumerate(signals):
             ident = parse_execution_id(request.execution_id)
-            values = self._signal_values(request.name, request.payload, request.idempotency_key)
+            try:
+                values = self._signal_values(
+                    request.name, request.payload, request.idempotency_key
+                )
+            except InvalidArgument as exc:
+                results[index] = SignalResult(ident, None, delivered=False, error=exc)
+                continue
             shard = self.map.for_execution(ident)
             by_shard[shard.name].append((index, (ident, *values)))
-        results: list[SignalResult | None] = [None] * len(signals)
         for shard_name, rows in by_shard.items():
             delivered = self.store.deliver_signals(
                 self.map.named([shard_name])[0], tenant=tenant, signals=[r for _, r in rows]

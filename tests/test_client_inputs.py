@@ -40,8 +40,6 @@ Call = Callable[[Client, str], object]
 CALLS: list[tuple[str, Call, str]] = [
     ("deep-input", lambda c, run: c.start("checkout", "k", nested(5000)), "nested too deeply"),
     ("deep-payload", lambda c, run: c.signal(run, "go", nested(5000)), "nested too deeply"),
-    ("deep-payload-many", lambda c, run: c.signal_many([SignalRequest(run, "go", nested(5000))]),
-     "nested too deeply"),
     ("nul-input-value", lambda c, run: c.start("checkout", "k", {"a": ["x\x00"]}),
      "the string at $.a[0] contains a NUL character"),
     ("nul-input-key", lambda c, run: c.start("checkout", "k", {"a\x00": 1}),
@@ -58,18 +56,12 @@ CALLS: list[tuple[str, Call, str]] = [
     ("nul-signal-name", lambda c, run: c.signal(run, "g\x00"), "signal name"),
     ("nul-key", lambda c, run: c.signal(run, "go", idempotency_key="k\x00"),
      "idempotency_key contains a NUL character"),
-    ("surrogate-key-many", lambda c, run: c.signal_many(
-        [SignalRequest(run, "go", None, "ok"), SignalRequest(run, "go", None, "\udcff")]),
-     "idempotency_key contains a lone surrogate"),
     ("nul-list-filter", lambda c, run: c.list_runs(workflow="x\x00"), "workflow filter"),
     ("nul-cancel-tenant", lambda c, run: c.cancel(run, tenant="\x00"), "tenant name"),
     ("10-MB-input", lambda c, run: c.start("checkout", "k", "x" * 10_000_000),
      "input of checkout 'k' is 10,000,002 bytes of JSON; at most 1,048,576"),
     ("10-MB-payload", lambda c, run: c.signal(run, "go", {"blob": "x" * 10_000_000}),
      "payload of signal 'go' is 10,000,012 bytes of JSON; at most 262,144"),
-    ("big-payload-many", lambda c, run: c.signal_many(
-        [SignalRequest(run, "go", None), SignalRequest(run, "go", "x" * 300_000)]),
-     "at most 262,144 (Limits.max_payload_bytes)"),
     ("3000-char-key", lambda c, run: c.signal(run, "go", idempotency_key="k" * 3000),
      "idempotency_key is 3000 characters long; at most 255"),
 ]
@@ -108,3 +100,19 @@ def test_limits_are_the_application_s_to_set(shard_map: ShardMap) -> None:
         assert client.signal(run.execution_id, "go", 1, idempotency_key="abc").delivered
     with pytest.raises(InvalidArgument, match="max_payload_bytes must be a positive integer"):
         Limits(max_payload_bytes=0)
+
+
+def test_a_batch_refuses_only_its_bad_items(client: Client, shard_map: ShardMap) -> None:
+    run = str(client.start("park", "batch-target").execution_id)
+    bad = [
+        (SignalRequest(run, "go", nested(5000)), "nested too deeply"),
+        (SignalRequest(run, "go", None, "\udcff"), "idempotency_key contains a lone surrogate"),
+        (SignalRequest(run, "go", "x" * 300_000), "at most 262,144 (Limits.max_payload_bytes)"),
+        (SignalRequest(run, "g\x00"), "signal name"),
+    ]
+    results = client.signal_many([SignalRequest(run, "go", 1, "ok"), *(r for r, _ in bad),
+                                  SignalRequest(run, "go", 2)])
+    assert [r.delivered for r in results] == [True, False, False, False, False, True]
+    for result, (_, message) in zip(results[1:5], bad, strict=True):
+        assert isinstance(result.error, InvalidArgument) and message in str(result.error)
+    assert all_rows(shard_map, "SELECT payload FROM shardq.signals ORDER BY id") == [(1,), (2,)]

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import heapq
-import json
-import re
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shardq.queue.errors import ExecutionNotFound, InvalidArgument, NotSerializable
+from shardq.queue.encoding import to_json
+from shardq.queue.errors import ExecutionNotFound, InvalidArgument
 from shardq.queue.limits import Limits
 from shardq.queue.listing import DEFAULT_PAGE, Cursor, ListQuery
 from shardq.queue.models import (
@@ -29,8 +27,9 @@ from shardq.queue.models import (
 )
 from shardq.queue.names import check_name, check_text
 from shardq.queue.registry import Registry, WorkflowDef
+from shardq.queue.signaling import CheckedSignal, by_shard, check_signal, deliver
 from shardq.queue.store import Store
-from shardq.shards.config import ShardMap
+from shardq.shards.config import Shard, ShardMap
 from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
@@ -38,45 +37,6 @@ from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_
 DEFAULT_TENANT = "default"
 PARALLEL_START_MIN = 1000
 """From this many runs, `start_many` commits on its shards at once rather than in turn."""
-
-
-_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|d[89a-f])")
-"""How NUL and surrogates (paired ones too) look in json.dumps' ASCII output."""
-
-
-def to_json(value: Any, what: str) -> str:
-    """Encode `value` as the database will store it, or say clearly why not."""
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except RecursionError:
-        raise NotSerializable(f"{what} is nested too deeply to be stored as JSON") from None
-    except (TypeError, ValueError) as exc:
-        raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
-    # The text search is cheap; the walk that names the offending string only runs on a hit.
-    if _SUSPECT_ESCAPE.search(text):
-        _check_strings(value, what)
-    return text
-
-
-def _check_strings(value: Any, what: str) -> None:
-    """Raise InvalidArgument naming the first string PostgreSQL's jsonb cannot hold.
-
-    Iterative: `value` may be nested as deeply as json.dumps allows.
-    """
-    stack: list[tuple[Any, str]] = [(value, "$")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            check_text(item, f"{what}: the string at {path}")
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    key = json.dumps(key)  # noqa: PLW2901 - json.dumps turns it into this
-                check_text(key, f"{what}: a key at {path}")
-                simple = key.isascii() and key.isidentifier()
-                stack.append((child, f"{path}.{key}" if simple else f"{path}[{json.dumps(key)}]"))
-        elif isinstance(item, list | tuple):
-            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
 
 
 class Client:
@@ -140,34 +100,35 @@ class Client:
         """Start many runs of one workflow: one commit per shard touched. Idempotent per key."""
         definition = self._definition(workflow)
         check_name(tenant, "tenant")
-        by_shard: dict[str, list[tuple[int, uuid.UUID, str, str]]] = defaultdict(list)
         seen: set[str] = set()
-        for index, (workflow_id, value) in enumerate(items):
+        rows: list[tuple[int, uuid.UUID, str, str]] = []
+        for workflow_id, value in items:
             self._check_workflow_id(workflow_id)
             if workflow_id in seen:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
             seen.add(workflow_id)
             bucket = bucket_for(tenant, definition.name, workflow_id)
-            shard = self.map.for_bucket(bucket)
             what = f"input of {definition.name} {workflow_id!r}"
             encoded = self.limits.check_input(to_json(value, what), what)
-            by_shard[shard.name].append((index, new_execution_id(bucket), workflow_id, encoded))
-        def insert(shard_name: str) -> list[StartResult]:
+            rows.append((bucket, new_execution_id(bucket), workflow_id, encoded))
+        groups = by_shard(self.map, rows, lambda r: self.map.for_bucket(r[0]))
+
+        def insert(shard: Shard) -> list[StartResult]:
             return self.store.start_executions(
-                self.map.named([shard_name])[0], tenant=tenant, workflow_name=definition.name,
+                shard, tenant=tenant, workflow_name=definition.name,
                 workflow_version=definition.version,
-                items=[(i, w, v) for _, i, w, v in by_shard[shard_name]],
+                items=[(i, w, v) for _, (_, i, w, v) in groups[shard]],
             )
 
-        if len(by_shard) > 1 and len(items) >= PARALLEL_START_MIN:
+        if len(groups) > 1 and len(items) >= PARALLEL_START_MIN:
             # Big batches: the shards' commits overlap instead of queueing.
-            with ThreadPoolExecutor(len(by_shard), thread_name_prefix="shardq-start") as pool:
-                started = dict(zip(by_shard, pool.map(insert, by_shard), strict=True))
+            with ThreadPoolExecutor(len(groups), thread_name_prefix="shardq-start") as pool:
+                started = dict(zip(groups, pool.map(insert, groups), strict=True))
         else:
-            started = {name: insert(name) for name in by_shard}
+            started = {shard: insert(shard) for shard in groups}
         results: list[StartResult | None] = [None] * len(items)
-        for shard_name, rows in by_shard.items():
-            for (index, *_), result in zip(rows, started[shard_name], strict=True):
+        for shard, members in groups.items():
+            for (index, _), result in zip(members, started[shard], strict=True):
                 results[index] = result
         return [r for r in results if r is not None]
 
@@ -177,18 +138,6 @@ class Client:
             raise InvalidArgument(f"workflow_id must be a 1..512 character string, got "
                                   f"{workflow_id!r}")
         check_text(workflow_id, "workflow_id")
-
-    def _signal_values(
-        self, name: str, payload: Any, key: str | None
-    ) -> tuple[str, str, str | None]:
-        """(name, payload JSON, key) of a signal, checked as every entry point checks them."""
-        check_name(name, "signal")
-        if key is not None and (not isinstance(key, str) or not key.strip()):
-            raise InvalidArgument("idempotency_key must be a non-empty string when given")
-        if key is not None:
-            self.limits.check_key(check_text(key, "idempotency_key"))
-        what = f"payload of signal {name!r}"
-        return name, self.limits.check_payload(to_json(payload, what), what), key
 
     def _definition(self, workflow: str | WorkflowDef) -> WorkflowDef:
         if isinstance(workflow, WorkflowDef):
@@ -300,27 +249,21 @@ class Client:
         handled in the order given.
         """
         check_name(tenant, "tenant")
-        by_shard: dict[str, list[tuple[int, tuple[uuid.UUID, str, str, str | None]]]] = (
-            defaultdict(list)
-        )
         results: list[SignalResult | None] = [None] * len(signals)
+        checked: list[tuple[int, CheckedSignal]] = []
         for index, request in enumerate(signals):
             ident = parse_execution_id(request.execution_id)
             try:
-                values = self._signal_values(
-                    request.name, request.payload, request.idempotency_key
+                values = check_signal(
+                    request.name, request.payload, request.idempotency_key, self.limits
                 )
             except InvalidArgument as exc:
                 results[index] = SignalResult(ident, None, delivered=False, error=exc)
                 continue
-            shard = self.map.for_execution(ident)
-            by_shard[shard.name].append((index, (ident, *values)))
-        for shard_name, rows in by_shard.items():
-            delivered = self.store.deliver_signals(
-                self.map.named([shard_name])[0], tenant=tenant, signals=[r for _, r in rows]
-            )
-            for (index, _), result in zip(rows, delivered, strict=True):
-                results[index] = result
+            checked.append((index, CheckedSignal(ident, *values)))
+        delivered = deliver(self.store, tenant, [c for _, c in checked])
+        for (index, _), result in zip(checked, delivered, strict=True):
+            results[index] = result
         return [r for r in results if r is not None]
 
     def signal_with_start(
@@ -346,7 +289,7 @@ class Client:
         self._check_workflow_id(workflow_id)
         what = f"input of {definition.name} {workflow_id!r}"
         input_json = self.limits.check_input(to_json(input, what), what)
-        name, payload_json, key = self._signal_values(signal_name, payload, idempotency_key)
+        name, payload_json, key = check_signal(signal_name, payload, idempotency_key, self.limits)
         bucket = bucket_for(tenant, definition.name, workflow_id)
         return self.store.signal_with_start(
             self.map.for_bucket(bucket), tenant=tenant, workflow_name=definition.name,

@@ -39,6 +39,7 @@ from shardq.queue.models import (
     HistoryEvent,
     NewEvent,
     OpenWait,
+    OutboxRequest,
     PendingSignal,
     Signal,
     State,
@@ -47,7 +48,7 @@ from shardq.queue.models import (
 from shardq.queue.names import check_name
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
-from shardq.shards.routing import parse_execution_id
+from shardq.shards.routing import bucket_of, parse_execution_id
 
 T = TypeVar("T")
 MAX_ERROR_TEXT = 8000
@@ -437,13 +438,15 @@ class WorkflowContext:
         """Signal another run, durably, from this one; the same rules as a client's signal.
 
         The target must be of this run's tenant (another tenant's run counts as
-        not found) and, for now, on this run's shard: the signal, the target's
-        wake-up and this run's record of it commit together, in this turn's
-        commit, which this call waits for. Cross-shard delivery needs the outbox
-        relay (`target_on_another_shard` until it exists). A target that cannot
-        take it raises ExternalSignalFailed with a `reason_code`. Replay returns
-        the recorded outcome and sends nothing, even if the code now computes
-        another key.
+        not found). Returns once this turn's commit recording the call is
+        durable. A target on this run's shard gets the signal in that very
+        commit (a target that cannot take it raises ExternalSignalFailed with a
+        `reason_code`). A target on another shard gets it through the outbox:
+        the commit writes an outbox row, the outbox relay delivers it (exactly
+        once, in send order per target) and the call returns `queued=True`; a
+        target that cannot take it then is recorded as an `external.failed`
+        event in this run's history. Replay returns the recorded outcome and
+        sends nothing, even if the code now computes another key.
         """
         check_name(name, "signal")
         ident = parse_execution_id(target)
@@ -464,17 +467,22 @@ class WorkflowContext:
         except (TypeError, ValueError, RecursionError) as exc:
             raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
         limits.check_payload(encoded, what)
-        if self._on_this_shard is None or not self._on_this_shard(ident):
-            raise ExternalSignalFailed(
-                "target_on_another_shard",
-                f"execution {ident} lives on another shard; cross-shard delivery needs the "
-                "outbox relay, which shardq does not have yet",
-            )
         journal = self._journal
-        journal.externals.append(ExternalRequest(position, ident, name, encoded, idempotency_key))
+        if self._on_this_shard is not None and self._on_this_shard(ident):
+            journal.externals.append(
+                ExternalRequest(position, ident, name, encoded, idempotency_key)
+            )
+            self._cancel = journal.flush() or self._cancel
+            (outcome,) = journal.sent
+            return _external_outcome(outcome)
+        queued = {"target": str(ident), "name": name, "idempotency_key": idempotency_key,
+                  "queued": True}
+        journal.outbox.append(
+            OutboxRequest(position, ident, bucket_of(ident), name, encoded, idempotency_key)
+        )
+        journal.events.append(NewEvent(position, Event.EXTERNAL_QUEUED, name, queued))
         self._cancel = journal.flush() or self._cancel
-        (outcome,) = journal.sent
-        return _external_outcome(outcome)
+        return _external_outcome(queued)
 
     def now(self) -> datetime:
         """The database's current time, recorded so replay sees the same instant."""
@@ -502,9 +510,13 @@ def _external_outcome(recorded: Mapping[str, Any]) -> ExternalSignal:
     if "reason_code" in recorded:
         detail = recorded.get("detail") or f"execution {recorded['target']} not found"
         raise ExternalSignalFailed(recorded["reason_code"], detail)
-    return ExternalSignal(uuid.UUID(recorded["target"]), recorded["name"],
-                          int(recorded["signal_id"]), bool(recorded["delivered"]),
-                          recorded.get("idempotency_key"))
+    target, name, key = uuid.UUID(recorded["target"]), recorded["name"], recorded.get(
+        "idempotency_key")
+    if recorded.get("queued"):
+        return ExternalSignal(target, name, None, delivered=False, idempotency_key=key,
+                              queued=True)
+    return ExternalSignal(target, name, int(recorded["signal_id"]), bool(recorded["delivered"]),
+                          key)
 
 
 def _check_timeout(timeout: float | None, what: str) -> None:

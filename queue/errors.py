@@ -43,7 +43,14 @@ class ExecutionNotFound(WorkflowError):
 
 
 class SignalRefused(WorkflowError):
-    """The target run cannot take signals any more (it has finished) or has too many pending."""
+    """The target run cannot take signals any more (it has finished) or has too many pending.
+
+    `reason_code` tells which: `target_finished` or `target_refused` (a bound).
+    """
+
+    def __init__(self, message: str, reason_code: str = "target_refused") -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
 
 
 class SignalTimedOut(WorkflowError):

@@ -32,6 +32,7 @@ from shardq.queue.models import (
     ExternalRequest,
     NewEvent,
     OpenWait,
+    OutboxRequest,
     State,
     TaskAction,
     TurnCommit,
@@ -56,7 +57,7 @@ class Journal:
 
     __slots__ = (
         "_checkpoint", "_execution_id", "_stored_state", "_token",
-        "close_wait", "consumed", "events", "externals", "sent",
+        "close_wait", "consumed", "events", "externals", "outbox", "sent",
     )
 
     def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
@@ -72,6 +73,8 @@ class Journal:
         """The wait the run resumed from was closed by a call since the last commit."""
         self.externals: list[ExternalRequest] = []
         """Signals to other runs of the shard, to deliver with the next commit."""
+        self.outbox: list[OutboxRequest] = []
+        """Signals to runs of other shards, to write to the outbox with the next commit."""
         self.sent: tuple[dict[str, Any], ...] = ()
         """The outcomes of the externals the last checkpoint delivered."""
 
@@ -111,8 +114,10 @@ class Journal:
             consumed_signals=self.consumed,
             wake_on_signals=wake_on_signals,
             externals=self.externals,
+            outbox=self.outbox,
         )
-        self.events, self.consumed, self.close_wait, self.externals = [], [], False, []
+        self.events, self.consumed, self.close_wait = [], [], False
+        self.externals, self.outbox = [], []
         return commit
 
     def flush(self) -> bool:
@@ -124,7 +129,9 @@ class Journal:
         CommitRejected when the database refused a value of the commit.
         """
         events = self.events
-        if not self.externals and (not events or all(e.kind in REPLAYABLE for e in events)):
+        if not self.externals and not self.outbox and (
+            not events or all(e.kind in REPLAYABLE for e in events)
+        ):
             return False
         commit = self.commit(state=State.RUNNING, task=TaskAction.KEEP)
         try:

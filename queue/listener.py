@@ -18,6 +18,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -39,8 +40,12 @@ class WakeSource:
     reconnects with backoff while the loop carries on polling.
     """
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(
+        self, shard: Shard, *, listen: Callable[[DictConnection], None] = listen_for_wakes
+    ) -> None:
+        """`listen` subscribes a fresh connection: by default to the workers' wake channel."""
         self._shard = shard
+        self._listen = listen
         self._lock = threading.Lock()
         self._flag = False
         self._closed = False
@@ -105,7 +110,7 @@ class WakeSource:
         try:
             conn = connect(self._shard, autocommit=True)
             try:
-                listen_for_wakes(conn)
+                self._listen(conn)
             except BaseException:
                 conn.close()
                 raise

@@ -47,6 +47,15 @@ class Event(StrEnum):
     CLOCK_READ = "now.read"
     SIGNAL_RECEIVED = "signal.received"
     """Not tied to a call: written by the sender when a signal lands."""
+    EXTERNAL_SENT = "external.sent"
+    """ctx.signal_external delivered to a run of the sender's shard, in its commit."""
+    EXTERNAL_QUEUED = "external.queued"
+    """ctx.signal_external to a run of another shard: an outbox row, for the relay."""
+    EXTERNAL_FAILED = "external.failed"
+    """At the call's position: a same-shard target refused it. With no position:
+    the relay could not deliver a queued one (payload `position` names the call)."""
+    EXTERNAL_REQUEUED = "external.requeued"
+    """No position: an operator re-queued a queued signal that had failed for good."""
 
     @property
     def call(self) -> str:
@@ -214,6 +223,8 @@ class TurnCommit:
     """Parking on signals of these names: if one is already pending, the task stays due."""
     externals: list[ExternalRequest] = field(default_factory=list)
     """Signals to other runs of the shard, delivered in this commit."""
+    outbox: list[OutboxRequest] = field(default_factory=list)
+    """Signals to runs of other shards, written to the outbox in this commit."""
 
 
 @dataclass(frozen=True)
@@ -228,14 +239,33 @@ class ExternalRequest:
 
 
 @dataclass(frozen=True)
+class OutboxRequest:
+    """A `ctx.signal_external` to a run of another shard: an outbox row of its commit."""
+
+    position: int
+    target: uuid.UUID
+    target_bucket: int
+    name: str
+    payload_json: str
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True)
 class ExternalSignal:
-    """A signal `ctx.signal_external` delivered (or found delivered, `delivered=False`)."""
+    """What `ctx.signal_external` did with a signal.
+
+    To a run of the sender's shard: delivered (`delivered=True`, `signal_id`
+    set) or found delivered already under its key (`delivered=False`). To a run
+    of another shard: `queued=True`, no `signal_id`: the outbox relay delivers
+    it; if it cannot, the sender's history gets an `external.failed` event.
+    """
 
     target: uuid.UUID
     name: str
-    signal_id: int
+    signal_id: int | None
     delivered: bool
     idempotency_key: str | None
+    queued: bool = False
 
 
 @dataclass(frozen=True)
@@ -285,3 +315,67 @@ class BufferedSignal:
     payload: Any
     idempotency_key: str | None
     received_at: datetime
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    """A claimed outbox row: one signal a relay owes a run of another shard."""
+
+    id: int
+    source_execution_id: uuid.UUID
+    source_position: int
+    target: uuid.UUID
+    target_bucket: int
+    tenant: str
+    name: str
+    payload_json: str
+    idempotency_key: str | None
+    attempts: int
+    """Failed attempts so far."""
+    queued_s: float
+    """Seconds since the row entered the queue (written, or re-queued by an operator)."""
+
+    @property
+    def origin(self) -> str:
+        """The identity the relay delivers under; the target collapses a repeat of it."""
+        return f"{self.source_execution_id}/{self.source_position}"
+
+
+@dataclass
+class OutboxSettlement:
+    """What a relay round did with its claimed rows, written when its claim ends."""
+
+    delivered: list[int] = field(default_factory=list)
+    retry: list[tuple[int, float, str, str]] = field(default_factory=list)
+    """(row id, seconds until the next attempt, reason code, detail)."""
+    failed: list[tuple[int, str, str]] = field(default_factory=list)
+    """(row id, reason code, detail): failed for good."""
+
+
+@dataclass(frozen=True)
+class OutboxBacklog:
+    """One source shard's outbox rows owed to one target bucket."""
+
+    target_bucket: int
+    pending: int
+    retrying: int
+    failed: int
+    oldest_pending_s: float | None
+
+
+@dataclass(frozen=True)
+class OutboxFailure:
+    """A permanently failed outbox row, as an operator sees it."""
+
+    id: int
+    source_execution_id: uuid.UUID
+    source_position: int
+    target_execution_id: uuid.UUID
+    tenant: str
+    signal_name: str
+    idempotency_key: str | None
+    attempts: int
+    failure_reason: str
+    failure_detail: str | None
+    created_at: datetime
+    finished_at: datetime | None

@@ -29,6 +29,10 @@ from shardq.queue.models import (
     CommitOutcome,
     Execution,
     HistoryEvent,
+    OutboxBacklog,
+    OutboxFailure,
+    OutboxRow,
+    OutboxSettlement,
     PendingSignal,
     SignalResult,
     SignalWithStartResult,
@@ -221,6 +225,7 @@ class Store:
         *,
         tenant: str,
         signals: Sequence[tuple[uuid.UUID, str, str, str | None]],
+        origins: Sequence[str | None] | None = None,
     ) -> list[SignalResult]:
         """Deliver (execution id, name, payload JSON, idempotency key) signals in one commit.
 
@@ -230,8 +235,11 @@ class Store:
         others land. One statement: shardq.deliver_signals().
         It locks every target run before inserting, so one run's signals commit
         in id order: replay relies on that to consume the same one again.
+        `origins` (the outbox relay's) name each signal's outbox row: a repeat
+        of one is collapsed like a repeated idempotency key.
         """
         params = {
+            "origins": origins,
             "tenant": tenant,
             "ids": [s[0] for s in signals],
             "names": [s[1] for s in signals],
@@ -281,6 +289,58 @@ class Store:
         return SignalWithStartResult(row["execution_id"], row["created"], result.delivered,
                                      result.signal_id, result.signal_name)
 
+    # -- the outbox ------------------------------------------------------------
+
+    @contextmanager
+    def claim_outbox(
+        self, shard: Shard, *, limit: int
+    ) -> Iterator[tuple[list[OutboxRow], OutboxSettlement]]:
+        """Lock up to `limit` due outbox rows of `shard`; settle them when the block ends.
+
+        The rows stay locked (other relays skip them) until the block ends, when
+        what the caller put in the settlement is written in the same
+        transaction. A block that raises settles nothing: the rows are due
+        again at once, their attempts untouched.
+        """
+        with self.transaction(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
+            rows = [OutboxRow(*r) for r in cur.execute(SQL["claim_outbox"], {"limit": limit})]
+            settlement = OutboxSettlement()
+            yield rows, settlement
+            retry_ids, delays, retry_reasons, retry_details = _columns(settlement.retry, 4)
+            failed_ids, failed_reasons, failed_details = _columns(settlement.failed, 3)
+            cur.execute(SQL["settle_outbox"], {
+                "delivered": settlement.delivered,
+                "retry_ids": retry_ids, "retry_delays": delays,
+                "retry_reasons": retry_reasons, "retry_details": retry_details,
+                "failed_ids": failed_ids, "failed_reasons": failed_reasons,
+                "failed_details": failed_details,
+            })
+
+    def outbox_next_due(self, shard: Shard) -> float | None:
+        """Seconds until `shard`'s next pending outbox row is due; None when there is none."""
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["outbox_next_due"]).fetchone()
+        return None if row is None or row["seconds"] is None else float(row["seconds"])
+
+    def outbox_backlog(self, shard: Shard) -> list[OutboxBacklog]:
+        """What `shard`'s outbox still owes, by target bucket."""
+        with self._connection(shard) as conn:
+            return [OutboxBacklog(**r) for r in conn.execute(SQL["outbox_backlog"])]
+
+    def outbox_failures(
+        self, shard: Shard, *, after: int = 0, limit: int = 100
+    ) -> list[OutboxFailure]:
+        """`shard`'s permanently failed outbox rows with ids above `after`, by id."""
+        with self._connection(shard) as conn:
+            found = conn.execute(SQL["outbox_failures"], {"after": after, "limit": limit})
+            return [OutboxFailure(**r) for r in found]
+
+    def requeue_outbox(self, shard: Shard, ids: Sequence[int]) -> set[int]:
+        """Make permanently failed rows due again: all of `ids`, or none when one of them
+        is not a failed row. Returns the ids re-queued."""
+        with self._connection(shard) as conn:
+            return {r["id"] for r in conn.execute(SQL["requeue_outbox"], {"ids": list(ids)})}
+
     def waits_and_signals(
         self, execution_id: uuid.UUID
     ) -> tuple[WaitInfo | None, list[BufferedSignal]]:
@@ -319,9 +379,24 @@ class Store:
 
 def listen_for_wakes(conn: DictConnection) -> None:
     """Make `conn` (autocommit, outside any pool) receive the shard's wake NOTIFYs."""
-    statement = conn.execute(SQL["listen_statement"], {}).fetchone()
+    _listen(conn, SQL["listen_statement"])
+
+
+def listen_for_outbox(conn: DictConnection) -> None:
+    """Make `conn` (autocommit, outside any pool) receive the NOTIFYs of new outbox rows."""
+    _listen(conn, SQL["listen_outbox_statement"])
+
+
+def _listen(conn: DictConnection, query: str) -> None:
+    """Run the LISTEN that `query` builds (the channel's name is defined in SQL)."""
+    statement = conn.execute(query, {}).fetchone()
     assert statement is not None
     conn.execute(statement["statement"])
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows of `width` values as `width` parallel lists (array parameters)."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
 
 
 def _commit_turns(
@@ -343,6 +418,7 @@ def _commit_turns(
     consumed: list[tuple[int, int]] = []
     parking: list[list[str]] = []
     externals: list[list[Any]] = []
+    outbox: list[list[Any]] = []
     for c in commits:
         cid = c.execution_id.hex
         rows.append([
@@ -360,7 +436,13 @@ def _commit_turns(
              MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
             for x in c.externals
         )
-    parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking, "x": externals}
+        outbox.extend(
+            [cid, o.position, o.target.hex, o.target_bucket, o.name, json.loads(o.payload_json),
+             o.idempotency_key]
+            for o in c.outbox
+        )
+    parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking, "x": externals,
+             "o": outbox}
     batch = json.dumps({k: v for k, v in parts.items() if v or k == "c"})
     with conn.cursor(row_factory=tuple_row) as cur:
         # (position in the batch from 1, cancel requested, signals' outcomes) of each
@@ -394,7 +476,8 @@ def _signal_result(
                             signal_name=row["earlier_name"])
     if row["finished"] is not None:
         return _refused(execution_id, SignalRefused(
-            f"execution {execution_id} is {row['finished']}: it takes no more signals"
+            f"execution {execution_id} is {row['finished']}: it takes no more signals",
+            "target_finished",
         ))
     if row["signal_id"] is None:
         pending, bound, what = (

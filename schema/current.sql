@@ -41,7 +41,9 @@ CREATE TABLE shardq.outbox (
     failure_reason text,
     failure_detail text,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
-    finished_at timestamp with time zone
+    finished_at timestamp with time zone,
+    target_bucket smallint NOT NULL,
+    queued_at timestamp with time zone NOT NULL DEFAULT now()
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=80);
 
 CREATE TABLE shardq.schema_functions (
@@ -74,7 +76,8 @@ CREATE TABLE shardq.signals (
     idempotency_key text,
     received_at timestamp with time zone NOT NULL DEFAULT now(),
     consumed_at timestamp with time zone,
-    consumed_position integer
+    consumed_position integer,
+    origin text
 );
 
 CREATE TABLE shardq.tasks (
@@ -114,7 +117,11 @@ ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'failed'::text);
+CREATE INDEX outbox_pair ON shardq.outbox USING btree (source_execution_id, target_execution_id, id) WHERE (state = 'pending'::text);
+CREATE UNIQUE INDEX outbox_source ON shardq.outbox USING btree (source_execution_id, source_position);
 CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
 
@@ -126,7 +133,13 @@ CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer)
 --   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
+--   LANGUAGE sql VOLATILE
+-- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
+--   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.outbox_channel()
+--   RETURNS text
+--   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE sql STABLE

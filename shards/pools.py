@@ -66,11 +66,14 @@ class ShardPools:
     fails, `connection()` raises at once with libpq's reason (refused, no such
     database, bad password) instead of a timeout after `timeout` seconds, and no
     background retries log warnings. Each use of a failing shard probes again.
+
+    `options` are server settings for every connection, in libpq's form
+    (`-c name=value ...`).
     """
 
     def __init__(
         self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq",
-        probe: bool = False,
+        probe: bool = False, options: str | None = None,
     ) -> None:
         self.map = shard_map
         self._timeout = timeout
@@ -90,6 +93,7 @@ class ShardPools:
                     "row_factory": dict_row,
                     "connect_timeout": CONNECT_TIMEOUT_S,
                     "application_name": application_name,
+                    **({"options": options} if options else {}),
                 },
                 connection_class=psycopg.Connection[dict[str, Any]],
                 open=False,

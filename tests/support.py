@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,3 +57,112 @@ def rows(url: str, query: str, *params: object) -> list[tuple[Any, ...]]:
 def all_rows(shard_map: ShardMap, query: str, *params: object) -> list[tuple[Any, ...]]:
     """The same query on every shard, results concatenated."""
     return [r for shard in shard_map.shards for r in rows(shard.url, query, *params)]
+
+
+class Daemon:
+    """A `shardq` daemon as its own process; its output goes to files so no pipe can fill."""
+
+    def __init__(
+        self, name: str, args: Sequence[str], folder: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.err_path = folder / f"{name}.err"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+        full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+        with (folder / f"{name}.out").open("wb") as out, self.err_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "shardq.bin.cli", *args],
+                env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            )
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        """Until `text` appears on its stderr; fails the test if it exits first."""
+        deadline = time.monotonic() + timeout
+        while text not in self.stderr():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode} before "
+                                     f"{text!r}:\n{self.stderr()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: no {text!r} after {timeout} s:\n"
+                                     f"{self.stderr()}")
+            time.sleep(0.02)
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+class TcpProxy:
+    """A TCP forwarder to a PostgreSQL server that a test can cut and restore.
+
+    `stop()` refuses new connections and resets the open ones, as a host that
+    went away would look to a client; `start()` serves the same port again.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port: int = probe.getsockname()[1]
+        probe.close()
+
+    def start(self) -> TcpProxy:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)

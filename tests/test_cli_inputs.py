@@ -27,7 +27,7 @@ from .support import all_rows, run_cli
 
 APP = "shardq.bin.examples:registry"
 DEEP = "[" * 2500 + "]" * 2500
-COUNTED = ("executions", "signals", "history", "tasks", "waits")
+COUNTED = ("executions", "signals", "history", "tasks", "waits", "outbox")
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,30 @@ CASES = [
     Case("shards-max-size-lots", ("--shards-file", "{dir}/lots.toml", "shards"), 2,
          "max_size must be an integer, got 'lots'"),
     Case("json-usage", ("workflow", "list", "--limit", "0", "--json"), 2, "1..1000"),
+    Case("relay-batch-zero", ("outbox-relay", "--batch-size", "0"), 2,
+         "batch size must be 1..10000"),
+    Case("relay-batch-text", ("outbox-relay", "--batch-size", "lots"), 2, "not a valid integer"),
+    Case("relay-poll-zero", ("outbox-relay", "--poll-interval", "0"), 2,
+         "poll_interval_s must be a positive number"),
+    Case("relay-max-age-negative", ("outbox-relay", "--max-age", "-5"), 2,
+         "max_age_s must be a positive number"),
+    Case("relay-max-age-nan", ("outbox-relay", "--max-age", "nan"), 2,
+         "max_age_s must be a positive number"),
+    Case("relay-backoff-inf", ("outbox-relay", "--max-backoff", "inf"), 2,
+         "max_backoff_s must be a positive number"),
+    Case("relay-unknown-shard", ("outbox-relay", "--shard", "nope"), 2, "unknown shard nope"),
+    Case("retry-no-shard", ("outbox", "retry", "1"), 2, "Missing option '--shard'"),
+    Case("retry-no-id", ("outbox", "retry", "--shard", "shard-0"), 2, "Missing argument"),
+    Case("retry-id-zero", ("outbox", "retry", "--shard", "shard-0", "0"), 2,
+         "0 is not in the range 1<=x"),
+    Case("retry-id-huge", ("outbox", "retry", "--shard", "shard-0", "9" * 20), 2,
+         "1<=x<=9223372036854775807"),
+    Case("retry-id-text", ("outbox", "retry", "--shard", "shard-0", "x"), 2,
+         "not a valid integer"),
+    Case("retry-unknown-shard", ("outbox", "retry", "--shard", "nope", "1"), 2,
+         "unknown shard nope"),
+    Case("failed-limit-zero", ("outbox", "failed", "--limit", "0"), 2, "not within 1..1000"),
+    Case("failed-unknown-shard", ("outbox", "failed", "--shard", "nope"), 2, "unknown shard"),
     # -- refused by the engine: exit 7 ----------------------------------------
     Case("nul-input", (*START, "k2", "--input", '{"a": "x\\u0000y"}', "--app", APP), 7,
          "the string at $.a contains a NUL character"),
@@ -110,6 +134,8 @@ CASES = [
          "unknown workflow"),
     Case("not-found", ("workflow", "show", UNKNOWN_ID), 7, "not found"),
     Case("json-refusal", ("workflow", "cancel", UNKNOWN_ID, "--json"), 7, "not found"),
+    Case("retry-not-failed", ("outbox", "retry", "--shard", "shard-0", "1", "2"), 7,
+         "no failed outbox row 1, 2 on shard-0: nothing re-queued"),
 ]
 
 

@@ -21,6 +21,10 @@
 --   p: [execution_id, signal_name], a row per name the parking run waits on
 --   x: [sender_id, position, target_id, signal_name, payload, key, max_pending,
 --       max_pending_total]: a signal to a run of this shard (ctx.signal_external)
+--   o: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
+--      a signal to a run of another shard, written to the outbox for the relay;
+--      the call's history event comes in `e`. Added after `x` as an optional
+--      key, so callers that never send it are served unchanged.
 -- The answer is one row per commit that held its lease: its position in `c`
 -- (from 1), whether cancellation was requested meanwhile, and the outcomes of
 -- its signals to other runs (null when it sent none). Only a commit
@@ -329,6 +333,23 @@ BEGIN
                               coalesce(sent->((x->>0)::uuid::text), '[]')
                               || jsonb_build_array(outcome));
         END LOOP;
+    END IF;
+
+    -- Signals to runs of other shards: a row each, in send order (the relay
+    -- delivers one sender's rows to one target in id order), and one hint to
+    -- the relays. Kept like the commit's events when the run is cancelling.
+    IF batch ? 'o' THEN
+        INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
+                                   target_bucket, tenant, signal_name, payload, idempotency_key)
+        SELECT (r->>0)::uuid, (r->>1)::integer, (r->>2)::uuid, (r->>3)::smallint, x.tenant,
+               r->>4, r->5, r->>6
+        FROM jsonb_array_elements(batch->'o') WITH ORDINALITY AS o(r, ord)
+        JOIN shardq.executions x ON x.id = (r->>0)::uuid
+        WHERE (r->>0)::uuid = ANY(fenced)
+        ORDER BY o.ord;
+        IF FOUND THEN
+            PERFORM pg_notify(shardq.outbox_channel(), '');
+        END IF;
     END IF;
 
     RETURN QUERY

@@ -2,8 +2,10 @@
 -- Each signal is stored, recorded in its run's history and wakes the run if it
 -- waits on that name (a signal wait of that name, or a condition that handles it). Refusals (unknown run, another tenant's, finished, too many
 -- pending) insert nothing and come back as a row the caller reads the reason
--- from; a repeated idempotency key returns the earlier signal's id and name.
--- Rows come back one per input, `ord` numbering them from 1.
+-- from; a repeated idempotency key returns the earlier signal's id and name,
+-- and so does a repeated origin (the outbox row a relay delivers under: see
+-- the outbox relay in outbox/). Rows come back one per input, `ord` numbering
+-- them from 1.
 --
 -- Bounds: at most p_max_pending unconsumed signals of one name per run, and
 -- p_max_pending_total of all names: a flood of a name the run never waits on
@@ -26,7 +28,8 @@ CREATE OR REPLACE FUNCTION shardq.deliver_signals(
     p_payloads          jsonb[],
     p_keys              text[],
     p_max_pending       integer,
-    p_max_pending_total integer
+    p_max_pending_total integer,
+    p_origins           text[]
 ) RETURNS TABLE (
     ord           integer,
     tenant        text,
@@ -53,7 +56,7 @@ BEGIN
     IF cardinality(p_ids) = (SELECT count(DISTINCT u) FROM unnest(p_ids) AS u) THEN
         RETURN QUERY
         WITH item AS (
-            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, x.tenant,
+            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, i.origin, x.tenant,
                    (SELECT substr(o.kind, 5) FROM shardq.history o
                     WHERE o.execution_id = i.id AND o.kind IN (
                         'run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
@@ -64,18 +67,24 @@ BEGIN
                    AS pending,
                    (SELECT count(*) FROM shardq.signals s
                     WHERE s.execution_id = i.id AND s.consumed_at IS NULL) AS pending_total
-            FROM unnest(p_ids, p_names, p_payloads, p_keys)
-                 WITH ORDINALITY AS i(id, name, payload, key, ord)
+            -- unnest pads the shorter arrays with nulls: origins may be empty.
+            FROM unnest(p_ids, p_names, p_payloads, p_keys, coalesce(p_origins, '{}'))
+                 WITH ORDINALITY AS i(id, name, payload, key, origin, ord)
             LEFT JOIN LATERAL (
                 SELECT x.tenant FROM shardq.executions x WHERE x.id = i.id OFFSET 0
             ) x ON true
             LEFT JOIN LATERAL (
                 SELECT s.id, s.name FROM shardq.signals s
-                WHERE s.execution_id = i.id AND s.idempotency_key = i.key OFFSET 0
+                WHERE s.execution_id = i.id AND s.idempotency_key = i.key
+                UNION ALL
+                SELECT s.id, s.name FROM shardq.signals s
+                WHERE s.execution_id = i.id AND s.origin = i.origin
+                LIMIT 1
             ) e ON true
         ), inserted AS (
-            INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
-            SELECT it.id, p_tenant, it.name, it.payload, it.key FROM item it
+            INSERT INTO shardq.signals
+                (execution_id, tenant, name, payload, idempotency_key, origin)
+            SELECT it.id, p_tenant, it.name, it.payload, it.key, it.origin FROM item it
             WHERE it.tenant = p_tenant
               AND it.finished IS NULL
               AND it.earlier_id IS NULL
@@ -125,6 +134,10 @@ BEGIN
         ), earlier AS (
             SELECT s.id, s.name FROM shardq.signals s
             WHERE s.execution_id = p_ids[i] AND s.idempotency_key = p_keys[i]
+            UNION ALL
+            SELECT s.id, s.name FROM shardq.signals s
+            WHERE s.execution_id = p_ids[i] AND s.origin = p_origins[i]
+            LIMIT 1
         ), pending AS (
             SELECT count(*) FILTER (WHERE s.name = p_names[i]) AS n, count(*) AS total
             FROM shardq.signals s
@@ -137,8 +150,10 @@ BEGIN
               AND (SELECT n FROM pending) < p_max_pending
               AND (SELECT total FROM pending) < p_max_pending_total
         ), inserted AS (
-            INSERT INTO shardq.signals (execution_id, tenant, name, payload, idempotency_key)
-            SELECT a.id, p_tenant, p_names[i], p_payloads[i], p_keys[i] FROM admitted a
+            INSERT INTO shardq.signals
+                (execution_id, tenant, name, payload, idempotency_key, origin)
+            SELECT a.id, p_tenant, p_names[i], p_payloads[i], p_keys[i], p_origins[i]
+            FROM admitted a
             RETURNING id, execution_id
         ), recorded AS (
             INSERT INTO shardq.history (execution_id, position, kind, name, payload)
@@ -169,4 +184,18 @@ BEGIN
             (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken);
     END LOOP;
 END
+$$;
+
+-- The signature before origins: what workers and clients of the previous
+-- release call while a rolling deploy runs both (see README, "Migrations").
+CREATE OR REPLACE FUNCTION shardq.deliver_signals(
+    p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[],
+    p_max_pending integer, p_max_pending_total integer
+) RETURNS TABLE (
+    ord integer, tenant text, finished text, earlier_id bigint, earlier_name text,
+    pending bigint, pending_total bigint, signal_id bigint, woken bigint
+)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM shardq.deliver_signals(p_tenant, p_ids, p_names, p_payloads, p_keys,
+                                         p_max_pending, p_max_pending_total, NULL::text[])
 $$;

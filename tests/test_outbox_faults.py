@@ -1,0 +1,249 @@
+"""The outbox relay under faults: real relay processes, three shard databases, kills.
+
+Senders run in an in-process worker; the relays are `shardq outbox-relay`
+processes, killed with SIGKILL (or by the test-only failpoint) and restarted.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from shardq.outbox.relay import FAILPOINT_ENV
+from shardq.queue.client import Client
+from shardq.queue.context import WorkflowContext
+from shardq.queue.models import State
+from shardq.queue.registry import Registry
+from shardq.queue.worker import Worker, WorkerConfig
+from shardq.shards.config import ShardMap
+from shardq.shards.migrations import migrate
+from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for
+from shardq.shards.servers import database_url
+
+from .conftest import TABLES, Server
+from .support import Daemon, TcpProxy, rows, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+registry = Registry()
+
+
+@registry.workflow("parked")
+def parked(ctx: WorkflowContext) -> Any:
+    """A target that buffers what it is sent: it waits on a name nobody sends."""
+    return ctx.wait_for_signal("never")
+
+
+@registry.workflow("spray")
+def spray(ctx: WorkflowContext) -> int:
+    """Send `count` numbered signals round-robin to `targets`; every other one keyed."""
+    targets = ctx.input["targets"]
+    for seq in range(ctx.input["count"]):
+        key = f"{ctx.workflow_id}-{seq}" if seq % 2 == 0 else None
+        ctx.signal_external(targets[seq % len(targets)], "item",
+                            {"sender": ctx.workflow_id, "seq": seq}, idempotency_key=key)
+    return int(ctx.input["count"])
+
+
+@pytest.fixture(scope="module")
+def three_shards(pg_server: Server) -> ShardMap:
+    shard_map = ShardMap.from_urls(pg_server.create_databases(3, tag="relay"), pool_max=20)
+    migrate(shard_map)
+    return shard_map
+
+
+@pytest.fixture
+def shards(three_shards: ShardMap) -> ShardMap:
+    for shard in three_shards.shards:
+        with psycopg.connect(shard.url, autocommit=True) as conn:
+            conn.execute("TRUNCATE " + ", ".join(f"shardq.{t}" for t in TABLES))
+    return three_shards
+
+
+@pytest.fixture
+def client(shards: ShardMap) -> Iterator[Client]:
+    with Client(shards, registry) as opened:
+        yield opened
+
+
+@pytest.fixture
+def worker(shards: ShardMap) -> Iterator[Worker]:
+    with ShardPools(shards) as pools:
+        running = Worker(pools, registry, config=WorkerConfig(
+            concurrency=40, batch_size=20, poll_interval_s=1.0, lease_s=10.0,
+        )).start()
+        yield running
+        running.stop()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+    count = iter(range(1000))
+
+    def start(urls: list[str], *args: str, env: dict[str, str] | None = None) -> Daemon:
+        relay = Daemon(f"relay-{next(count)}",
+                       ["--shards", ",".join(urls), "outbox-relay", "--max-backoff", "0.5",
+                        "--poll-interval", "1", *args],
+                       tmp_path, env)
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.kill()
+
+
+def urls(shard_map: ShardMap) -> list[str]:
+    return [s.url for s in shard_map.shards]
+
+
+def keys_on(client: Client, index: int, workflow: str, prefix: str, count: int) -> list[str]:
+    shard = client.map.shards[index]
+    found = (k for k in (f"{prefix}-{i}" for i in range(100_000))
+             if client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
+    return [next(found) for _ in range(count)]
+
+
+def park_targets(client: Client, index: int, count: int) -> list[str]:
+    started = client.start_many("parked", [(k, None) for k in
+                                           keys_on(client, index, "parked", "t", count)])
+    return [str(s.execution_id) for s in started]
+
+
+def outbox_left(shard_map: ShardMap) -> int:
+    return sum(rows(s.url, "SELECT count(*) FROM shardq.outbox")[0][0] for s in shard_map.shards)
+
+
+def received(shard_map: ShardMap) -> list[tuple[str, str, int, Any]]:
+    """(target, sender, seq, key) of every stored signal, in each target's arrival order."""
+    found: list[tuple[str, str, int, Any]] = []
+    for shard in shard_map.shards:
+        found += rows(shard.url, "SELECT execution_id::text, payload->>'sender', "
+                                 "(payload->>'seq')::int, idempotency_key "
+                                 "FROM shardq.signals WHERE name = 'item' ORDER BY id")
+    return found
+
+
+def assert_once_in_order(found: list[tuple[str, str, int, Any]], expected: int) -> None:
+    assert len(found) == expected
+    assert len({(sender, seq) for _, sender, seq, _ in found}) == expected
+    last: dict[tuple[str, str], int] = {}
+    for target, sender, seq, _ in found:
+        assert seq > last.get((target, sender), -1), f"{sender} -> {target}: {seq} out of order"
+        last[(target, sender)] = seq
+
+
+def test_a_relay_killed_between_the_target_s_commit_and_its_mark_delivers_once(
+    client: Client, worker: Worker, spawn: Callable[..., Daemon], shards: ShardMap
+) -> None:
+    targets = park_targets(client, 1, 2)
+    (name,) = keys_on(client, 0, "spray", "s", 1)
+    sender = client.start("spray", name, {"targets": targets, "count": 2})
+    assert client.wait(sender.execution_id, timeout=20).state is State.COMPLETED
+
+    doomed = spawn(urls(shards), env={FAILPOINT_ENV: "after_deliver"})
+    assert doomed.wait_exit(30) == -9
+    # The target committed both (one keyed, one not); the source never marked them.
+    assert len(received(shards)) == 2
+    assert rows(shards.shards[0].url, "SELECT count(*) FROM shardq.outbox "
+                                      "WHERE state = 'pending'") == [(2,)]
+
+    relay = spawn(urls(shards))
+    relay.wait_for("outbox relay serving")
+    wait_until(lambda: outbox_left(shards) == 0, timeout=20, what="rows settled")
+    found = received(shards)
+    assert_once_in_order(found, 2)
+    assert sorted(found[i][3] is None for i in range(2)) == [False, True]
+    relay.proc.terminate()
+    assert relay.wait_exit(30) == 0
+    assert "duplicate 2" in relay.stderr()
+
+
+def test_ten_thousand_signals_land_once_in_order_through_two_relays_one_killed_repeatedly(
+    client: Client, worker: Worker, spawn: Callable[..., Daemon], shards: ShardMap
+) -> None:
+    targets = {i: park_targets(client, i, 10) for i in range(3)}
+    senders = []
+    for i in range(3):
+        elsewhere = [t for j, ts in targets.items() if j != i for t in ts]
+        for name in keys_on(client, i, "spray", f"s{i}", 10 if i else 20):
+            senders.append((name, {"targets": elsewhere, "count": 250}))
+    assert sum(s[1]["count"] for s in senders) == 10_000
+
+    steady = spawn(urls(shards))
+    client.start_many("spray", senders[:20])
+    victim = spawn(urls(shards), "--batch-size", "50")
+    rng = random.Random(7)
+    for kill in range(6):
+        if kill == 2:
+            client.start_many("spray", senders[20:])
+        time.sleep(rng.uniform(0.3, 1.0))
+        victim.proc.kill()
+        victim.wait_exit(10)
+        victim = spawn(urls(shards), "--batch-size", "50")
+    wait_until(lambda: len(received(shards)) >= 10_000 and outbox_left(shards) == 0,
+               timeout=120, what="every signal delivered")
+    assert_once_in_order(received(shards), 10_000)
+    for daemon in (steady, victim):
+        daemon.proc.terminate()
+        assert daemon.wait_exit(30) == 0, daemon.stderr()
+
+
+def test_a_shard_that_goes_away_backs_up_its_rows_while_the_others_flow(
+    client: Client, worker: Worker, spawn: Callable[..., Daemon], shards: ShardMap
+) -> None:
+    params = conninfo_to_dict(shards.shards[2].url)
+    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"),
+                     int(params.get("port") or 5432)).start()
+    try:
+        proxied = urls(shards)
+        proxied[2] = database_url(make_conninfo(shards.shards[2].url, host="127.0.0.1",
+                                                port=proxy.port), str(params["dbname"]))
+        relay = spawn(proxied)
+        relay.wait_for("outbox relay serving")
+        healthy, away = park_targets(client, 1, 3), park_targets(client, 2, 3)
+        proxy.stop()
+
+        first = keys_on(client, 0, "spray", "a", 4)
+        client.start_many("spray", [(n, {"targets": healthy + away, "count": 60}) for n in first])
+        # Half of each sender's rows go to the shard that is away: those back up
+        # while the other half is delivered.
+        wait_until(lambda: len(received(shards)) == 120, timeout=30, what="healthy half")
+        second = keys_on(client, 0, "spray", "b", 2)
+        client.start_many("spray", [(n, {"targets": healthy, "count": 30}) for n in second])
+        wait_until(lambda: len(received(shards)) == 180, timeout=30, what="second wave")
+        backlog = rows(shards.shards[0].url, "SELECT count(*), max(attempts) FROM shardq.outbox")
+        assert backlog[0][0] == 120 and backlog[0][1] >= 1
+        status = run_cli("--shards", ",".join(urls(shards)), "outbox", "--json")
+        assert '"pending": 120' in status.stdout, status.stdout
+
+        proxy.start()
+        wait_until(lambda: outbox_left(shards) == 0, timeout=60, what="backlog delivered")
+        assert_once_in_order(received(shards), 300)
+    finally:
+        proxy.stop()
+
+
+def test_a_relay_refuses_unmigrated_shards_and_a_foreign_map_with_one_line(
+    fresh_databases: Callable[..., list[str]], spawn: Callable[..., Daemon]
+) -> None:
+    bare = fresh_databases(3, "bare")
+    relay = spawn(bare)
+    assert relay.wait_exit(30) == 5
+    (line,) = relay.stderr().strip().splitlines()
+    assert "shardq migrate" in line or "schema" in line
+
+    two = fresh_databases(2, "two")
+    migrate(ShardMap.from_urls(two))
+    relay = spawn([*two, bare[0]])
+    assert relay.wait_exit(30) == 4
+    (line,) = relay.stderr().strip().splitlines()
+    assert "map" in line

@@ -1,8 +1,9 @@
-"""The demo: a checkout workflow end to end on two shards.
+"""The demo: a checkout workflow end to end, a quorum, and a fan-out across three shards.
 
 Uses the shards in SHARDQ_SHARDS when set (migrating them first); otherwise
-starts a throw-away embedded PostgreSQL with two shard databases and deletes it
-afterwards. Prints the routing, the run's timeline and its history.
+starts a throw-away embedded PostgreSQL with three shard databases and deletes
+it afterwards. A worker and an outbox relay run in this process. Prints the
+routing, each run's timeline and the checkout's history.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from contextlib import contextmanager
 import click
 
 from shardq.bin.examples import registry
+from shardq.outbox.relay import Relay
 from shardq.queue.client import Client
-from shardq.queue.models import State
+from shardq.queue.models import HistoryEvent, State
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ENV_SHARDS, ShardMap
 from shardq.shards.errors import ShardqError
@@ -84,6 +86,7 @@ def run_demo(shard_count: int) -> None:
         key, webhook = f"order-1001-{run}", f"psp-evt-{run}"
         pools = ShardPools(shard_map).open()
         worker = Worker(pools, registry, config=WorkerConfig(poll_interval_s=30)).start()
+        relay = Relay(pools).start()
         client = Client(shard_map, registry, pools=pools)
         try:
             order = {"order_id": 1001, "items": [{"sku": "tea", "qty": 2}]}
@@ -119,6 +122,7 @@ def run_demo(shard_count: int) -> None:
             quorum_demo(client, run)
             fan_out_demo(client, run)
         finally:
+            relay.stop()
             worker.stop(drain_timeout_s=5)
             pools.close()
 
@@ -145,36 +149,68 @@ def quorum_demo(client: Client, run: str) -> None:
 
 
 def fan_out_demo(client: Client, run: str) -> None:
-    """A tenant cancelled: one run signals every onboarding run of the tenant on its shard."""
-    shard = client.map.shards[0]
+    """A tenant cancelled: one run signals every onboarding run of the tenant, on every shard.
 
-    def key_on_shard(workflow: str, prefix: str) -> str:
+    Targets of the sender's shard get their signal in its commit; the others
+    through the outbox and the relay, which records in the sender's history
+    that a target had finished meanwhile.
+    """
+    shards = client.map.shards
+
+    def key_on_shard(workflow: str, prefix: str, index: int) -> str:
+        shard = shards[index % len(shards)]
         return next(k for k in (f"{prefix}-{run}-{i}" for i in range(100_000))
                     if client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
 
-    click.echo(f"\ntimeline of tenant_cancel on {shard.name}:")
+    click.echo(f"\ntimeline of tenant_cancel over {len(shards)} shard(s):")
     timeline = Timeline()
-    users = [client.start("onboarding", key_on_shard("onboarding", f"user{n}")).execution_id
-             for n in range(3)]
+    count = max(3, 2 * len(shards))
+    users = [client.start("onboarding", key_on_shard("onboarding", f"user{n}", n)).execution_id
+             for n in range(count)]
     for user in users:
         wait_for_state(client, user, {State.WAITING})
-    timeline.mark("3 onboarding runs parked, each waiting up to 30 days")
-    client.signal(users[0], "tenant_cancelled", {"reason": "earlier, by hand"})
-    client.wait(users[0], timeout=30)
-    timeline.mark("the first one was stopped by hand and finished")
-    sender = client.start("tenant_cancel", key_on_shard("tenant_cancel", "cancel"),
+    timeline.mark(f"{count} onboarding runs parked on {len(shards)} shard(s), each waiting up "
+                  "to 30 days")
+    finished = users[:1] + users[-1:]  # one on the sender's shard, one elsewhere
+    for user in finished:
+        client.signal(user, "tenant_cancelled", {"reason": "earlier, by hand"})
+        client.wait(user, timeout=30)
+    timeline.mark("two were stopped by hand and finished")
+    sender = client.start("tenant_cancel", key_on_shard("tenant_cancel", "cancel", 0),
                           {"runs": [str(u) for u in users], "reason": "churned"})
     done = client.wait(sender.execution_id, timeout=30)
-    timeline.mark(f"tenant_cancel {done.state.value}: signalled {len(done.output['signalled'])}, "
-                  f"skipped {list(done.output['skipped'].values())}")
-    stopped = [client.wait(u, timeout=30).output for u in users[1:]]
-    timeline.mark(f"the others: {stopped}")
-    if done.state is not State.COMPLETED or len(done.output["signalled"]) != 2:
+    out = done.output
+    timeline.mark(f"tenant_cancel {done.state.value}: signalled {len(out['signalled'])} in its "
+                  f"commit, queued {len(out['queued'])} for the relay, skipped "
+                  f"{list(out['skipped'].values())}")
+    stopped = [client.wait(u, timeout=30).output for u in users if u not in finished]
+    timeline.mark(f"the others: {sorted(set(stopped))} x {len(stopped)}")
+    relayed_failures = wait_for_events(client, sender.execution_id, "external.failed",
+                                       int(len(shards) > 1))
+    timeline.mark(f"the relay skipped {[e.payload['reason_code'] for e in relayed_failures]} "
+                  "(recorded in the sender's history)")
+    if done.state is not State.COMPLETED or len(stopped) != count - 2:
         raise SystemExit(f"demo failed: the fan-out ended {done.state.value}")
 
 
+def wait_for_events(
+    client: Client, execution_id: object, kind: str, expected: int
+) -> list[HistoryEvent]:
+    """The relay's events of `kind` in the run's history, once there are `expected` of them."""
+    deadline = time.monotonic() + 30
+    while True:
+        # Not tied to a call (no position): written by the relay, not by the run.
+        found = [e for e in client.history(str(execution_id))
+                 if e.kind == kind and e.position is None]
+        if len(found) >= expected:
+            return found
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo failed: {len(found)} {kind} event(s), expected {expected}")
+        time.sleep(0.02)
+
+
 @click.command()
-@click.option("--shard-count", default=2, show_default=True, help="Embedded shard databases.")
+@click.option("--shard-count", default=3, show_default=True, help="Embedded shard databases.")
 def main(shard_count: int) -> None:
     """Run the checkout demo."""
     try:

@@ -63,22 +63,28 @@ def onboarding(ctx: WorkflowContext) -> str:
 
 @registry.workflow("tenant_cancel")
 def tenant_cancel(ctx: WorkflowContext) -> dict[str, Any]:
-    """Tell every onboarding run of a tenant (`runs`, on this shard) that it was cancelled.
+    """Tell every onboarding run of a tenant (`runs`, on any shard) that it was cancelled.
 
-    A run that already finished is skipped by its reason code; the rest of the
-    fan-out goes on. Each signal is keyed by this run and its target, so the
-    whole fan-out can be retried without signalling anyone twice.
+    A run of this run's shard gets the signal in this run's own commit; one
+    that already finished is skipped by its reason code, and the fan-out goes
+    on. A run of another shard gets it through the outbox relay (`queued`); if
+    that one finished meanwhile, the relay records `external.failed` with the
+    reason code in this run's history. Each signal is keyed by this run and its
+    target, so the whole fan-out can be retried without signalling anyone twice.
     """
     signalled: list[str] = []
+    queued: list[str] = []
     skipped: dict[str, str] = {}
     for run in ctx.input["runs"]:
         try:
-            ctx.signal_external(run, "tenant_cancelled", {"reason": ctx.input.get("reason")},
-                                idempotency_key=f"{ctx.execution_id}:{run}")
-            signalled.append(run)
+            sent = ctx.signal_external(run, "tenant_cancelled",
+                                       {"reason": ctx.input.get("reason")},
+                                       idempotency_key=f"{ctx.execution_id}:{run}")
         except ExternalSignalFailed as exc:
             skipped[run] = exc.reason_code
-    return {"signalled": signalled, "skipped": skipped}
+            continue
+        (queued if sent.queued else signalled).append(run)
+    return {"signalled": signalled, "queued": queued, "skipped": skipped}
 
 
 def noop() -> None:

@@ -294,7 +294,9 @@ class Relay:
             reason = "expired"
         settlement.failed.append((row.id, reason, _line(error)))
         self._count(f"failed:{reason}")
-        log.warning("outbox row failed for good", extra={
+        # Info, not a warning: a target that finished is an answer, not a fault.
+        # The sender's history, `shardq outbox failed` and the metrics keep it.
+        log.info("outbox row failed for good", extra={
             "outbox_id": row.id, "source_execution_id": str(row.source_execution_id),
             "target_execution_id": str(row.target), "reason_code": reason,
             "error": _line(error)})

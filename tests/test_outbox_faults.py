@@ -247,3 +247,39 @@ def test_a_relay_refuses_unmigrated_shards_and_a_foreign_map_with_one_line(
     assert relay.wait_exit(30) == 4
     (line,) = relay.stderr().strip().splitlines()
     assert "map" in line
+
+
+def test_the_tenant_cancel_example_fans_out_over_three_shards(
+    shards: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    from shardq.bin.examples import registry as examples
+
+    relay = spawn(urls(shards))
+    with ShardPools(shards) as pools, Client(shards, examples, pools=pools) as client:
+        running = Worker(pools, examples, config=WorkerConfig(poll_interval_s=1.0)).start()
+        try:
+            users = [client.start("onboarding", key).execution_id
+                     for i in range(3) for key in keys_on(client, i, "onboarding", f"u{i}", 2)]
+            wait_until(lambda: all(client.get(u).state is State.WAITING for u in users),
+                       timeout=20, what="users parked")
+            finished = [users[0], users[5]]  # on the sender's shard, and on shard 2
+            for user in finished:
+                client.signal(user, "tenant_cancelled", {"reason": "by hand"})
+                client.wait(user, timeout=20)
+            (name,) = keys_on(client, 0, "tenant_cancel", "tc", 1)
+            sender = client.start("tenant_cancel", name, {"runs": [str(u) for u in users]})
+            done = client.wait(sender.execution_id, timeout=20)
+            assert done.output["signalled"] == [str(users[1])]
+            assert done.output["queued"] == [str(u) for u in users[2:]]
+            assert done.output["skipped"] == {str(users[0]): "target_finished"}
+            for user in users[1:5]:
+                assert client.wait(user, timeout=20).output == "stopped: tenant cancelled"
+            relayed = wait_until(lambda: [
+                e.payload for e in client.history(sender.execution_id)
+                if e.kind == "external.failed" and e.position is None], what="relay's record")
+            assert [(p["target"], p["reason_code"]) for p in relayed] == [
+                (str(users[5]), "target_finished")]
+        finally:
+            running.stop()
+    relay.proc.terminate()
+    assert relay.wait_exit(30) == 0

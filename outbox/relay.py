@@ -65,6 +65,8 @@ FAILPOINT_ENV = "SHARDQ_RELAY_FAILPOINT"
 """Test-only: `after_deliver` makes the relay SIGKILL itself after a batch reached its
 target shards and before its source rows are settled (the window exactly-once covers)."""
 
+BUSY_NAP_S = 0.1
+
 TRANSIENT = (ShardUnavailable, StoreConflict, psycopg.Error, TimeoutError, OSError)
 """Errors a later attempt may not meet: the target shard down, restarting, in recovery,
 a lost race, a timeout. Anything the target answers about the run itself is final."""
@@ -106,6 +108,14 @@ class Backoff:
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         state.attempt_number = attempt
         return float(self._wait(state))
+
+
+class TargetDeferred(ShardUnavailable):
+    """A row not tried: its target shard failed lately and is skipped for `wait` seconds."""
+
+    def __init__(self, target: Shard, wait: float) -> None:
+        super().__init__(f"{target.label}: unavailable lately; next try in {wait:.1f} s")
+        self.wait = wait
 
 
 class TargetHealth:
@@ -211,7 +221,12 @@ class Relay:
         due = self.store.outbox_next_due(source)
         if due is None:
             return self.config.poll_interval_s
-        return min(self.config.poll_interval_s, max(0.0, due))
+        if due <= 0:
+            # Due rows this round could not claim: another relay holds them, or
+            # an earlier row of their pair waits for its retry. A short nap,
+            # not a spin, until the other relay settles or a NOTIFY comes.
+            return min(self.config.poll_interval_s, BUSY_NAP_S)
+        return min(self.config.poll_interval_s, due)
 
     def relay_once(self, source: Shard) -> int:
         """One round on `source`: claim, deliver, settle. Returns how many rows it claimed."""
@@ -240,7 +255,7 @@ class Relay:
         """Deliver one target shard's rows, one commit per tenant; an error stands for a row."""
         wait = self.health.skip_for(target)
         if wait > 0:
-            deferred = ShardUnavailable(f"{target.label}: unavailable; next try in {wait:.1f} s")
+            deferred = TargetDeferred(target, wait)
             return [(row, deferred) for row in rows]
         by_tenant: dict[str, list[OutboxRow]] = defaultdict(list)
         for row in rows:
@@ -287,6 +302,8 @@ class Relay:
         reason = _permanent_reason(error)
         if reason is None:
             delay = self._backoff(row.attempts + 1)
+            if isinstance(error, TargetDeferred):
+                delay = max(delay, error.wait + self._backoff(1))
             if row.queued_s + delay < self.config.max_age_s:
                 settlement.retry.append((row.id, delay, "transient", _line(error)))
                 self._count("retried")

@@ -306,6 +306,8 @@ class Store:
             rows = [OutboxRow(*r) for r in cur.execute(SQL["claim_outbox"], {"limit": limit})]
             settlement = OutboxSettlement()
             yield rows, settlement
+            if not (settlement.delivered or settlement.retry or settlement.failed):
+                return
             retry_ids, delays, retry_reasons, retry_details = _columns(settlement.retry, 4)
             failed_ids, failed_reasons, failed_details = _columns(settlement.failed, 3)
             cur.execute(SQL["settle_outbox"], {

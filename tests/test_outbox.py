@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from shardq.outbox.relay import Relay, RelayConfig
@@ -185,3 +186,49 @@ def test_a_relayed_signal_delivered_twice_lands_once_by_its_origin(client: Clien
         )
         assert result.delivered is (attempt == 0)
     assert rows(shard.url, "SELECT count(*) FROM shardq.signals") == [(1,)]
+
+
+def test_a_row_waits_behind_an_earlier_row_of_its_pair_until_that_one_is_settled(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 2})
+    other = client.start("inbox", key_on(client, 1, "inbox", "o"), {"count": 1})
+    senders = []
+    for name, to, count in (("s", target, 2), ("x", other, 1)):
+        started = client.start("sender", key_on(client, 0, "sender", name),
+                               {"target": str(to.execution_id), "count": count})
+        client.wait(started.execution_id, timeout=10)
+        senders.append(started.execution_id)
+    source, store = client.map.shards[0], client.store
+
+    def claimable() -> list[tuple[str, int]]:
+        with store.claim_outbox(source, limit=10) as (claimed, _):
+            return [(str(r.target), r.source_position) for r in claimed]
+
+    first = (str(target.execution_id), 0)
+    assert sorted(claimable()) == sorted([first, (str(other.execution_id), 0)])
+    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+        head = next(r for r in claimed if (str(r.target), r.source_position) == first)
+        settlement.retry.append((head.id, 60.0, "transient", "target down"))
+        settlement.delivered += [r.id for r in claimed if r is not head]
+    # The second row of the pair is due, but its predecessor waits for a retry.
+    assert claimable() == []
+    # It counts as overdue (a relay naps rather than spins on it: BUSY_NAP_S).
+    assert (store.outbox_next_due(source) or 1) < 0
+    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+        assert claimed == []
+    client.store.requeue_outbox(source, [head.id])  # not failed: nothing happens
+    assert rows(source.url, "SELECT source_position, state, attempts, failure_detail "
+                            "FROM shardq.outbox ORDER BY id") == [
+        (0, "pending", 1, "target down"), (1, "pending", 0, None)]
+    with psycopg.connect(source.url) as conn:
+        conn.execute("UPDATE shardq.outbox SET next_attempt_at = now() WHERE id = %s", [head.id])
+    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+        assert [r.source_position for r in claimed] == [0]
+        settlement.failed.append((claimed[0].id, "target_refused", "bounds"))
+    assert claimable() == [(str(target.execution_id), 1)]
+    assert store.requeue_outbox(source, [head.id]) == {head.id}
+    assert [e.kind for e in client.history(senders[0])
+            if e.position is None and e.kind.startswith("external.")] == [
+        "external.failed", "external.requeued"]

@@ -10,13 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardq.queue.encoding import to_json
-from shardq.queue.errors import ExecutionNotFound, InvalidArgument
+from shardq.queue.errors import DecisionRefused, ExecutionNotFound, InvalidArgument
 from shardq.queue.limits import Limits
-from shardq.queue.listing import DEFAULT_PAGE, Cursor, ListQuery
+from shardq.queue.listing import DEFAULT_PAGE, MAX_PAGE, Cursor, InboxCursor, ListQuery
 from shardq.queue.models import (
+    INTERRUPT_ACTIONS,
     BufferedSignal,
+    Decision,
+    DecisionResult,
     Execution,
     HistoryEvent,
+    InterruptPage,
     Page,
     SignalRequest,
     SignalResult,
@@ -27,6 +31,7 @@ from shardq.queue.models import (
 )
 from shardq.queue.names import check_name, check_text
 from shardq.queue.registry import Registry, WorkflowDef
+from shardq.queue.schemas import validate
 from shardq.queue.signaling import CheckedSignal, by_shard, check_signal, deliver
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
@@ -35,6 +40,8 @@ from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
 
 DEFAULT_TENANT = "default"
+MAX_LABEL = 255
+"""Characters of a decision id or an actor."""
 PARALLEL_START_MIN = 1000
 """From this many runs, `start_many` commits on its shards at once rather than in turn."""
 
@@ -298,14 +305,101 @@ class Client:
             signal=(name, payload_json, key),
         )
 
-    def cancel(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> State:
+    def cancel(
+        self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT,
+        actor: str | None = None,
+    ) -> State:
         """Cancel a run: at once when parked or queued, at its next checkpoint when running.
 
         Returns the state right after the call (`cancelled`, or the running state
         when the worker will stop it shortly, or the terminal state it already had).
+        A run in `input_required` has its interrupt decided as `cancel`, by `actor`.
         """
         ident = parse_execution_id(execution_id)
-        return self.store.cancel(ident, tenant=check_name(tenant, "tenant"))
+        if actor is not None:
+            _check_label(actor, "actor")
+        return self.store.cancel(ident, tenant=check_name(tenant, "tenant"), actor=actor)
+
+    # -- human review ------------------------------------------------------------
+
+    def pending_interrupts(
+        self,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        workflow: str | None = None,
+        cursor: str | None = None,
+        limit: int = DEFAULT_PAGE,
+    ) -> InterruptPage:
+        """One page of open interrupts over every shard, oldest request first.
+
+        Pass `next_cursor` back for the following page; it is a position, so
+        interrupts opened or decided meanwhile never shift or repeat a page.
+        """
+        check_name(tenant, "tenant")
+        if workflow is not None:
+            check_name(workflow, "workflow")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {limit!r}")
+        after = InboxCursor.decode(cursor) if cursor else None
+        position = (after.at, after.id) if after else None
+        pages = [self.store.pending_interrupts(shard, tenant=tenant, workflow=workflow,
+                                               after=position, limit=limit)
+                 for shard in self.map.shards]
+        merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id)))
+        merged = merged[:limit]
+        last = merged[-1] if len(merged) == limit else None
+        return InterruptPage(
+            merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None
+        )
+
+    def decide(
+        self,
+        execution_id: str | uuid.UUID,
+        interrupt: str,
+        action: str,
+        payload: Any = None,
+        *,
+        decision_id: str,
+        actor: str,
+        tenant: str = DEFAULT_TENANT,
+    ) -> DecisionResult:
+        """Resolve the run's open interrupt `interrupt` with one of its actions.
+
+        `edit` carries the edited payload, checked against the interrupt's
+        schema (PayloadInvalid, with field-level violations, and nothing
+        stored). The same `decision_id` again is a no-op that returns the
+        recorded decision (`accepted=False`); any other decision once one
+        stands raises DecisionRefused (`reason_code` `decided`, the standing
+        decision attached), as do a deadline that passed (`timed_out`) and an
+        action the interrupt does not accept. Another tenant's run is answered
+        as an unknown one (ExecutionNotFound).
+        """
+        ident = parse_execution_id(execution_id)
+        check_name(tenant, "tenant")
+        check_name(interrupt, "interrupt")
+        if action not in INTERRUPT_ACTIONS:
+            raise InvalidArgument(f"action must be one of {', '.join(INTERRUPT_ACTIONS)}, got "
+                                  f"{action!r} (cancel the run with Client.cancel)")
+        _check_label(decision_id, "decision_id")
+        _check_label(actor, "actor")
+        what = f"payload of the {action} decision on interrupt {interrupt!r}"
+        payload_json = self.limits.check_payload(to_json(payload, what), what)
+        found = self.store.open_interrupt(ident, interrupt)
+        if found is None or found[0] != tenant:
+            raise ExecutionNotFound(f"execution {ident} not found")
+        _, position, request = found
+        if request is not None and action == "edit":
+            validate(payload, request.get("schema"), what)
+        outcome, decision, detail = self.store.decide_interrupt(
+            ident, tenant=tenant, name=interrupt, position=position, action=action,
+            payload_json=payload_json, decision_id=decision_id, actor=actor,
+        )
+        if outcome == "not_found":
+            raise ExecutionNotFound(f"execution {ident} not found")
+        if outcome in ("accepted", "repeated"):
+            assert decision is not None
+            return DecisionResult(Decision.from_event(decision), accepted=outcome == "accepted")
+        raise DecisionRefused(outcome, detail or outcome, decision)
 
 
 def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
@@ -317,3 +411,11 @@ def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
         if page.next_cursor is None:
             return
         cursor = page.next_cursor
+
+
+def _check_label(value: object, what: str) -> str:
+    """A decision id or an actor: a non-empty string of at most 255 characters."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_LABEL:
+        raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_LABEL} "
+                              f"characters, got {value!r}")
+    return check_text(value, what)

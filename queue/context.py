@@ -32,7 +32,9 @@ from shardq.queue.errors import (
 from shardq.queue.journal import Journal
 from shardq.queue.limits import Limits
 from shardq.queue.models import (
+    INTERRUPT_ACTIONS,
     Claim,
+    Decision,
     Event,
     ExternalRequest,
     ExternalSignal,
@@ -45,13 +47,16 @@ from shardq.queue.models import (
     State,
     TaskAction,
 )
-from shardq.queue.names import check_name
+from shardq.queue.names import check_name, check_text
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
+from shardq.queue.schemas import check_schema
 from shardq.shards.routing import bucket_of, parse_execution_id
 
 T = TypeVar("T")
 MAX_ERROR_TEXT = 8000
+MAX_PROMPT = 4000
+"""Characters of an interrupt's prompt: what a reviewer reads, not a document store."""
 
 
 class StepTimeout(Exception):
@@ -272,6 +277,79 @@ class WorkflowContext:
             task=TaskAction.SCHEDULE if remaining else TaskAction.DELETE,
             delay=remaining or 0.0,
             wake_on_signals=(name,),
+        )
+
+    def interrupt(
+        self,
+        name: str,
+        prompt: str,
+        actions: Sequence[str] = INTERRUPT_ACTIONS,
+        *,
+        schema: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Decision:
+        """Ask a person: the run is `input_required` until one decision resolves this.
+
+        A decision (Client.decide, `shardq workflow decide`) is one of `actions`,
+        carries a decision id and an actor, and for `edit` a payload that must
+        match `schema` (JSON Schema, Draft 2020-12). It is returned here on the
+        first run and on replay alike. With a `timeout` (seconds, > 0) the
+        deadline resolves it as `timed_out`, never as an approval: the workflow
+        decides what that means. A cancel of the run is a decision too (the run
+        then ends `cancelled` here). History keeps the request, the decision and
+        every refused attempt.
+        """
+        check_name(name, "interrupt")
+        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT:
+            raise InvalidArgument(f"interrupt {name!r}: the prompt must be 1..{MAX_PROMPT} "
+                                  "characters")
+        check_text(prompt, f"interrupt {name!r} prompt")
+        accepted = tuple(actions)
+        if not accepted or len(set(accepted)) != len(accepted) or not set(accepted) <= set(
+            INTERRUPT_ACTIONS
+        ):
+            raise InvalidArgument(f"interrupt {name!r}: actions must be distinct, from "
+                                  f"{', '.join(INTERRUPT_ACTIONS)}; got {list(accepted)}")
+        if schema is not None:
+            check_schema(schema, f"interrupt {name!r}")
+        _check_timeout(timeout, f"interrupt {name!r}")
+        self._guard()
+        position, recorded = self._replay.next("interrupt", name)
+        kinds = {e.kind: e for e in recorded}
+        if Event.INTERRUPT_DECIDED in kinds:
+            decision = Decision.from_event(kinds[Event.INTERRUPT_DECIDED].payload)
+            if decision.action == "cancel":
+                raise Cancelled()
+            return decision
+        if Event.INTERRUPT_TIMED_OUT in kinds:
+            return Decision.from_event(kinds[Event.INTERRUPT_TIMED_OUT].payload)
+        requested = kinds.get(Event.INTERRUPT_REQUESTED)
+        if requested is None:
+            request = {"prompt": prompt, "actions": list(accepted), "schema": schema,
+                       "timeout": timeout}
+            self._journal.events.append(NewEvent(
+                position, Event.INTERRUPT_REQUESTED, name, request, wake_in=timeout
+            ))
+            raise Park(
+                state=State.INPUT_REQUIRED,
+                task=TaskAction.SCHEDULE if timeout else TaskAction.DELETE,
+                delay=timeout or 0.0,
+                open_wait=OpenWait(position, "interrupt", name, deadline_in=timeout,
+                                   request=request),
+            )
+        deadline = requested.payload.get("wake_at")
+        remaining = self._until(deadline) if deadline else None
+        if deadline and remaining is not None and remaining <= 0:
+            outcome = {"action": "timed_out", "decided_at": deadline}
+            self._journal.events.append(NewEvent(
+                position, Event.INTERRUPT_TIMED_OUT, name, outcome
+            ))
+            self._journal.close_wait = True
+            return Decision.from_event(outcome)
+        raise Park(
+            state=State.INPUT_REQUIRED,
+            task=TaskAction.SCHEDULE if remaining else TaskAction.DELETE,
+            delay=remaining or 0.0,
         )
 
     def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:

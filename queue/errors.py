@@ -5,12 +5,14 @@ from __future__ import annotations
 from shardq.shards.errors import ShardqError, ShardUnavailable
 
 __all__ = [
+    "DecisionRefused",
     "ExecutionNotFound",
     "ExternalSignalFailed",
     "InvalidArgument",
     "LeaseLost",
     "NonDeterminismError",
     "NotSerializable",
+    "PayloadInvalid",
     "ShardUnavailable",
     "SignalRefused",
     "SignalTimedOut",
@@ -36,6 +38,38 @@ class InvalidArgument(WorkflowError):
 
 class NotSerializable(InvalidArgument):
     """An input, step result, output or payload is not JSON-serialisable."""
+
+
+class PayloadInvalid(InvalidArgument):
+    """A payload does not match its JSON Schema; nothing was stored.
+
+    `violations` lists each problem as {"message", "field_path"}, the path an
+    RFC 6901 JSON Pointer to the offending field ("" for the payload itself; a
+    missing required field is pointed at where it belongs: `/reason`).
+    """
+
+    def __init__(self, what: str, violations: list[dict[str, str]]) -> None:
+        shown = "; ".join(f"{v['field_path'] or '/'}: {v['message']}" for v in violations[:5])
+        more = f" (and {len(violations) - 5} more)" if len(violations) > 5 else ""
+        super().__init__(f"{what} does not match its schema: {shown}{more}")
+        self.violations = violations
+
+
+class DecisionRefused(WorkflowError):
+    """A decision the interrupt cannot take; nothing of it was applied.
+
+    `reason_code`: `decided` (another decision stands: `standing` holds it),
+    `not_open` (the run waits for no such interrupt now), `timed_out`,
+    `action_refused` (not one of the interrupt's actions), `decision_id_reused`
+    (the id was used for another interrupt). Every refusal is in the run's history.
+    """
+
+    def __init__(
+        self, reason_code: str, message: str, standing: dict[str, object] | None = None
+    ) -> None:
+        super().__init__(f"{reason_code}: {message}")
+        self.reason_code = reason_code
+        self.standing = standing
 
 
 class ExecutionNotFound(WorkflowError):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -81,6 +82,34 @@ class Cursor:
             return cls(uuid.UUID(bytes=raw))
         except (ValueError, TypeError) as exc:
             raise InvalidArgument(f"invalid list cursor {value!r}") from exc
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class InboxCursor:
+    """Position after the last open interrupt of a page: (requested at, execution id)."""
+
+    at: datetime
+    id: uuid.UUID
+
+    def encode(self) -> str:
+        micros = (self.at - _EPOCH) // timedelta(microseconds=1)
+        raw = micros.to_bytes(8, "big", signed=True) + self.id.bytes
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, value: str) -> InboxCursor:
+        try:
+            raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            if len(raw) != 24:
+                raise ValueError("wrong length")
+            micros = int.from_bytes(raw[:8], "big", signed=True)
+            at = _EPOCH + timedelta(microseconds=micros)
+            return cls(at, uuid.UUID(bytes=raw[8:]))
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise InvalidArgument(f"invalid inbox cursor {value!r}") from exc
 
 
 @dataclass(frozen=True)

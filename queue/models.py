@@ -47,6 +47,13 @@ class Event(StrEnum):
     CLOCK_READ = "now.read"
     SIGNAL_RECEIVED = "signal.received"
     """Not tied to a call: written by the sender when a signal lands."""
+    INTERRUPT_REQUESTED = "interrupt.requested"
+    """The run asks a person: prompt, accepted actions, schema (payload of the wait)."""
+    INTERRUPT_DECIDED = "interrupt.decided"
+    """Written by the decider at the interrupt's position: action, payload, id, actor, time."""
+    INTERRUPT_TIMED_OUT = "interrupt.timed_out"
+    INTERRUPT_REFUSED = "interrupt.refused"
+    """No position: a decision attempt that was refused, with its reason (the audit)."""
     EXTERNAL_SENT = "external.sent"
     """ctx.signal_external delivered to a run of the sender's shard, in its commit."""
     EXTERNAL_QUEUED = "external.queued"
@@ -379,3 +386,60 @@ class OutboxFailure:
     failure_detail: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+INTERRUPT_ACTIONS = ("approve", "edit", "reject")
+"""What a person may answer an interrupt with; `cancel` (Client.cancel) always ends the run."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How an interrupt was resolved: the same on the first run and on replay.
+
+    `action` is one of the interrupt's actions, `cancel`, or `timed_out` (its
+    deadline passed: never an approval; then there is no id, actor or payload).
+    """
+
+    action: str
+    payload: Any
+    decision_id: str | None
+    actor: str | None
+    decided_at: datetime
+
+    @classmethod
+    def from_event(cls, payload: dict[str, Any]) -> Decision:
+        return cls(payload["action"], payload.get("payload"), payload.get("decision_id"),
+                   payload.get("actor"), datetime.fromisoformat(payload["decided_at"]))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"action": self.action, "payload": self.payload, "decision_id": self.decision_id,
+                "actor": self.actor, "decided_at": self.decided_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    decision: Decision
+    accepted: bool
+    """False when this decision id had been accepted before: the call changed nothing."""
+
+
+@dataclass(frozen=True)
+class PendingInterrupt:
+    """An open interrupt: a run in `input_required`, waiting for a person."""
+
+    execution_id: uuid.UUID
+    tenant: str
+    workflow_name: str
+    workflow_id: str
+    name: str
+    prompt: str
+    actions: tuple[str, ...]
+    schema: dict[str, Any] | None
+    requested_at: datetime
+    deadline: datetime | None
+
+
+@dataclass(frozen=True)
+class InterruptPage:
+    items: list[PendingInterrupt]
+    next_cursor: str | None

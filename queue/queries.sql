@@ -165,11 +165,19 @@ WHERE execution_id = %(id)s AND consumed_at IS NULL
 ORDER BY id
 
 -- name: cancel_now
--- Cancel a run no worker holds: it ends here, its task and wait go away.
+-- Cancel a run no worker holds: it ends here, its task and wait go away. A
+-- run waiting for a person has that interrupt decided as `cancel` (replay
+-- stops there), by the caller's actor.
 WITH tasks AS (
     DELETE FROM shardq.tasks WHERE execution_id = %(id)s
 ), waits AS (
-    DELETE FROM shardq.waits WHERE execution_id = %(id)s
+    DELETE FROM shardq.waits WHERE execution_id = %(id)s RETURNING position, kind, name
+), decided AS (
+    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+    SELECT %(id)s, w.position, 'interrupt.decided', w.name,
+           jsonb_build_object('action', 'cancel', 'payload', NULL, 'decision_id', NULL,
+                              'actor', %(actor)s::text, 'decided_at', now())
+    FROM waits w WHERE w.kind = 'interrupt'
 )
 INSERT INTO shardq.history (execution_id, position, kind, name, payload)
 VALUES (%(id)s, NULL, 'run.cancelled', 'run', '{}')
@@ -287,3 +295,33 @@ WITH requeued AS (
     SELECT pg_notify(shardq.outbox_channel(), '') FROM requeued LIMIT 1
 )
 SELECT r.id FROM requeued r LEFT JOIN notified ON true
+
+-- name: open_interrupt
+-- The run's tenant and, when it waits for interrupt `name`, that wait: what a
+-- decision is checked against before it is sent.
+SELECT x.tenant, w.position, w.request
+FROM shardq.executions x
+LEFT JOIN shardq.waits w ON w.execution_id = x.id AND w.kind = 'interrupt' AND w.name = %(name)s
+WHERE x.id = %(id)s
+
+-- name: decide_interrupt
+-- Body: schema/functions/decide_interrupt.sql.
+SELECT outcome, decision, detail
+FROM shardq.decide_interrupt(%(tenant)s, %(id)s, %(name)s, %(position)s, %(action)s,
+                             %(payload)s::jsonb, %(decision_id)s, %(actor)s)
+
+-- name: pending_interrupts
+-- A page of a shard's open interrupts, oldest first, after the keyset
+-- position (started_at, execution_id); the tenant and workflow filters apply
+-- to the run (waits_interrupts index).
+SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
+       w.request->>'prompt' AS prompt, w.request->'actions' AS actions,
+       w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline
+FROM shardq.waits w
+JOIN shardq.executions x ON x.id = w.execution_id
+WHERE w.kind = 'interrupt'
+  AND (w.started_at, w.execution_id) > (%(after_at)s, %(after_id)s)
+  AND x.tenant = %(tenant)s
+  AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
+ORDER BY w.started_at, w.execution_id
+LIMIT %(limit)s

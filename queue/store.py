@@ -16,6 +16,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -33,6 +34,7 @@ from shardq.queue.models import (
     OutboxFailure,
     OutboxRow,
     OutboxSettlement,
+    PendingInterrupt,
     PendingSignal,
     SignalResult,
     SignalWithStartResult,
@@ -56,6 +58,7 @@ Per name, so a flood of a name the run never waits on cannot crowd out the
 signal it does wait on."""
 MAX_PENDING_SIGNALS_TOTAL = 10_000
 """Unconsumed signals of all names one execution may buffer."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Store:
@@ -356,7 +359,60 @@ class Store:
             [BufferedSignal(**row) for row in pending],
         )
 
-    def cancel(self, execution_id: uuid.UUID, *, tenant: str) -> State:
+    # -- interrupts --------------------------------------------------------------
+
+    def open_interrupt(
+        self, execution_id: uuid.UUID, name: str
+    ) -> tuple[str, int | None, dict[str, Any] | None] | None:
+        """(the run's tenant, position, request) of its open interrupt `name`; None: no run.
+
+        Position and request are None when the run waits for no such interrupt.
+        """
+        shard = self.map.for_execution(execution_id)
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["open_interrupt"], {"id": execution_id, "name": name}
+                               ).fetchone()
+        return None if row is None else (row["tenant"], row["position"], row["request"])
+
+    def decide_interrupt(
+        self,
+        execution_id: uuid.UUID,
+        *,
+        tenant: str,
+        name: str,
+        position: int | None,
+        action: str,
+        payload_json: str,
+        decision_id: str,
+        actor: str,
+    ) -> tuple[str, dict[str, Any] | None, str | None]:
+        """(outcome, decision, detail): one statement, shardq.decide_interrupt()."""
+        shard = self.map.for_execution(execution_id)
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["decide_interrupt"], {
+                "tenant": tenant, "id": execution_id, "name": name, "position": position,
+                "action": action, "payload": payload_json, "decision_id": decision_id,
+                "actor": actor,
+            }).fetchone()
+        assert row is not None
+        return row["outcome"], row["decision"], row["detail"]
+
+    def pending_interrupts(
+        self, shard: Shard, *, tenant: str, workflow: str | None,
+        after: tuple[datetime, uuid.UUID] | None, limit: int,
+    ) -> list[PendingInterrupt]:
+        """A page of `shard`'s open interrupts of `tenant`, oldest first, after `after`."""
+        after_at, after_id = after or (_EPOCH, uuid.UUID(int=0))
+        with self._connection(shard) as conn:
+            found = conn.execute(SQL["pending_interrupts"], {
+                "tenant": tenant, "workflow": workflow, "after_at": after_at,
+                "after_id": after_id, "limit": limit,
+            })
+            return [
+                PendingInterrupt(**{**r, "actions": tuple(r["actions"] or ())}) for r in found
+            ]
+
+    def cancel(self, execution_id: uuid.UUID, *, tenant: str, actor: str | None = None) -> State:
         """Cancel now if no worker holds the run, else have it end cancelled at its next commit.
 
         Returns `cancelled` when it ended here, `running` when its worker ends it
@@ -375,7 +431,7 @@ class Store:
             if lease is not None and lease["leased"]:
                 conn.execute(SQL["request_cancel"], {"id": execution_id})
                 return state
-            conn.execute(SQL["cancel_now"], {"id": execution_id})
+            conn.execute(SQL["cancel_now"], {"id": execution_id, "actor": actor})
             return State.CANCELLED
 
 

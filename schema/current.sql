@@ -124,6 +124,7 @@ CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
+CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution_id) WHERE (kind = 'interrupt'::text);
 
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
@@ -131,6 +132,9 @@ CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
 -- FUNCTION shardq.commit_turns(lease_s double precision, batch jsonb)
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.decide_interrupt(p_tenant text, p_id uuid, p_name text, p_position integer, p_action text, p_payload jsonb, p_decision_id text, p_actor text)
+--   RETURNS TABLE(outcome text, decision jsonb, detail text)
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer)
 --   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
 --   LANGUAGE sql VOLATILE

@@ -95,11 +95,12 @@ def _wants_json() -> bool:
     return (settings is not None and settings.as_json) or "--json" in sys.argv[1:]
 
 
-def fail(message: str, code: int) -> NoReturn:
-    """Print one line on stderr (JSON with --json) and exit with `code`."""
+def fail(message: str, code: int, details: dict[str, Any] | None = None) -> NoReturn:
+    """Print one line on stderr (JSON with --json, `details` added) and exit with `code`."""
     line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
     if _wants_json():
-        click.echo(json.dumps({"error": line, "code": code}), err=True)
+        click.echo(json.dumps({"error": line, "code": code, **(details or {})}, default=str),
+                   err=True)
     else:
         # A lone surrogate (from a command-line value that was not UTF-8) cannot be written
         # to a UTF-8 stream: show it escaped rather than fail while reporting.
@@ -635,12 +636,100 @@ def workflow_list(
 @json_option
 @tenant_option
 @execution_id_argument
+@click.option("--actor", help="Who cancels: recorded as the decision of an open interrupt.")
 @pass_settings
-def workflow_cancel(settings: Settings, tenant: str, execution_id: uuid.UUID) -> None:
+def workflow_cancel(
+    settings: Settings, tenant: str, execution_id: uuid.UUID, actor: str | None
+) -> None:
     """Cancel a run (at once when parked, at its next checkpoint when running)."""
     with open_client(settings) as client, errors_as_exit_codes():
-        state = client.cancel(execution_id, tenant=tenant)
+        state = client.cancel(execution_id, tenant=tenant, actor=actor)
     emit(settings, {"execution_id": str(execution_id), "state": state.value}, state.value)
+
+
+def _check_inbox_cursor(
+    _ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    from shardq.queue.errors import InvalidArgument
+    from shardq.queue.listing import InboxCursor
+
+    if value is not None:
+        try:
+            InboxCursor.decode(value)
+        except InvalidArgument:
+            raise click.BadParameter(
+                "is not a cursor: pass the next_cursor a previous page printed", param=param
+            ) from None
+    return value
+
+
+@workflow.command("pending")
+@json_option
+@tenant_option
+@click.option("--workflow", "workflow_name", help="Only interrupts of this workflow's runs.")
+@click.option("--limit", default=100, show_default=True, callback=_check_limit,
+              help="Page size, 1..1000.")
+@click.option("--cursor", callback=_check_inbox_cursor, help="next_cursor of the previous page.")
+@pass_settings
+def workflow_pending(
+    settings: Settings, tenant: str, workflow_name: str | None, limit: int, cursor: str | None,
+) -> None:
+    """List open interrupts (runs waiting for a person) over every shard, oldest first."""
+    from dataclasses import asdict
+    from datetime import UTC, datetime
+
+    with open_client(settings) as client, errors_as_exit_codes():
+        page = client.pending_interrupts(tenant=tenant, workflow=workflow_name, limit=limit,
+                                         cursor=cursor)
+    now = datetime.now(UTC)
+    lines = []
+    for p in page.items:
+        deadline = f", deadline {p.deadline.isoformat()}" if p.deadline else ""
+        waited = (now - p.requested_at).total_seconds()
+        lines.append(f"{p.execution_id}  {p.workflow_name} {p.workflow_id}  {p.name}  "
+                     f"[{'/'.join(p.actions)}]  waiting {waited:.0f} s{deadline}\n"
+                     f"    {p.prompt}")
+    if page.next_cursor:
+        lines.append(f"next page: --cursor {page.next_cursor}")
+    emit(settings, {"items": [asdict(p) for p in page.items], "next_cursor": page.next_cursor},
+         "\n".join(lines) if lines else "nothing waits for a decision")
+
+
+@workflow.command("decide")
+@json_option
+@tenant_option
+@execution_id_argument
+@click.argument("interrupt")
+@click.option("--action", required=True, type=click.Choice(["approve", "edit", "reject"]))
+@click.option(
+    "--payload-json", "--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
+    help="The decision's JSON payload (the edited value for edit): JSON text, @FILE or -.",
+)
+@click.option("--decision-id", required=True,
+              help="Names this decision: sending it again changes nothing.")
+@click.option("--actor", required=True, help="Who decides (recorded in the run's history).")
+@pass_settings
+def workflow_decide(
+    settings: Settings, tenant: str, execution_id: uuid.UUID, interrupt: str, action: str,
+    payload: Any, decision_id: str, actor: str,
+) -> None:
+    """Decide the run's open interrupt INTERRUPT: approve, edit or reject."""
+    from shardq.queue.errors import DecisionRefused, PayloadInvalid
+
+    with open_client(settings) as client, errors_as_exit_codes():
+        try:
+            result = client.decide(execution_id, interrupt, action, payload,
+                                   decision_id=decision_id, actor=actor, tenant=tenant)
+        except PayloadInvalid as exc:
+            fail(str(exc), EXIT_WORKFLOW, {"violations": exc.violations})
+        except DecisionRefused as exc:
+            fail(str(exc), EXIT_WORKFLOW,
+                 {"reason_code": exc.reason_code, "standing": exc.standing})
+    decision = result.decision
+    emit(settings, {"execution_id": str(execution_id), "accepted": result.accepted,
+                    "decision": decision.as_json()},
+         f"{decision.action} by {decision.actor} "
+         + ("accepted" if result.accepted else "(already recorded: nothing changed)"))
 
 
 @cli.command("outbox-relay")

@@ -53,6 +53,47 @@ def quorum_approval(ctx: WorkflowContext) -> dict[str, Any]:
     return {"outcome": "approved" if met else "timed_out", "approvers": approvers}
 
 
+PROPOSAL_SCHEMA = {
+    "type": "object",
+    "required": ["amount", "reason"],
+    "properties": {
+        "amount": {"type": "number", "minimum": 0},
+        "reason": {"type": "string", "minLength": 1},
+    },
+    "additionalProperties": False,
+}
+
+
+def prepare_proposal(request: dict[str, Any]) -> dict[str, Any]:
+    return {"amount": request.get("amount", 100), "reason": request.get("reason", "travel")}
+
+
+def commit_proposal(proposal: dict[str, Any]) -> dict[str, Any]:
+    return {"committed": True, **proposal}
+
+
+@registry.workflow("proposal_review")
+def proposal_review(ctx: WorkflowContext) -> dict[str, Any]:
+    """Prepare a proposal, ask a manager (approve, edit or reject, a day at most), commit.
+
+    An edit replaces the proposal with the manager's version (checked against
+    PROPOSAL_SCHEMA before it is stored); a rejection or a timeout ends the
+    run with that outcome and commits nothing.
+    """
+    proposal = ctx.step("prepare", prepare_proposal, ctx.input or {})
+    decision = ctx.interrupt(
+        "manager_review", f"Approve, edit or reject: {proposal['amount']} for "
+        f"{proposal['reason']}", schema=PROPOSAL_SCHEMA,
+        timeout=float((ctx.input or {}).get("hours", 24)) * 3600,
+    )
+    if decision.action in ("reject", "timed_out"):
+        return {"outcome": decision.action, "by": decision.actor}
+    if decision.action == "edit":
+        proposal = decision.payload
+    return {"outcome": "committed", "by": decision.actor,
+            "result": ctx.step("commit", commit_proposal, proposal)}
+
+
 @registry.workflow("onboarding")
 def onboarding(ctx: WorkflowContext) -> str:
     """A tenant's new user, onboarding for up to `days` unless the tenant is cancelled."""

@@ -57,6 +57,8 @@ APPS = {"PYTHONPATH": "{dir}"}
 START = ("workflow", "start", "checkout")
 SIGNAL = ("workflow", "signal", "{run}", "payment_captured")
 UNKNOWN_ID = "01a23b00-a581-8495-a55e-808a42654d6c"
+DECIDE = ("workflow", "decide", "{run}", "manager_review", "--decision-id", "d1",
+          "--actor", "ann")
 
 CASES = [
     # -- usage errors: exit 2 --------------------------------------------------
@@ -117,6 +119,18 @@ CASES = [
          "unknown shard nope"),
     Case("failed-limit-zero", ("outbox", "failed", "--limit", "0"), 2, "not within 1..1000"),
     Case("failed-unknown-shard", ("outbox", "failed", "--shard", "nope"), 2, "unknown shard"),
+    Case("decide-bad-action", (*DECIDE, "--action", "maybe"), 2, "'maybe' is not one of"),
+    Case("decide-cancel-action", (*DECIDE, "--action", "cancel"), 2, "'cancel' is not one of"),
+    Case("decide-no-decision-id", ("workflow", "decide", "{run}", "manager_review", "--action",
+                                   "approve", "--actor", "ann"), 2, "Missing option"),
+    Case("decide-no-actor", ("workflow", "decide", "{run}", "manager_review", "--action",
+                             "approve", "--decision-id", "d"), 2, "Missing option '--actor'"),
+    Case("decide-bad-payload", (*DECIDE, "--action", "edit", "--payload-json", "{"), 2,
+         "not valid JSON"),
+    Case("decide-bad-id", ("workflow", "decide", "nope", "x", "--action", "approve",
+                           "--decision-id", "d", "--actor", "a"), 2, "not an execution id"),
+    Case("pending-bad-cursor", ("workflow", "pending", "--cursor", "zz"), 2, "is not a cursor"),
+    Case("pending-limit-zero", ("workflow", "pending", "--limit", "0"), 2, "not within 1..1000"),
     # -- refused by the engine: exit 7 ----------------------------------------
     Case("nul-input", (*START, "k2", "--input", '{"a": "x\\u0000y"}', "--app", APP), 7,
          "the string at $.a contains a NUL character"),
@@ -134,6 +148,17 @@ CASES = [
          "unknown workflow"),
     Case("not-found", ("workflow", "show", UNKNOWN_ID), 7, "not found"),
     Case("json-refusal", ("workflow", "cancel", UNKNOWN_ID, "--json"), 7, "not found"),
+    Case("decide-empty-actor", (*DECIDE, "--action", "approve", "--actor", " "), 7,
+         "actor must be a non-empty string"),
+    Case("decide-long-decision-id", (*DECIDE, "--action", "approve", "--decision-id", "d" * 300),
+         7, "decision_id must be a non-empty string of at most 255"),
+    Case("decide-bad-interrupt-name", (*DECIDE[:3], "no such!", *DECIDE[4:], "--action",
+                                       "approve"), 7, "interrupt name"),
+    Case("decide-unknown-run", ("workflow", "decide", UNKNOWN_ID, "manager_review", "--action",
+                                "approve", "--decision-id", "d", "--actor", "a"), 7,
+         "not found"),
+    Case("pending-bad-workflow", ("workflow", "pending", "--workflow", "bad name!"), 7,
+         "workflow name"),
     Case("retry-not-failed", ("outbox", "retry", "--shard", "shard-0", "1", "2"), 7,
          "no failed outbox row 1, 2 on shard-0: nothing re-queued"),
 ]

@@ -124,7 +124,7 @@ class Client:
             return self.store.start_executions(
                 shard, tenant=tenant, workflow_name=definition.name,
                 workflow_version=definition.version,
-                items=[(i, w, v) for _, (_, i, w, v) in groups[shard]],
+                items=[(i, w, v) for _, (_, i, w, v) in groups[shard]], gates=definition.gates,
             )
 
         if len(groups) > 1 and len(items) >= PARALLEL_START_MIN:
@@ -302,7 +302,7 @@ class Client:
             self.map.for_bucket(bucket), tenant=tenant, workflow_name=definition.name,
             workflow_version=definition.version, workflow_id=workflow_id,
             new_id=new_execution_id(bucket), input_json=input_json,
-            signal=(name, payload_json, key),
+            signal=(name, payload_json, key), gates=definition.gates,
         )
 
     def cancel(

@@ -18,8 +18,11 @@ WITH input AS (
     FROM unnest(%(ids)b::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[])
         AS i(id, workflow_id, input)
 ), inserted AS (
-    INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input)
-    SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input FROM input
+    INSERT INTO shardq.executions
+        (id, tenant, workflow_name, workflow_version, workflow_id, input, gates)
+    SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input,
+           %(gates)s::text[]
+    FROM input
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id, workflow_id
 ), tasks AS (
@@ -136,7 +139,8 @@ FOR UPDATE
 -- name: deliver_signals
 -- One tenant's signals to runs on this shard, in one transaction; a row per
 -- signal in input order. Body: schema/functions/deliver_signals.sql.
-SELECT ord, tenant, finished, earlier_id, earlier_name, pending, pending_total, signal_id
+SELECT ord, tenant, finished, earlier_id, earlier_name, pending, pending_total, signal_id,
+       gate_closed
 FROM shardq.deliver_signals(
     %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
     %(max_pending)s, %(max_pending_total)s, %(origins)s::text[]
@@ -145,13 +149,13 @@ ORDER BY ord
 
 -- name: signal_with_start
 -- Start the run of a workflow key unless it exists, and signal it, in one
--- transaction. Body: schema/functions/signal_with_start.sql.
+-- transaction. Body: schema/functions/signal_with_start_v2.sql.
 SELECT execution_id, created, tenant, finished, earlier_id, earlier_name, pending,
-       pending_total, signal_id
-FROM shardq.signal_with_start(
+       pending_total, signal_id, gate_closed
+FROM shardq.signal_with_start_v2(
     %(tenant)s, %(workflow_name)s, %(workflow_version)s, %(workflow_id)s, %(new_id)s,
     %(input)s::jsonb, %(name)s, %(payload)s::jsonb, %(key)s, %(max_pending)s,
-    %(max_pending_total)s
+    %(max_pending_total)s, %(gates)s::text[]
 )
 
 -- name: open_wait

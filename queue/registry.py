@@ -21,6 +21,8 @@ class WorkflowDef:
     name: str
     version: int
     fn: WorkflowFn
+    gates: tuple[str, ...] = ()
+    """Signal names a run takes once (a declarative workflow's gates; see queue/builder.py)."""
 
 
 class Registry:

@@ -98,11 +98,13 @@ class Store:
         workflow_name: str,
         workflow_version: int,
         items: Sequence[tuple[uuid.UUID, str, str]],
+        gates: Sequence[str] = (),
     ) -> list[StartResult]:
         """Insert (id, workflow_id, input JSON) runs that do not exist yet, in one commit.
 
         Results come back in `items` order; an existing workflow_id returns its
-        execution with `created=False`.
+        execution with `created=False`. `gates`: the signal names each new run
+        takes once (a declarative workflow's).
         """
         params = {
             "ids": [i[0] for i in items],
@@ -111,6 +113,7 @@ class Store:
             "tenant": tenant,
             "workflow_name": workflow_name,
             "workflow_version": workflow_version,
+            "gates": list(gates) or None,
         }
         with self._connection(shard) as conn:
             # One statement: one round trip, its own transaction.
@@ -268,6 +271,7 @@ class Store:
         new_id: uuid.UUID,
         input_json: str,
         signal: tuple[str, str, str | None],
+        gates: Sequence[str] = (),
     ) -> SignalWithStartResult:
         """Start the key's run unless it exists, then deliver (name, payload JSON, key) to it.
 
@@ -281,7 +285,7 @@ class Store:
             "workflow_version": workflow_version, "workflow_id": workflow_id,
             "new_id": new_id, "input": input_json, "name": name, "payload": payload_json,
             "key": key, "max_pending": MAX_PENDING_SIGNALS,
-            "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
+            "max_pending_total": MAX_PENDING_SIGNALS_TOTAL, "gates": list(gates) or None,
         }
         with self._connection(shard) as conn:
             row = conn.execute(SQL["signal_with_start"], params).fetchone()
@@ -536,6 +540,11 @@ def _signal_result(
         return _refused(execution_id, SignalRefused(
             f"execution {execution_id} is {row['finished']}: it takes no more signals",
             "target_finished",
+        ))
+    if row["gate_closed"]:
+        return _refused(execution_id, SignalRefused(
+            f"execution {execution_id} already received {name!r}, one of its gates: the first "
+            "signal of a gate stands and no later one replaces it", "gate_closed",
         ))
     if row["signal_id"] is None:
         pending, bound, what = (

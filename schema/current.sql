@@ -13,7 +13,8 @@ CREATE TABLE shardq.executions (
     workflow_version integer NOT NULL,
     workflow_id text NOT NULL,
     input jsonb NOT NULL,
-    created_at timestamp with time zone NOT NULL DEFAULT now()
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    gates text[]
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -139,7 +140,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
 --   LANGUAGE sql VOLATILE
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
---   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
+--   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint, gate_closed boolean)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
@@ -149,6 +150,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE sql STABLE
 -- FUNCTION shardq.signal_with_start(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer)
 --   RETURNS TABLE(execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint)
+--   LANGUAGE sql VOLATILE
+-- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[])
+--   RETURNS TABLE(execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, gate_closed boolean)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text

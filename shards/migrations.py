@@ -219,6 +219,11 @@ def _apply(conn: DictConnection, shard: Shard, file: Migration | Function) -> No
     record, params = file.bookkeeping
     try:
         with conn.transaction():
+            if isinstance(file, Function):
+                # Function files apply in name order, and one may call a
+                # function of a file after it (a wrapper of its successor):
+                # bodies are checked when called, as pg_dump restores them.
+                conn.execute(SQL["defer_body_checks"])
             # No parameters: psycopg sends the file through the simple query
             # protocol, which runs several statements in one call.
             conn.execute(file.sql.encode())

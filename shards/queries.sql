@@ -62,3 +62,6 @@ SELECT
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) AS version FROM shardq.schema_migrations
+
+-- name: defer_body_checks
+SET LOCAL check_function_bodies = off

@@ -335,3 +335,23 @@ def test_runs_written_before_state_moved_to_narrow_rows_read_the_same(
     assert rows(url, "SELECT claims FROM shardq.tasks WHERE execution_id = %s",
                 ids["woken"]) == [(1,)]
     assert describe(url) == CURRENT.read_text()
+
+
+def test_the_previous_release_s_calls_still_answer_during_a_rolling_deploy(
+    shard_map: ShardMap,
+) -> None:
+    """deliver_signals and signal_with_start with the arity and answer that release uses."""
+    url = shard_map.shards[0].url
+    first = shard_map.shards[0].first_bucket
+    with psycopg.connect(url, autocommit=True) as conn:
+        started = conn.execute(
+            "SELECT execution_id, created, signal_id FROM shardq.signal_with_start("
+            "'default', 'w', 1, 'k', %s, '{}'::jsonb, 'go', '1'::jsonb, 'key-1', 10, 100)",
+            [new_execution_id(first)]).fetchall()
+        ((run, created, signal_id),) = started
+        assert created and signal_id is not None
+        again = conn.execute(
+            "SELECT ord, earlier_id, signal_id FROM shardq.deliver_signals('default', "
+            "ARRAY[%s]::uuid[], ARRAY['go'], ARRAY['2'::jsonb], ARRAY['key-1'], 10, 100)",
+            [run]).fetchall()
+        assert again == [(1, signal_id, None)]

@@ -4,8 +4,10 @@
 -- pending) insert nothing and come back as a row the caller reads the reason
 -- from; a repeated idempotency key returns the earlier signal's id and name,
 -- and so does a repeated origin (the outbox row a relay delivers under: see
--- the outbox relay in outbox/). Rows come back one per input, `ord` numbering
--- them from 1.
+-- the outbox relay in outbox/). A run of a declarative workflow takes one
+-- signal per gate name (its executions.gates): a second one is refused
+-- (`gate_closed`), the first one stands. Rows come back one per input, `ord`
+-- numbering them from 1.
 --
 -- Bounds: at most p_max_pending unconsumed signals of one name per run, and
 -- p_max_pending_total of all names: a flood of a name the run never waits on
@@ -39,7 +41,8 @@ CREATE OR REPLACE FUNCTION shardq.deliver_signals(
     pending       bigint,
     pending_total bigint,
     signal_id     bigint,
-    woken         bigint
+    woken         bigint,
+    gate_closed   boolean
 )
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -57,6 +60,11 @@ BEGIN
         RETURN QUERY
         WITH item AS (
             SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, i.origin, x.tenant,
+                   -- A gate takes one signal: is its name taken (consumed or not)?
+                   CASE WHEN i.name = ANY(x.gates) THEN EXISTS (
+                       SELECT 1 FROM shardq.signals s
+                       WHERE s.execution_id = i.id AND s.name = i.name)
+                   ELSE false END AS gate_closed,
                    (SELECT substr(o.kind, 5) FROM shardq.history o
                     WHERE o.execution_id = i.id AND o.kind IN (
                         'run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
@@ -71,7 +79,7 @@ BEGIN
             FROM unnest(p_ids, p_names, p_payloads, p_keys, coalesce(p_origins, '{}'))
                  WITH ORDINALITY AS i(id, name, payload, key, origin, ord)
             LEFT JOIN LATERAL (
-                SELECT x.tenant FROM shardq.executions x WHERE x.id = i.id OFFSET 0
+                SELECT x.tenant, x.gates FROM shardq.executions x WHERE x.id = i.id OFFSET 0
             ) x ON true
             LEFT JOIN LATERAL (
                 SELECT s.id, s.name FROM shardq.signals s
@@ -88,6 +96,7 @@ BEGIN
             WHERE it.tenant = p_tenant
               AND it.finished IS NULL
               AND it.earlier_id IS NULL
+              AND NOT it.gate_closed
               AND it.pending < p_max_pending
               AND it.pending_total < p_max_pending_total
             ORDER BY it.ord
@@ -116,7 +125,8 @@ BEGIN
         SELECT it.ord, it.tenant, it.finished, it.earlier_id, it.earlier_name, it.pending,
                it.pending_total, n.id,
                -- A hint: one per transaction however many runs woke.
-               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken)
+               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken),
+               it.gate_closed
         FROM item it LEFT JOIN inserted n ON n.execution_id = it.id
         ORDER BY it.ord;
         RETURN;
@@ -126,6 +136,10 @@ BEGIN
         RETURN QUERY
         WITH target AS (
             SELECT x.id, x.tenant,
+                   CASE WHEN p_names[i] = ANY(x.gates) THEN EXISTS (
+                       SELECT 1 FROM shardq.signals s
+                       WHERE s.execution_id = x.id AND s.name = p_names[i])
+                   ELSE false END AS gate_closed,
                    (SELECT substr(o.kind, 5) FROM shardq.history o
                     WHERE o.execution_id = x.id AND o.kind IN (
                         'run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
@@ -146,6 +160,7 @@ BEGIN
             SELECT t.id FROM target t
             WHERE t.tenant = p_tenant
               AND t.finished IS NULL
+              AND NOT t.gate_closed
               AND NOT EXISTS (SELECT 1 FROM earlier)
               AND (SELECT n FROM pending) < p_max_pending
               AND (SELECT total FROM pending) < p_max_pending_total
@@ -181,7 +196,8 @@ BEGIN
             (SELECT p.total FROM pending p),
             (SELECT n.id FROM inserted n),
             -- A hint, collapsed by the server into one per transaction.
-            (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken);
+            (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken),
+            coalesce((SELECT t.gate_closed FROM target t), false);
     END LOOP;
 END
 $$;
@@ -196,6 +212,8 @@ CREATE OR REPLACE FUNCTION shardq.deliver_signals(
     pending bigint, pending_total bigint, signal_id bigint, woken bigint
 )
 LANGUAGE sql VOLATILE AS $$
-    SELECT * FROM shardq.deliver_signals(p_tenant, p_ids, p_names, p_payloads, p_keys,
-                                         p_max_pending, p_max_pending_total, NULL::text[])
+    SELECT d.ord, d.tenant, d.finished, d.earlier_id, d.earlier_name, d.pending,
+           d.pending_total, d.signal_id, d.woken
+    FROM shardq.deliver_signals(p_tenant, p_ids, p_names, p_payloads, p_keys,
+                                p_max_pending, p_max_pending_total, NULL::text[]) AS d
 $$;

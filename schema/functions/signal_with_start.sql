@@ -1,61 +1,18 @@
--- Signal a run, starting it first when its workflow key has none: one
--- transaction on the run's shard. A new run is created with the signal
--- already buffered; a live run takes the signal; a finished one refuses it
--- (unless a keyed repeat), exactly as deliver_signals decides, which this
--- calls for the delivery itself.
---
--- Racing callers with one workflow key: the first INSERT wins and the others
--- wait on the unique index until it commits, then find its row (a new
--- statement, a new snapshot) and deliver to it; deliver_signals locks the run,
--- so with one idempotency key exactly one of them delivers.
+-- The signature releases before signal_with_start_v2 call: a run started here
+-- has no gates, and the answer has no gate_closed. Kept while a rolling
+-- deploy may run those releases (see README, "Storage").
 CREATE OR REPLACE FUNCTION shardq.signal_with_start(
-    p_tenant            text,
-    p_workflow_name     text,
-    p_workflow_version  integer,
-    p_workflow_id       text,
-    p_new_id            uuid,
-    p_input             jsonb,
-    p_name              text,
-    p_payload           jsonb,
-    p_key               text,
-    p_max_pending       integer,
-    p_max_pending_total integer
+    p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text,
+    p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text,
+    p_max_pending integer, p_max_pending_total integer
 ) RETURNS TABLE (
-    execution_id  uuid,
-    created       boolean,
-    tenant        text,
-    finished      text,
-    earlier_id    bigint,
-    earlier_name  text,
-    pending       bigint,
-    pending_total bigint,
-    signal_id     bigint
+    execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint,
+    earlier_name text, pending bigint, pending_total bigint, signal_id bigint
 )
-LANGUAGE plpgsql VOLATILE AS $$
-#variable_conflict use_column
-DECLARE
-    run uuid;
-    is_new boolean := false;
-BEGIN
-    INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                   input)
-    VALUES (p_new_id, p_tenant, p_workflow_name, p_workflow_version, p_workflow_id, p_input)
-    ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
-    RETURNING id INTO run;
-    IF run IS NOT NULL THEN
-        is_new := true;
-        INSERT INTO shardq.tasks (execution_id, run_at) VALUES (run, now());
-        PERFORM pg_notify(shardq.wake_channel(), '');
-    ELSE
-        SELECT x.id INTO run FROM shardq.executions x
-        WHERE x.tenant = p_tenant AND x.workflow_name = p_workflow_name
-          AND x.workflow_id = p_workflow_id;
-    END IF;
-
-    RETURN QUERY
-    SELECT run, is_new, d.tenant, d.finished, d.earlier_id, d.earlier_name, d.pending,
-           d.pending_total, d.signal_id
-    FROM shardq.deliver_signals(p_tenant, ARRAY[run], ARRAY[p_name], ARRAY[p_payload],
-                                ARRAY[p_key], p_max_pending, p_max_pending_total) AS d;
-END
+LANGUAGE sql VOLATILE AS $$
+    SELECT s.execution_id, s.created, s.tenant, s.finished, s.earlier_id, s.earlier_name,
+           s.pending, s.pending_total, s.signal_id
+    FROM shardq.signal_with_start_v2(p_tenant, p_workflow_name, p_workflow_version,
+                                     p_workflow_id, p_new_id, p_input, p_name, p_payload, p_key,
+                                     p_max_pending, p_max_pending_total, NULL::text[]) AS s
 $$;

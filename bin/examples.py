@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from shardq.queue.builder import Run, Workflow
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExternalSignalFailed
 from shardq.queue.models import Signal
@@ -92,6 +93,89 @@ def proposal_review(ctx: WorkflowContext) -> dict[str, Any]:
         proposal = decision.payload
     return {"outcome": "committed", "by": decision.actor,
             "result": ctx.step("commit", commit_proposal, proposal)}
+
+
+def submit_expense(run: Run) -> dict[str, Any]:
+    return {"expense": run.input.get("expense", "EXP-1"), "amount": run.input.get("amount", 50)}
+
+
+def pay_expense(run: Run) -> dict[str, Any]:
+    return {"paid": run.steps["submit"]["amount"],
+            "approved_by": [run.signals["manager-approval"], run.signals["finance-approval"]]}
+
+
+# Manager, then finance: each a gate that takes one signal. Finance may sign
+# first; its signal waits for its gate. A week per sign-off at most.
+expense_approval = registry.register_definition(
+    Workflow("expense_approval")
+    .step("submit", submit_expense)
+    .wait_for("manager-approval", timeout=7 * 86400)
+    .wait_for("finance-approval", timeout=7 * 86400)
+    .step("pay", pay_expense)
+    .build()
+)
+
+
+def plan_deletion(run: Run) -> dict[str, Any]:
+    return {"account": run.input["account"], "tables": ["orders", "invoices"]}
+
+
+def snapshot_account(run: Run) -> dict[str, Any]:
+    return {"snapshot": f"snap-{run.input['account']}"}
+
+
+def drop_snapshot(run: Run) -> dict[str, Any]:
+    return {"dropped": run.steps["snapshot"]["snapshot"]}
+
+
+def freeze_account(run: Run) -> dict[str, Any]:
+    return {"frozen": run.input["account"]}
+
+
+def unfreeze_account(run: Run) -> dict[str, Any]:
+    return {"unfrozen": run.input["account"]}
+
+
+def delete_account(run: Run) -> dict[str, Any]:
+    return {"deleted": run.input["account"], "approved_by": run.decisions["approve_deletion"].actor}
+
+
+# A rejection at the review unwinds what was done: unfreeze, then drop the
+# snapshot (reverse order), each once, and the run ends failed.
+deletion_plan = registry.register_definition(
+    Workflow("deletion_plan")
+    .step("plan", plan_deletion)
+    .step("snapshot", snapshot_account, compensate=drop_snapshot)
+    .step("freeze", freeze_account, compensate=unfreeze_account)
+    .interrupt("approve_deletion", "Delete this account for good?", actions=("approve", "reject"),
+               timeout=3 * 86400)
+    .step("delete", delete_account)
+    .build()
+)
+
+
+def prepare_for_review(run: Run) -> dict[str, Any]:
+    return prepare_proposal(run.input or {})
+
+
+def commit_decision(run: Run) -> dict[str, Any]:
+    decision = run.decisions["manager_review"]
+    proposal = decision.payload if decision.action == "edit" else run.steps["prepare"]
+    return commit_proposal(proposal)
+
+
+# The shape: documents may or may not come within a day (the review
+# sees which), a manager decides, a cool-down, then the commit.
+approval = registry.register_definition(
+    Workflow("approval")
+    .step("prepare", prepare_for_review)
+    .wait_for_signal_or_timeout("wait_for_documents", "documents_ready", timeout=24 * 3600)
+    .interrupt("manager_review", "Approve, edit, or reject this proposal",
+               schema=PROPOSAL_SCHEMA)
+    .timer("cooldown", 0.5)
+    .step("commit", commit_decision)
+    .build()
+)
 
 
 @registry.workflow("onboarding")

@@ -47,7 +47,7 @@ from shardq.queue.models import (
     State,
     TaskAction,
 )
-from shardq.queue.names import check_name, check_text
+from shardq.queue.names import check_name, check_signal_name, check_text
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
 from shardq.queue.schemas import check_schema
@@ -526,7 +526,7 @@ class WorkflowContext:
         event in this run's history. Replay returns the recorded outcome and
         sends nothing, even if the code now computes another key.
         """
-        check_name(name, "signal")
+        check_signal_name(name)
         ident = parse_execution_id(target)
         if idempotency_key is not None and (
             not isinstance(idempotency_key, str) or not idempotency_key.strip()

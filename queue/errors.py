@@ -21,11 +21,19 @@ __all__ = [
     "StoreRejected",
     "UnknownWorkflow",
     "WorkflowError",
+    "WorkflowTimedOut",
 ]
 
 
 class WorkflowError(ShardqError):
     """Base class of the engine's errors."""
+
+
+class WorkflowTimedOut(WorkflowError):
+    """Raised by a workflow to end its run `timed_out` (not `failed`), with this as its cause.
+
+    The declarative builder raises it when a gate or an interrupt times out.
+    """
 
 
 class UnknownWorkflow(WorkflowError):

@@ -45,3 +45,16 @@ def check_text(value: str, what: str) -> str:
             "not valid Unicode (was it given in another encoding than UTF-8?)"
         ) from None
     return value
+
+
+RESERVED_PREFIXES = ("shardq.", "shardq:", "__")
+"""Signal names shardq keeps for itself: refused from senders and in definitions."""
+
+
+def check_signal_name(value: object) -> str:
+    """A valid signal name that is not reserved; else InvalidArgument."""
+    name = check_name(value, "signal")
+    if name.lower().startswith(RESERVED_PREFIXES):
+        raise InvalidArgument(f"signal name {name!r} is reserved: names starting with "
+                              f"{', '.join(RESERVED_PREFIXES)} belong to shardq")
+    return name

@@ -63,6 +63,18 @@ class Registry:
         self._defs[key] = definition
         return definition
 
+    def register_definition(self, definition: WorkflowDef) -> WorkflowDef:
+        """Register a built definition (queue/builder.py's `Workflow(...).build()`)."""
+        if not isinstance(definition, WorkflowDef):
+            raise InvalidArgument("register_definition takes what Workflow(...).build() "
+                                  f"returns, got {type(definition).__name__}")
+        key = (definition.name, definition.version)
+        if key in self._defs and self._defs[key] is not definition:
+            raise InvalidArgument(f"workflow {definition.name} version {definition.version} "
+                                  "is already registered")
+        self._defs[key] = definition
+        return definition
+
     def get(self, name: str, version: int | None = None) -> WorkflowDef:
         """The definition of `name` at `version`, or its newest version when None."""
         if version is not None:

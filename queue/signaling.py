@@ -8,7 +8,6 @@ whoever sends it. Nothing here needs a workflow registry.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -16,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardq.queue.encoding import to_json
-from shardq.queue.errors import InvalidArgument, NotSerializable
+from shardq.queue.errors import InvalidArgument
 from shardq.queue.limits import Limits
 from shardq.queue.models import SignalResult
-from shardq.queue.names import check_name, check_text
+from shardq.queue.names import check_signal_name, check_text
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
 
@@ -39,27 +38,16 @@ class CheckedSignal:
 
 
 def check_signal(
-    name: str, payload: Any, key: str | None, limits: Limits, *, strict_json: bool = True
+    name: str, payload: Any, key: str | None, limits: Limits
 ) -> tuple[str, str, str | None]:
-    """(name, payload JSON, key) of a signal, checked as every entry point checks them.
-
-    `strict_json=False` (workflow code) skips the search for strings jsonb
-    cannot hold: the commit then refuses them, as it does any other value.
-    """
-    check_name(name, "signal")
+    """(name, payload JSON, key) of a signal, checked as every entry point checks them."""
+    check_signal_name(name)
     if key is not None and (not isinstance(key, str) or not key.strip()):
         raise InvalidArgument("idempotency_key must be a non-empty string when given")
     if key is not None:
         limits.check_key(check_text(key, "idempotency_key"))
     what = f"payload of signal {name!r}"
-    if strict_json:
-        encoded = to_json(payload, what)
-    else:
-        try:
-            encoded = json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
-    return name, limits.check_payload(encoded, what), key
+    return name, limits.check_payload(to_json(payload, what), what), key
 
 
 def by_shard(

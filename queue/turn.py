@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from shardq.queue.context import WorkflowContext, error_payload
 from shardq.queue.control import Cancelled, Park, TurnAborted
-from shardq.queue.errors import NotSerializable, StoreRejected, UnknownWorkflow
+from shardq.queue.errors import NotSerializable, StoreRejected, UnknownWorkflow, WorkflowTimedOut
 from shardq.queue.journal import Checkpoint, Journal
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry, WorkflowFn
@@ -91,6 +91,11 @@ def _play(
         )
     except Cancelled:
         return journal.commit(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)
+    except WorkflowTimedOut as exc:
+        return journal.commit(
+            state=State.TIMED_OUT, task=TaskAction.DELETE,
+            error=error_payload(replay.fatal or exc), close_wait=True,
+        )
     except Exception as exc:
         return journal.commit(
             state=State.FAILED, task=TaskAction.DELETE, error=error_payload(replay.fatal or exc),

@@ -10,7 +10,7 @@ import pytest
 from shardq.bin.examples import registry
 from shardq.queue.builder import Run, Workflow
 from shardq.queue.client import Client
-from shardq.queue.errors import InvalidArgument, SignalRefused
+from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
 from shardq.queue.worker import Worker
@@ -73,6 +73,8 @@ def test_gates_keep_an_early_signal_and_take_only_the_first_of_each_event(
     assert refused.value.reason_code == "gate_closed"
     wait_until(lambda: client.get(run).state is State.WAITING, what="at the manager's gate")
     assert client.get(run).state is State.WAITING
+    with pytest.raises(ExecutionNotFound):  # another tenant's signal stores nothing
+        client.signal(run, "manager-approval", {"by": "intruder"}, tenant="other")
     client.signal(run, "manager-approval")  # no payload: still opens the gate
     done = client.wait(run, timeout=10)
     assert done.state is State.COMPLETED, done.error

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ import click
 from shardq.bin.examples import registry
 from shardq.outbox.relay import Relay
 from shardq.queue.client import Client
+from shardq.queue.errors import SignalRefused
 from shardq.queue.models import HistoryEvent, State
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ENV_SHARDS, ShardMap
@@ -121,6 +124,7 @@ def run_demo(shard_count: int) -> None:
                 raise SystemExit(f"demo failed: the run ended {final.state.value}")
             quorum_demo(client, run)
             fan_out_demo(client, run)
+            review_demo(client, run)
         finally:
             relay.stop()
             worker.stop(drain_timeout_s=5)
@@ -191,6 +195,56 @@ def fan_out_demo(client: Client, run: str) -> None:
                   "(recorded in the sender's history)")
     if done.state is not State.COMPLETED or len(stopped) != count - 2:
         raise SystemExit(f"demo failed: the fan-out ended {done.state.value}")
+
+
+def review_demo(client: Client, run: str) -> None:
+    """Human review: two sign-offs through gates, a rejection that unwinds, a CLI decision."""
+    click.echo(f"\ntimeline of expense_approval exp-{run} (declarative, two gates):")
+    timeline = Timeline()
+    expense = client.start("expense_approval", f"exp-{run}", {"amount": 42}).execution_id
+    client.signal(expense, "finance-approval", {"by": "fin"})
+    timeline.mark("finance signed first: kept until its gate")
+    try:
+        client.signal(expense, "finance-approval", {"by": "someone else"})
+    except SignalRefused as exc:
+        timeline.mark(f"a second finance signal refused ({exc.reason_code}): the first stands")
+    wait_for_state(client, expense, {State.WAITING})
+    client.signal(expense, "manager-approval", {"by": "mgr"})
+    paid = client.wait(expense, timeout=30)
+    pay = json.dumps(paid.output["steps"]["pay"])
+    timeline.mark(f"manager signed -> {paid.state.value}: {pay}")
+
+    click.echo(f"\ntimeline of deletion_plan acct-{run} (a rejection unwinds):")
+    timeline = Timeline()
+    plan = client.start("deletion_plan", f"acct-{run}", {"account": f"acct-{run}"}).execution_id
+    wait_for_state(client, plan, {State.INPUT_REQUIRED})
+    timeline.mark("planned, snapshotted, frozen; input_required: delete for good?")
+    client.decide(plan, "approve_deletion", "reject", decision_id=f"dpo-{run}", actor="dpo")
+    failed = client.wait(plan, timeout=30)
+    undone = [e.name for e in client.history(plan)
+              if e.kind == "step.completed" and e.name.startswith("compensate:")]
+    timeline.mark(f"rejected by dpo -> {failed.state.value}, compensations {undone}")
+
+    click.echo(f"\ntimeline of approval ap-{run} (decided from the command line):")
+    timeline = Timeline()
+    proposal = client.start("approval", f"ap-{run}", {"amount": 300}).execution_id
+    client.signal(proposal, "documents_ready", {"files": 2})
+    wait_for_state(client, proposal, {State.INPUT_REQUIRED})
+    timeline.mark("documents arrived; input_required: manager_review")
+    command = ["workflow", "decide", str(proposal), "manager_review", "--action", "edit",
+               "--payload-json", '{"amount": 250, "reason": "capped"}',
+               "--decision-id", f"mia-{run}", "--actor", "mia"]
+    click.echo(f"  $ shardq {' '.join(shlex.quote(c) for c in command)}")
+    env = {**os.environ, ENV_SHARDS: ",".join(s.url for s in client.map.shards)}
+    decided = subprocess.run([sys.executable, "-m", "shardq.bin.cli", *command], env=env,
+                             capture_output=True, text=True, timeout=60, check=False)
+    click.echo(f"  {(decided.stdout or decided.stderr).strip()}")
+    done = client.wait(proposal, timeout=30)
+    timeline.mark(f"after the cool-down -> {done.state.value}: "
+                  f"{json.dumps(done.output['steps']['commit'])}")
+    if (paid.state is not State.COMPLETED or failed.state is not State.FAILED
+            or done.state is not State.COMPLETED or decided.returncode != 0):
+        raise SystemExit("demo failed: the review runs did not end as expected")
 
 
 def wait_for_events(

@@ -432,13 +432,15 @@ def _execution_id(_ctx: click.Context, param: click.Parameter, value: str) -> uu
         raise click.BadParameter(str(exc), param=param) from None
 
 
-def _check_cursor(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def _check_cursor(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The --cursor of `workflow list` or of `workflow pending` (each pages its own way)."""
     from shardq.queue.errors import InvalidArgument
-    from shardq.queue.listing import Cursor
+    from shardq.queue.listing import Cursor, InboxCursor
 
+    decode = InboxCursor.decode if ctx.command.name == "pending" else Cursor.decode
     if value is not None:
         try:
-            Cursor.decode(value)
+            decode(value)
         except InvalidArgument:
             raise click.BadParameter(
                 "is not a cursor: pass the next_cursor a previous page printed", param=param
@@ -647,29 +649,13 @@ def workflow_cancel(
     emit(settings, {"execution_id": str(execution_id), "state": state.value}, state.value)
 
 
-def _check_inbox_cursor(
-    _ctx: click.Context, param: click.Parameter, value: str | None
-) -> str | None:
-    from shardq.queue.errors import InvalidArgument
-    from shardq.queue.listing import InboxCursor
-
-    if value is not None:
-        try:
-            InboxCursor.decode(value)
-        except InvalidArgument:
-            raise click.BadParameter(
-                "is not a cursor: pass the next_cursor a previous page printed", param=param
-            ) from None
-    return value
-
-
 @workflow.command("pending")
 @json_option
 @tenant_option
 @click.option("--workflow", "workflow_name", help="Only interrupts of this workflow's runs.")
 @click.option("--limit", default=100, show_default=True, callback=_check_limit,
               help="Page size, 1..1000.")
-@click.option("--cursor", callback=_check_inbox_cursor, help="next_cursor of the previous page.")
+@click.option("--cursor", callback=_check_cursor, help="next_cursor of the previous page.")
 @pass_settings
 def workflow_pending(
     settings: Settings, tenant: str, workflow_name: str | None, limit: int, cursor: str | None,

@@ -39,13 +39,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardq.queue.context import WorkflowContext
+from shardq.queue.context import WorkflowContext, check_interrupt
 from shardq.queue.errors import InvalidArgument, StepFailed, WorkflowError, WorkflowTimedOut
 from shardq.queue.models import INTERRUPT_ACTIONS, Decision
 from shardq.queue.names import check_name, check_signal_name
 from shardq.queue.registry import WorkflowDef
 from shardq.queue.retry import RetryPolicy
-from shardq.queue.schemas import check_schema
 
 COMPENSATION_PREFIX = "compensate:"
 
@@ -147,17 +146,7 @@ class Workflow:
         """Ask a person (see `ctx.interrupt`): approve and edit go on (`run.decisions[name]`
         holds the decision, an edit's payload with it); reject unwinds and fails the run;
         a timeout unwinds and ends it `timed_out`."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InvalidArgument(f"interrupt {name!r}: the prompt must be a non-empty string")
-        accepted = tuple(actions)
-        if not accepted or not set(accepted) <= set(INTERRUPT_ACTIONS) or len(
-            set(accepted)) != len(accepted):
-            raise InvalidArgument(f"interrupt {name!r}: actions must be distinct, from "
-                                  f"{', '.join(INTERRUPT_ACTIONS)}")
-        if schema is not None:
-            check_schema(dict(schema), f"interrupt {name!r}")
-        if timeout is not None:
-            self._check_timeout(f"interrupt {name!r}", timeout)
+        accepted = check_interrupt(name, prompt, actions, schema, timeout)
         return self._add(_Stage("interrupt", name, prompt=prompt, actions=accepted,
                                 schema=schema, timeout=timeout))
 

@@ -299,20 +299,7 @@ class WorkflowContext:
         then ends `cancelled` here). History keeps the request, the decision and
         every refused attempt.
         """
-        check_name(name, "interrupt")
-        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT:
-            raise InvalidArgument(f"interrupt {name!r}: the prompt must be 1..{MAX_PROMPT} "
-                                  "characters")
-        check_text(prompt, f"interrupt {name!r} prompt")
-        accepted = tuple(actions)
-        if not accepted or len(set(accepted)) != len(accepted) or not set(accepted) <= set(
-            INTERRUPT_ACTIONS
-        ):
-            raise InvalidArgument(f"interrupt {name!r}: actions must be distinct, from "
-                                  f"{', '.join(INTERRUPT_ACTIONS)}; got {list(accepted)}")
-        if schema is not None:
-            check_schema(schema, f"interrupt {name!r}")
-        _check_timeout(timeout, f"interrupt {name!r}")
+        accepted = check_interrupt(name, prompt, actions, schema, timeout)
         self._guard()
         position, recorded = self._replay.next("interrupt", name)
         kinds = {e.kind: e for e in recorded}
@@ -595,6 +582,28 @@ def _external_outcome(recorded: Mapping[str, Any]) -> ExternalSignal:
                               queued=True)
     return ExternalSignal(target, name, int(recorded["signal_id"]), bool(recorded["delivered"]),
                           key)
+
+
+def check_interrupt(
+    name: str, prompt: str, actions: Sequence[str], schema: Mapping[str, Any] | None,
+    timeout: float | None,
+) -> tuple[str, ...]:
+    """The accepted actions of a well-formed interrupt request; else InvalidArgument."""
+    check_name(name, "interrupt")
+    if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT:
+        raise InvalidArgument(f"interrupt {name!r}: the prompt must be 1..{MAX_PROMPT} "
+                              "characters")
+    check_text(prompt, f"interrupt {name!r} prompt")
+    accepted = tuple(actions)
+    if not accepted or len(set(accepted)) != len(accepted) or not set(accepted) <= set(
+        INTERRUPT_ACTIONS
+    ):
+        raise InvalidArgument(f"interrupt {name!r}: actions must be distinct, from "
+                              f"{', '.join(INTERRUPT_ACTIONS)}; got {list(accepted)}")
+    if schema is not None:
+        check_schema(dict(schema), f"interrupt {name!r}")
+    _check_timeout(timeout, f"interrupt {name!r}")
+    return accepted
 
 
 def _check_timeout(timeout: float | None, what: str) -> None:

@@ -13,7 +13,7 @@ queries.sql writes the rows a run's first turn leaves when it parks, one
   is the wake time).
 
 Workflow ids are `parked-<i>`, inputs `{"parked": true}`, ids milliseconds
-older than any run the benchmark starts afterwards. tests/test_benchmarks.py
+older than any run the benchmark starts afterwards. tests/acceptance/test_benchmarks.py
 builds a few runs this way and a few the real way (started, parked by a
 worker) and fails when their rows differ: when the engine changes what it
 writes, this fixture must follow.

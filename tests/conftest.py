@@ -1,5 +1,12 @@
 """Real PostgreSQL for every test: uniquely named shard databases, dropped at the end.
 
+The tests are in layers, one folder each, and each test is marked with its
+folder's name: `unit` (no database; tests/unit/conftest.py refuses one),
+`store` (SQL and the Store against real PostgreSQL), `integration` (workers
+and relays in this process), `acceptance` (real daemons and the `shardq`
+command as subprocesses) and `migration`. `bash bin/test.sh tests/unit` is
+the quick loop.
+
 The server is, in order: $SHARDQ_TEST_DSN; the local server on 127.0.0.1:5432;
 an embedded throw-away server started for this session when neither answers
 (SHARDQ_TEST_DSN=embedded forces that one, to check the path a fresh machine takes).
@@ -25,6 +32,14 @@ from shardq.shards.pools import ShardPools
 from shardq.shards.servers import LOCAL_DSN, answers, database_url
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
+LAYERS = ("unit", "store", "integration", "acceptance", "migration")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        layer = item.path.parent.name
+        if layer in LAYERS:
+            item.add_marker(layer)
 
 
 class Server:

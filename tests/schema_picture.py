@@ -13,9 +13,9 @@ import psycopg
 HEADER = """\
 -- The schema every shard has once `shardq migrate` ran: tables, constraints,
 -- indexes and function signatures, printed from the catalogs of a shard
--- migrated from scratch. Generated, never edited: tests/test_migrations.py
+-- migrated from scratch. Generated, never edited: tests/migration/test_migrations.py
 -- fails when the migrations and this picture disagree, and rewrites it with
---   SHARDQ_WRITE_SCHEMA=1 bash bin/test.sh tests/test_migrations.py -k current
+--   SHARDQ_WRITE_SCHEMA=1 bash bin/test.sh tests/migration/test_migrations.py -k current
 -- How it came to be: the numbered files beside it. Function bodies:
 -- schema/functions/.
 """

@@ -13,8 +13,8 @@ from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import ShardPools
 
-from .conftest import Server
-from .support import run_cli
+from ..conftest import Server
+from ..support import run_cli
 
 RUN = "01a23b00-a581-8495-a55e-808a42654d6c"
 COMMANDS = [

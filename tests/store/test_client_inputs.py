@@ -15,7 +15,7 @@ from shardq.queue.limits import Limits
 from shardq.queue.models import SignalRequest
 from shardq.shards.config import ShardMap
 
-from .support import all_rows
+from ..support import all_rows
 
 
 def nested(depth: int) -> Any:

@@ -21,7 +21,7 @@ from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 
-from .support import all_rows, wait_until
+from ..support import all_rows, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -275,7 +275,7 @@ def test_year_long_sleep_is_one_row(client: Client, start_worker: StartWorker) -
     run = client.start("sleeper", "y-1", {"seconds": year})
     wait_until(lambda: client.get(run.execution_id).state is State.WAITING, what="parked")
     shard = client.map.for_execution(run.execution_id)
-    from .support import rows
+    from ..support import rows
 
     ((days, kind, deadline_days),) = rows(
         shard.url,

@@ -19,7 +19,7 @@ from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id
 
-from .support import rows, run_cli, wait_until
+from ..support import rows, run_cli, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()

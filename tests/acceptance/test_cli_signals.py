@@ -11,7 +11,7 @@ from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 
-from .support import all_rows, run_cli, wait_until
+from ..support import all_rows, run_cli, wait_until
 
 APP = "shardq.bin.examples:registry"
 

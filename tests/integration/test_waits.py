@@ -19,7 +19,7 @@ from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 
-from .support import all_rows, wait_until
+from ..support import all_rows, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()

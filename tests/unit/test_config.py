@@ -10,8 +10,6 @@ from shardq.shards.config import ShardMap
 from shardq.shards.errors import ConfigError
 from shardq.shards.servers import database_url
 
-from .support import run_cli
-
 
 def test_env_map_splits_buckets_and_reads_pool_sizes() -> None:
     shard_map = ShardMap.from_env({
@@ -101,26 +99,6 @@ def test_fingerprint_ignores_urls_but_not_layout() -> None:
     c = ShardMap.from_urls(["postgresql://h1/db", "postgresql://h2/db", "postgresql://h3/db"])
     assert a.fingerprint == b.fingerprint
     assert a.fingerprint != c.fingerprint
-
-
-def test_cli_reports_bad_config_in_one_line(tmp_path: Path) -> None:
-    result = run_cli("shards", env={"SHARDQ_SHARDS": "postgresql://u:pw@h/db,postgresql://u:pw@h/db"})
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("shardq: error: duplicate shard URL")
-    missing = run_cli("--shards-file", str(tmp_path / "nope.toml"), "shards")
-    assert missing.returncode == 2
-    assert "cannot read shards file" in missing.stderr
-
-
-def test_client_refuses_a_map_the_shards_were_not_migrated_with(shard_map: ShardMap) -> None:
-    from shardq.bin.examples import registry
-    from shardq.queue.client import Client
-    from shardq.shards.errors import MapMismatch
-
-    swapped = ShardMap.from_urls([s.url for s in reversed(shard_map.shards)])
-    with pytest.raises(MapMismatch, match="recorded as shard-1, this map calls it shard-0"):
-        Client(swapped, registry)
 
 
 def test_database_url_keeps_server_and_credentials() -> None:

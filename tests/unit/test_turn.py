@@ -4,13 +4,11 @@ and a refused checkpoint through a real worker."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.control import CommitRejected
 from shardq.queue.errors import StoreRejected
@@ -25,11 +23,6 @@ from shardq.queue.models import (
 )
 from shardq.queue.registry import Registry
 from shardq.queue.turn import failing_commit, run_turn
-from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
-from shardq.shards.pools import ShardPools
-
-from .support import all_rows
 
 registry = Registry()
 LANDED = CommitOutcome(landed=True)
@@ -120,17 +113,3 @@ def test_a_diverging_replay_fails_the_run() -> None:
     assert final is not None and final.state is State.FAILED and final.error is not None
     assert final.error["type"] == "NonDeterminismError"
     assert "history recorded sleep 'nap', the code now calls step 'a'" in final.error["message"]
-
-
-def test_a_refused_checkpoint_fails_the_run_with_the_reason(
-    shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
-) -> None:
-    client = Client(shard_map, registry, pools=pools)
-    start_worker(registry)
-    run = client.start("refused_midway", "r-1")
-    done = client.wait(run.execution_id, timeout=15)
-    assert done.state is State.FAILED and done.error is not None
-    assert done.error["type"] == "StoreRejected"
-    assert ran == []  # "after" never ran, and "nul" left no record
-    assert [e.kind for e in client.history(run.execution_id) if e.position is not None] == []
-    assert all_rows(shard_map, "SELECT count(*) FROM shardq.tasks") == [(0,), (0,)]

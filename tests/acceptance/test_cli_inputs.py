@@ -22,8 +22,8 @@ from shardq.queue.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 
-from .conftest import Server
-from .support import all_rows, run_cli
+from ..conftest import Server
+from ..support import all_rows, run_cli
 
 APP = "shardq.bin.examples:registry"
 DEEP = "[" * 2500 + "]" * 2500

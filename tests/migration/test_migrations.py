@@ -24,8 +24,8 @@ from shardq.shards.errors import MigrationError
 from shardq.shards.migrations import CURRENT_SCHEMA_FILE, check_shard, load_schema, migrate
 from shardq.shards.routing import new_execution_id
 
-from .schema_picture import describe
-from .support import ROOT, rows, run_cli
+from ..schema_picture import describe
+from ..support import ROOT, rows, run_cli
 
 Fresh = Callable[[int], list[str]]
 

@@ -14,7 +14,7 @@ from shardq.queue.models import State
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.shards.config import ShardMap
 
-from .support import Daemon, wait_until
+from ..support import Daemon, wait_until
 
 pytestmark = pytest.mark.slow
 

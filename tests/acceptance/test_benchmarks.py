@@ -26,8 +26,8 @@ from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of
 
-from .conftest import TABLES, Server
-from .support import ROOT, all_rows, rows, wait_until
+from ..conftest import TABLES, Server
+from ..support import ROOT, all_rows, rows, wait_until
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 
-from .support import wait_until
+from ..support import wait_until
 
 StartWorker = Callable[..., Worker]
 

@@ -20,7 +20,7 @@ from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.pools import ShardPools
 
-from .support import all_rows, rows
+from ..support import all_rows, rows
 
 StartWorker = Callable[..., Worker]
 registry = Registry()

@@ -18,7 +18,7 @@ from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id
 
-from .support import all_rows, wait_until
+from ..support import all_rows, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -83,7 +83,7 @@ def test_a_signal_to_a_run_of_the_same_shard_wakes_it_in_the_sender_s_commit(
     assert done.state is State.COMPLETED, done.error
     delivered, *skipped = done.output
     assert delivered["delivered"] is True
-    # The run of the other shard gets it through the outbox (tests/test_outbox.py).
+    # The run of the other shard gets it through the outbox (tests/integration/test_outbox.py).
     assert skipped == [{"skipped": "target_finished"}, {"skipped": "target_not_found"},
                        {"queued": True}]
     assert client.wait(target.execution_id, timeout=10).output == {

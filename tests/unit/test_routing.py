@@ -20,7 +20,7 @@ from shardq.shards.routing import (
     new_execution_id,
 )
 
-from .support import ROOT
+from ..support import ROOT
 
 URLS = [f"postgresql://u@db{i}.example/shardq" for i in range(4)]
 KEYS = [("acme", "checkout", f"order-{i}") for i in range(2000)]

@@ -12,7 +12,7 @@ from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 
-from .support import run_cli, wait_until
+from ..support import run_cli, wait_until
 
 APP = "shardq.bin.examples:registry"
 

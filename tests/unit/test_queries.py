@@ -9,7 +9,7 @@ import pytest
 
 from shardq.shards.sqlfile import load_queries
 
-from .support import ROOT
+from ..support import ROOT
 
 BENCHMARK_RUNNERS = {"query": 1, "total": 0, "each": 0}
 """The benchmarks' helpers that run a statement by name (benchmarks/db.py): the

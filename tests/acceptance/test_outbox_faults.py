@@ -28,8 +28,8 @@ from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 from shardq.shards.servers import database_url
 
-from .conftest import TABLES, Server
-from .support import Daemon, TcpProxy, rows, run_cli, wait_until
+from ..conftest import TABLES, Server
+from ..support import Daemon, TcpProxy, rows, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 registry = Registry()

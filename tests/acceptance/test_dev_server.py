@@ -12,7 +12,7 @@ from shardq.queue.client import Client
 from shardq.queue.registry import Registry
 from shardq.shards.config import ShardMap
 
-from .support import ROOT, wait_until
+from ..support import ROOT, wait_until
 
 MYAPP = '''\
 from shardq.queue.registry import Registry

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import ROOT
+from ..support import ROOT
 
 PROBE = (
     "import queue, concurrent.futures, sysconfig; "

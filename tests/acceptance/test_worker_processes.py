@@ -33,7 +33,7 @@ from shardq.queue.models import State
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_for
 
-from .support import ROOT, run_cli
+from ..support import ROOT, run_cli
 
 Fresh = Callable[[int], list[str]]
 History = list[tuple[int | None, str, str]]

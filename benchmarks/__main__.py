@@ -88,6 +88,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps3-seconds", type=float, help="closed-loop window per backlog")
     p.add_argument("--parked", type=int, help="parked runs beside the second drain")
     p.add_argument("--parked-repeats", type=int, help="drains per side in `parked` (median)")
+    p.add_argument("--relay-signals", type=int,
+                   help="signals per side in `relay` throughput (default 4000)")
+    p.add_argument("--relay-samples", type=int, help="latency probes per side in `relay`")
     p.add_argument("--out", type=Path, help="write the JSON result to this file")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout instead of the table")
@@ -109,7 +112,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
         "signal_threads": args.signal_threads,
         "signal_batch": args.signal_batch, "steps3_backlogs": args.backlogs,
         "steps3_seconds": args.steps3_seconds, "parked": args.parked,
-        "parked_repeats": args.parked_repeats,
+        "parked_repeats": args.parked_repeats, "relay_signals": args.relay_signals,
+        "relay_samples": args.relay_samples,
     }
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

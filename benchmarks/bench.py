@@ -52,6 +52,8 @@ class Sizes:
     steps3_seconds: float = 10.0
     parked: int = 1_000_000
     parked_repeats: int = 5
+    relay_signals: int = 4_000
+    relay_samples: int = 200
 
     @classmethod
     def full(cls) -> Sizes:
@@ -62,7 +64,8 @@ class Sizes:
         """Every scenario small: the whole suite in under a minute."""
         return cls(claim_n=3_000, single_n=200, floor_rows=30_000, floor_seconds=1.0,
                    wake_samples=200, cycle_runs=600, steps3_backlogs=(500, 2_000),
-                   steps3_seconds=2.0, parked=100_000, parked_repeats=1)
+                   steps3_seconds=2.0, parked=100_000, parked_repeats=1,
+                   relay_signals=600, relay_samples=60)
 
 
 @dataclass

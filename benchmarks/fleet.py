@@ -85,12 +85,16 @@ class Fleet:
                 self.check_alive()
                 printed = all("serving" in log.read_text(errors="replace") for log in self.logs)
                 if printed:
-                    listening = [int(r[0]["n"]) for r in poller.each("listeners")]
+                    listening = self.listening(poller)
                     if all(n >= self.config.workers for n in listening):
                         return time.monotonic() - started
                 if time.monotonic() > deadline:
                     raise BenchError(f"workers not ready after {timeout} s: {self.tail()}")
                 time.sleep(0.02)
+
+    def listening(self, poller: Poller) -> list[int]:
+        """The readiness barrier: per shard, how many processes LISTEN for work."""
+        return [int(r[0]["n"]) for r in poller.each("listeners")]
 
     def check_alive(self) -> None:
         for proc in self.procs:
@@ -151,3 +155,17 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RelayFleet(Fleet):
+    """`shardq outbox-relay` processes (`workers` of them), started and stopped like workers."""
+
+    def listening(self, poller: Poller) -> list[int]:
+        return [int(r[0]["n"]) for r in poller.each("relay_listeners")]
+
+    def command(self) -> list[str]:
+        c = self.config
+        return [
+            sys.executable, "-m", "shardq.bin.cli", "outbox-relay",
+            "--batch-size", str(c.batch_size), "--poll-interval", str(c.poll_interval),
+        ]

@@ -26,6 +26,15 @@ TRUNCATE shardq.history, shardq.signals, shardq.waits, shardq.tasks, shardq.outb
 SELECT count(*) AS n FROM pg_stat_activity
 WHERE datname = current_database() AND query = format('LISTEN %%I', shardq.wake_channel())
 
+-- name: relay_listeners
+-- Outbox relays listening on this shard (their readiness barrier).
+SELECT count(*) AS n FROM pg_stat_activity
+WHERE datname = current_database() AND query = format('LISTEN %%I', shardq.outbox_channel())
+
+-- name: open_waits
+-- Runs parked on this shard (relay: the sinks are in place).
+SELECT count(*) AS n FROM shardq.waits
+
 -- name: active_tasks
 -- Tasks due now or leased (lease expiry is minutes away), through the tasks_due
 -- index: cheap even beside a million far-future timers.
@@ -153,7 +162,7 @@ DELETE FROM shardq_bench.q WHERE id = ANY(%(ids)s)
 -- which): `park` runs waiting on signal "go" (a wait, no task) and `nap` runs
 -- on a 90-day timer (a wait and a task with run_at ~ now() + 90 days). Each has
 -- the one history event its first turn would have written. Any change to what
--- the engine writes for these runs must be made here too: tests/test_benchmarks.py
+-- the engine writes for these runs must be made here too: tests/acceptance/test_benchmarks.py
 -- compares the two.
 WITH src AS (
     SELECT u.id, u.i, u.on_signal,

@@ -16,6 +16,8 @@ TARGETS = (
     ("steps3_workflows_per_s", ">=", 1000.0, "3-step workflows/s, worst backlog depth"),
     ("wake_p99_ms", "<=", 5.0, "signal -> resumed step, p99"),
     ("parked_ratio", ">=", 0.9, "drain beside parked runs / drain beside none"),
+    ("relay_throughput_ratio", ">=", 0.5, "cross-shard signals/s / same-shard signals/s"),
+    ("relay_p99_ratio", "<=", 3.0, "cross-shard p99 / same-shard p99, signal -> resumed"),
 )
 
 
@@ -55,6 +57,17 @@ def headline(scenarios: dict[str, Result]) -> Result:
     if "parked" in scenarios:
         out["parked_ratio"] = scenarios["parked"]["ratio"]
         out["parked_runs"] = scenarios["parked"]["parked"]
+    if "relay" in scenarios:
+        r = scenarios["relay"]
+        out.update(
+            relay_same_shard_signals_per_s=r["same_shard"]["signals_per_s"],
+            relay_cross_shard_signals_per_s=r["cross_shard"]["signals_per_s"],
+            relay_throughput_ratio=r["cross_over_same_throughput"],
+            relay_same_shard_p99_ms=r["same_shard_latency_ms"].get("p99"),
+            relay_cross_shard_p50_ms=r["cross_shard_latency_ms"].get("p50"),
+            relay_cross_shard_p99_ms=r["cross_shard_latency_ms"].get("p99"),
+            relay_p99_ratio=r["cross_over_same_p99"],
+        )
     return out
 
 
@@ -163,6 +176,15 @@ def table(doc: Result) -> str:
             rows.append(("wake", label, f"p50 {s['p50']:.2f} ms",
                          f"p95 {s['p95']:.2f}, p99 {s['p99']:.2f}, max {s['max']:.2f} ms; "
                          f"{w['samples']} samples, 1 worker, poll 60 s"))
+    if "relay" in sc:
+        r = sc["relay"]
+        for side in ("same_shard", "cross_shard"):
+            t, lat = r[side], r[f"{side}_latency_ms"]
+            how = "in the sender's commit" if side == "same_shard" else "outbox + 1 relay"
+            rows.append(("relay", f"{side.replace('_', '-')} signals ({how})",
+                         _n(t["signals_per_s"]) + " signals/s",
+                         f"{t['signals']:,} sender commit -> target done in {t['seconds']:.2f} s;"
+                         f" latency p50 {lat['p50']:.2f}, p99 {lat['p99']:.2f} ms"))
     if "parked" in sc:
         p = sc["parked"]
         rows += [

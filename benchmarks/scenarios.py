@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import threading
@@ -12,11 +13,12 @@ from typing import Any
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
-from shardq.benchmarks.fleet import FleetConfig
+from shardq.benchmarks.fleet import FleetConfig, RelayFleet
 from shardq.benchmarks.floor import drain, run_floor
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.queue.models import SignalRequest
+from shardq.shards.routing import bucket_for
 
 Scenario = Callable[[Bench], dict[str, Any]]
 
@@ -392,6 +394,101 @@ def _insert_parked(b: Bench, count: int) -> float:
     return time.perf_counter() - t
 
 
+RELAY_FANOUT = 10
+"""Signals each `relay_source` run sends (one per sink), each call its own commit."""
+RELAY_WARMUP = 5
+"""Untimed probes first: fresh connections plan shardq's functions on first use."""
+
+
+def relay(b: Bench) -> dict[str, Any]:
+    """Signals between runs: on one shard (in the sender's commit) beside through the relay.
+
+    Throughput: `relay_signals` sinks are parked on the target shard, then
+    sources on shard 0 signal them, RELAY_FANOUT each; the rate is signals
+    over the time from the sources' start to the last sink's completion
+    (sender commit -> target consumed and finished). Latency: one probe at a
+    time, from the sender's call to the target's code resuming, with the relay
+    idle between probes (its safety poll is 60 s, so only its LISTEN explains a
+    fast delivery), beside the same on one shard. One relay process.
+    """
+    if len(b.urls) < 2:
+        raise BenchError("relay needs two shards or more")
+    b.fleet()
+    relays = RelayFleet(b.urls, FleetConfig(workers=1, concurrency=0, batch_size=200,
+                                            poll_interval=60.0)).start()
+    try:
+        relays.wait_ready()
+        out: dict[str, Any] = {}
+        for label, target in (("same_shard", 0), ("cross_shard", 1)):
+            b.reset()
+            out[label] = _relay_throughput(b, target, label)
+        for label, target in (("same_shard", 0), ("cross_shard", 1)):
+            b.reset()
+            out[f"{label}_latency_ms"] = _relay_latency(b, target, label)
+        problems = relays.errors()
+    finally:
+        relays.stop()
+        b.reset()
+    same, cross = out["same_shard"]["signals_per_s"], out["cross_shard"]["signals_per_s"]
+    out["cross_over_same_throughput"] = round(cross / same, 3) if same else None
+    p99s = out["same_shard_latency_ms"].get("p99"), out["cross_shard_latency_ms"].get("p99")
+    out["cross_over_same_p99"] = round(p99s[1] / p99s[0], 2) if p99s[0] and p99s[1] else None
+    out["relay_log_problems"] = problems[:10]
+    return out
+
+
+def _keys_on(b: Bench, index: int, workflow: str, prefix: str, count: int) -> list[str]:
+    shard = b.client.map.shards[index]
+    found = (k for k in (f"{prefix}-{i}" for i in itertools.count())
+             if b.client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
+    return list(itertools.islice(found, count))
+
+
+def _parked(b: Bench, count: int, label: str) -> None:
+    wait_for(lambda: sum(int(r["n"]) for u in b.urls for r in query(u, "open_waits")),
+             count, label=f"{label}: parking", timeout=max(60.0, count / 20))
+
+
+def _relay_throughput(b: Bench, target: int, label: str) -> dict[str, Any]:
+    n = b.sizes.relay_signals - b.sizes.relay_signals % RELAY_FANOUT
+    prefix = f"rs-{label}-"
+    sinks = b.client.start_many("relay_sink", [(k, None) for k in _keys_on(
+        b, target, "relay_sink", prefix, n)])
+    _parked(b, n, label)
+    ids = [str(s.execution_id) for s in sinks]
+    sources = [(k, {"targets": ids[i * RELAY_FANOUT:(i + 1) * RELAY_FANOUT]})
+               for i, k in enumerate(_keys_on(b, 0, "relay_source", f"src-{label}",
+                                              n // RELAY_FANOUT))]
+    started = time.time()
+    b.client.start_many("relay_source", sources)
+    wait_for(lambda: sum(int(r["completed"]) for u in b.urls for r in query(
+        u, "drain_result", {"workflow": "relay_sink", "prefix": prefix + "%"})),
+        n, label=f"{label}: signals consumed", timeout=max(120.0, n / 10))
+    last = b.finished("relay_sink", prefix, n)
+    seconds = last - started
+    return {"signals": n, "seconds": round(seconds, 3),
+            "signals_per_s": round(n / seconds, 1) if seconds > 0 else None}
+
+
+def _relay_latency(b: Bench, target: int, label: str) -> dict[str, float]:
+    samples = b.sizes.relay_samples + RELAY_WARMUP
+    targets = _keys_on(b, target, "wake_probe", f"rl-{label}", samples)
+    senders = _keys_on(b, 0, "relay_probe", f"rp-{label}", samples)
+    latencies = []
+    bar = Progress(f"{label}: relay latency", samples)
+    for i, (target_key, sender_key) in enumerate(zip(targets, senders, strict=True)):
+        probe = b.client.start("wake_probe", target_key).execution_id
+        _parked(b, 1, label)  # the probes before it finished: this one is the only wait
+        sender = b.client.start("relay_probe", sender_key, {"target": str(probe)})
+        resumed = b.client.wait(probe, timeout=30, poll=0.005).output["resumed_at"]
+        sent = b.client.wait(sender.execution_id, timeout=30).output["sent_at"]
+        if i >= RELAY_WARMUP:
+            latencies.append((resumed - sent) * 1000)
+        bar.update(i + 1)
+    bar.close()
+    return _ms(percentiles(latencies))
+
+
 SCENARIOS: dict[str, Scenario] = {
     "floor": floor,
     "durable": durable,
@@ -399,6 +496,7 @@ SCENARIOS: dict[str, Scenario] = {
     "steps3": steps3,
     "cycle": cycle,
     "parked": parked,
+    "relay": relay,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

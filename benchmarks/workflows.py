@@ -10,10 +10,12 @@ product imports the benchmarks or the benchmarks import a tool of the product:
   parked runs);
 - `wake_probe`: park on "go", then record when the code resumed and a step ran
   (wake);
-- `nap`: park on a 90-day timer (the other half of the parked runs).
+- `nap`: park on a 90-day timer (the other half of the parked runs);
+- `relay_sink`, `relay_source`, `relay_probe`: signals between runs with
+  `ctx.signal_external`, on one shard or through the outbox relay (relay).
 
 `park` and `nap` runs are also written straight into the tables by the parked
-fixture (parked.py); tests/test_benchmarks.py checks those rows equal what the
+fixture (parked.py); tests/acceptance/test_benchmarks.py checks those rows equal what the
 engine writes when it runs these functions.
 """
 
@@ -74,3 +76,28 @@ def wake_probe(ctx: WorkflowContext) -> dict[str, Any]:
 def nap(ctx: WorkflowContext) -> None:
     """A run parked on a far-future timer."""
     ctx.sleep("nap", NAP_SECONDS)
+
+
+@registry.workflow("relay_sink")
+def relay_sink(ctx: WorkflowContext) -> Any:
+    """Park until one signal "msg" arrives; complete with it."""
+    return ctx.wait_for_signal("msg")
+
+
+@registry.workflow("relay_source")
+def relay_source(ctx: WorkflowContext) -> int:
+    """Send one signal "msg" to each of `targets`, each call durable before the next."""
+    for target in ctx.input["targets"]:
+        ctx.signal_external(target, "msg", {"from": ctx.workflow_id})
+    return len(ctx.input["targets"])
+
+
+@registry.workflow("relay_probe")
+def relay_probe(ctx: WorkflowContext) -> dict[str, float]:
+    """Signal a `wake_probe` run; record the wall time just before the call.
+
+    One turn: signal_external commits but does not park, so the time is read once.
+    """
+    sent_at = time.time()
+    ctx.signal_external(ctx.input["target"], WAKE_SIGNAL)
+    return {"sent_at": sent_at}

@@ -172,6 +172,10 @@ class Relay:
         self.health = TargetHealth(self._backoff)
         self._stopping = threading.Event()
         self._wakes = {s.name: WakeSource(s, listen=listen_for_outbox) for s in self.sources}
+        self._pools = {
+            s.name: ThreadPoolExecutor(len(self.map.shards), thread_name_prefix="shardq-deliver")
+            for s in self.sources
+        }
         self._threads: list[threading.Thread] = []
         self._counts_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
@@ -197,6 +201,8 @@ class Relay:
             thread.join(max(0.0, deadline - time.monotonic()))
         for wake in self._wakes.values():
             wake.close()
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
 
     def _loop(self, source: Shard) -> None:
         wake = self._wakes[source.name]
@@ -238,11 +244,10 @@ class Relay:
                 ((target, members),) = groups.items()
                 outcomes = [self._deliver_to(target, [row for _, row in members])]
             else:
-                with ThreadPoolExecutor(len(groups), thread_name_prefix="shardq-deliver") as pool:
-                    outcomes = list(pool.map(
-                        lambda item: self._deliver_to(item[0], [row for _, row in item[1]]),
-                        groups.items(),
-                    ))
+                outcomes = list(self._pools[source.name].map(
+                    lambda item: self._deliver_to(item[0], [row for _, row in item[1]]),
+                    groups.items(),
+                ))
             _failpoint("after_deliver")
             for outcome in outcomes:
                 for row, result in outcome:

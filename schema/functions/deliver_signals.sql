@@ -85,8 +85,9 @@ BEGIN
                 SELECT s.id, s.name FROM shardq.signals s
                 WHERE s.execution_id = i.id AND s.idempotency_key = i.key
                 UNION ALL
+                -- Client signals have no origins: a one-time filter skips the probe.
                 SELECT s.id, s.name FROM shardq.signals s
-                WHERE s.execution_id = i.id AND s.origin = i.origin
+                WHERE p_origins IS NOT NULL AND s.execution_id = i.id AND s.origin = i.origin
                 LIMIT 1
             ) e ON true
         ), inserted AS (
@@ -150,7 +151,8 @@ BEGIN
             WHERE s.execution_id = p_ids[i] AND s.idempotency_key = p_keys[i]
             UNION ALL
             SELECT s.id, s.name FROM shardq.signals s
-            WHERE s.execution_id = p_ids[i] AND s.origin = p_origins[i]
+            WHERE p_origins IS NOT NULL AND s.execution_id = p_ids[i]
+              AND s.origin = p_origins[i]
             LIMIT 1
         ), pending AS (
             SELECT count(*) FILTER (WHERE s.name = p_names[i]) AS n, count(*) AS total

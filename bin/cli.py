@@ -45,7 +45,7 @@ from shardq.shards.errors import (
 
 if TYPE_CHECKING:
     from shardq.queue.client import Client
-    from shardq.queue.models import Execution
+    from shardq.queue.models import Execution, StaleBounds
     from shardq.queue.registry import Registry
 
 EXIT_CODES: dict[type[ShardqError], int] = {
@@ -306,6 +306,26 @@ app_option = click.option(
 )
 
 
+def metrics_options(f: F) -> F:
+    """--metrics-port and --metrics-host of a daemon."""
+    port = click.option("--metrics-port", type=click.IntRange(1, 65535),
+                        help="Serve Prometheus metrics on this port (/metrics).")
+    host = click.option("--metrics-host", default="127.0.0.1", show_default=True,
+                        help="Address the metrics endpoint listens on.")
+    return port(host(f))
+
+
+def serve_daemon_metrics(host: str, port: int | None) -> None:
+    """The daemon's own counters and histograms on http://host:port/metrics, if asked."""
+    if port is None:
+        return
+    from shardq.bin.metrics import serve
+    from shardq.queue.instruments import REGISTRY
+
+    serve(REGISTRY, host, port)
+    click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
+
+
 @cli.command()
 @json_option
 @app_option
@@ -317,10 +337,12 @@ app_option = click.option(
               help="Safety poll seconds (NOTIFY and timers wake earlier).")
 @click.option("--drain-timeout", default=30.0, show_default=True,
               help="Seconds in-flight turns get after SIGTERM before their leases are released.")
+@metrics_options
 @pass_settings
 def worker(
     settings: Settings, app: str | None, only: tuple[str, ...], concurrency: int, batch_size: int,
-    lease_s: float, poll_interval: float, drain_timeout: float,
+    lease_s: float, poll_interval: float, drain_timeout: float, metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
     import signal
@@ -345,6 +367,7 @@ def worker(
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        serve_daemon_metrics(metrics_host, metrics_port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -729,10 +752,11 @@ def workflow_decide(
               help="Seconds a row may keep failing transiently before it fails for good.")
 @click.option("--max-backoff", default=60.0, show_default=True,
               help="Longest wait between two attempts of a row, in seconds.")
+@metrics_options
 @pass_settings
 def outbox_relay(
     settings: Settings, only: tuple[str, ...], batch_size: int, poll_interval: float,
-    max_age: float, max_backoff: float,
+    max_age: float, max_backoff: float, metrics_port: int | None, metrics_host: str,
 ) -> None:
     """Deliver signals sent to runs of other shards, until SIGTERM."""
     import signal
@@ -756,6 +780,7 @@ def outbox_relay(
                                  initial_backoff_s=min(0.5, max_backoff))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        serve_daemon_metrics(metrics_host, metrics_port)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -852,6 +877,145 @@ def outbox_retry(settings: Settings, source: str, ids: tuple[int, ...]) -> None:
         fail(f"no failed outbox row {missing} on {source}: nothing re-queued", EXIT_WORKFLOW)
     emit(settings, {"shard": source, "requeued": sorted(requeued)},
          f"re-queued {len(requeued)} row(s) on {source}")
+
+
+def _stale_bounds(
+    _ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, float | None]:
+    """`--stale-after KIND=SECONDS` (repeatable; `none`: never stale by age alone)."""
+    bounds: dict[str, float | None] = {}
+    for value in values:
+        kind, sep, seconds = value.partition("=")
+        if not sep or kind not in STALE_KINDS:
+            raise click.BadParameter(f"{value!r}: expected KIND=SECONDS with KIND one of "
+                                     f"{', '.join(STALE_KINDS)}", param=param)
+        if seconds == "none":
+            bounds[kind] = None
+            continue
+        try:
+            number = float(seconds)
+        except ValueError:
+            number = float("nan")
+        if not 0 < number < float("inf"):
+            raise click.BadParameter(f"{value!r}: the bound must be a positive number of "
+                                     "seconds, or none", param=param)
+        bounds[kind] = number
+    return bounds
+
+
+STALE_KINDS = ("timer", "signal", "condition", "interrupt")
+
+
+def stale_options(f: F) -> F:
+    """The bounds that make a wait stale, shared by `stale` and `metrics`."""
+    after = click.option(
+        "--stale-after", "stale_after", multiple=True, callback=_stale_bounds,
+        metavar="KIND=SECONDS",
+        help="A wait of KIND open longer than this is stale (repeatable; none: never by age). "
+             "Defaults: signal and condition 7 days, interrupt 3 days, timer none.")
+    grace = click.option(
+        "--deadline-grace", default=300.0, show_default=True, type=click.FloatRange(min=0),
+        help="A wait still open this many seconds past its deadline is stale.")
+    return after(grace(f))
+
+
+def _bounds(stale_after: dict[str, float | None], grace: float) -> StaleBounds:
+    from shardq.queue.models import StaleBounds
+
+    default = StaleBounds()
+    return StaleBounds(
+        timer_s=stale_after.get("timer", default.timer_s),
+        signal_s=stale_after.get("signal", default.signal_s),
+        condition_s=stale_after.get("condition", default.condition_s),
+        interrupt_s=stale_after.get("interrupt", default.interrupt_s),
+        grace_s=grace,
+    )
+
+
+@cli.command("stale")
+@json_option
+@stale_options
+@click.option("--kind", type=click.Choice(STALE_KINDS), help="Only waits of this kind.")
+@click.option("--workflow", "workflow_name", help="Only runs of this workflow.")
+@click.option("--tenant", help="Only runs of this tenant (default: every tenant).")
+@click.option("--limit", default=100, show_default=True, callback=_check_limit,
+              help="Waits per shard, oldest first, 1..1000.")
+@pass_settings
+def stale(
+    settings: Settings, stale_after: dict[str, float | None], deadline_grace: float,
+    kind: str | None, workflow_name: str | None, tenant: str | None, limit: int,
+) -> None:
+    """List stale waits: open longer than their kind's bound, or past their deadline.
+
+    It surfaces them; it never completes, approves or times out anything.
+    """
+    from dataclasses import asdict
+
+    from shardq.queue.names import check_name
+
+    with open_client(settings) as client, errors_as_exit_codes():
+        if workflow_name is not None:
+            check_name(workflow_name, "workflow")
+        if tenant is not None:
+            check_name(tenant, "tenant")
+        bounds = _bounds(stale_after, deadline_grace)
+        found = sorted(
+            (w for shard in client.map.shards for w in client.store.stale_waits(
+                shard, bounds, kind=kind, workflow=workflow_name, tenant=tenant, limit=limit)),
+            key=lambda w: -w.age_s)
+    lines = [f"{w.execution_id}  {w.tenant}  {w.workflow_name}  {w.kind} {w.name!r}  "
+             f"open {w.age_s:.0f} s" + (f", deadline {w.deadline.isoformat()}" if w.deadline
+                                         else "") for w in found]
+    emit(settings, {"stale": [asdict(w) for w in found]},
+         "\n".join(lines) if lines else "no stale waits")
+
+
+@cli.command("metrics")
+@json_option
+@stale_options
+@click.option("--port", required=True, type=click.IntRange(1, 65535),
+              help="Serve the exporter on this port (/metrics).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--overdue-grace", default=60.0, show_default=True, type=click.FloatRange(min=0),
+              help="A run due this many seconds and not running counts as overdue.")
+@click.option("--cache-seconds", default=15.0, show_default=True,
+              type=click.FloatRange(min=0), help="Scrapes within this interval share one read.")
+@click.option("--scrape-timeout", default=5.0, show_default=True,
+              type=click.FloatRange(min=0.1, max=120),
+              help="A shard that has not answered by then is reported down (up 0).")
+@pass_settings
+def metrics_command(
+    settings: Settings, stale_after: dict[str, float | None], deadline_grace: float, port: int,
+    host: str, overdue_grace: float, cache_seconds: float, scrape_timeout: float,
+) -> None:
+    """Serve per-shard gauges read from the store (waits, stale waits, backlogs) until SIGTERM."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from shardq.bin.metrics import StoreCollector, serve
+    from shardq.queue.store import Store
+    from shardq.shards.pools import ShardPools
+
+    with errors_as_exit_codes():
+        shard_map = settings.shard_map()
+        bounds = _bounds(stale_after, deadline_grace)
+        pools = ShardPools(shard_map, timeout=scrape_timeout,
+                           application_name="shardq-metrics").open()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(
+            Store(pools), shard_map, bounds=bounds, overdue_grace_s=overdue_grace,
+            cache_s=cache_seconds, timeout_s=scrape_timeout))
+        server = serve(registry, host, port)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    click.echo(f"store exporter on http://{host}:{port}/metrics for "
+               f"{', '.join(s.name for s in shard_map.shards)}", err=True)
+    stop.wait()
+    server.shutdown()
+    pools.close()
 
 
 def _dev_state(ctx: click.Context) -> Path:

@@ -52,6 +52,7 @@ from shardq.queue.errors import (
     StoreConflict,
     StoreRejected,
 )
+from shardq.queue.instruments import RELAY_ROUND_SECONDS, RELAY_ROWS
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import OutboxRow, OutboxSettlement, SignalResult
 from shardq.queue.signaling import CheckedSignal, by_shard, deliver
@@ -236,6 +237,13 @@ class Relay:
 
     def relay_once(self, source: Shard) -> int:
         """One round on `source`: claim, deliver, settle. Returns how many rows it claimed."""
+        started = time.perf_counter()
+        claimed = self._round(source)
+        if claimed:
+            RELAY_ROUND_SECONDS.labels(source.name).observe(time.perf_counter() - started)
+        return claimed
+
+    def _round(self, source: Shard) -> int:
         with self.store.claim_outbox(source, limit=self.config.batch_size) as (rows, settlement):
             if not rows:
                 return 0
@@ -251,7 +259,7 @@ class Relay:
             _failpoint("after_deliver")
             for outcome in outcomes:
                 for row, result in outcome:
-                    self._settle(row, result, settlement)
+                    self._settle(source, row, result, settlement)
         return len(rows)
 
     def _deliver_to(
@@ -297,11 +305,12 @@ class Relay:
         return results
 
     def _settle(
-        self, row: OutboxRow, result: SignalResult | BaseException, settlement: OutboxSettlement
+        self, source: Shard, row: OutboxRow, result: SignalResult | BaseException,
+        settlement: OutboxSettlement,
     ) -> None:
         if isinstance(result, SignalResult) and result.error is None:
             settlement.delivered.append(row.id)
-            self._count("delivered" if result.delivered else "duplicate")
+            self._count(source, "delivered" if result.delivered else "duplicate")
             return
         error = result.error if isinstance(result, SignalResult) else result
         reason = _permanent_reason(error)
@@ -311,11 +320,11 @@ class Relay:
                 delay = max(delay, error.wait + self._backoff(1))
             if row.queued_s + delay < self.config.max_age_s:
                 settlement.retry.append((row.id, delay, "transient", _line(error)))
-                self._count("retried")
+                self._count(source, "retried")
                 return
             reason = "expired"
         settlement.failed.append((row.id, reason, _line(error)))
-        self._count(f"failed:{reason}")
+        self._count(source, f"failed:{reason}")
         # Info, not a warning: a target that finished is an answer, not a fault.
         # The sender's history, `shardq outbox failed` and the metrics keep it.
         log.info("outbox row failed for good", extra={
@@ -323,9 +332,10 @@ class Relay:
             "target_execution_id": str(row.target), "reason_code": reason,
             "error": _line(error)})
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, source: Shard, outcome: str) -> None:
         with self._counts_lock:
             self.counts[outcome] += 1
+        RELAY_ROWS.labels(source.name, outcome.replace(":", "_")).inc()
 
 
 def _permanent_reason(error: BaseException | None) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -26,6 +27,7 @@ from tenacity import (
 )
 
 from shardq.queue.errors import ShardUnavailable, StoreConflict, StoreRejected
+from shardq.queue.instruments import COMMIT_BATCH, COMMIT_SECONDS
 from shardq.queue.models import CommitOutcome, TurnCommit
 from shardq.queue.store import Store
 from shardq.shards.config import Shard
@@ -94,6 +96,8 @@ class Completer:
         # A lost connection is retried for up to half a lease: the commits carry
         # their next token, so a retry of one that already landed is recognised.
         self._retry_for_s = lease_s / 2 if retry_for_s is None else retry_for_s
+        self._batch_sizes = COMMIT_BATCH.labels(shard.name)
+        self._latency = COMMIT_SECONDS.labels(shard.name)
         self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._closing = threading.Lock()
@@ -207,6 +211,14 @@ class Completer:
             _call(on_done, outcomes[commit.execution_id])
 
     def _commit(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
+        self._batch_sizes.observe(len(commits))
+        started = time.perf_counter()
+        try:
+            return self._commit_retrying(commits)
+        finally:
+            self._latency.observe(time.perf_counter() - started)
+
+    def _commit_retrying(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
         results: dict[uuid.UUID, CommitOutcome] = {}
         pending = commits
         retrying = Retrying(

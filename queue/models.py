@@ -443,3 +443,50 @@ class PendingInterrupt:
 class InterruptPage:
     items: list[PendingInterrupt]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class StaleBounds:
+    """When an open wait counts as stale: open longer than its kind's bound (None: never
+    by age alone), or past its deadline by more than `grace_s` and not woken.
+
+    Separate from every deadline a workflow sets: a bound is an operator's
+    expectation of how long waits of a kind usually last, not a timeout.
+    """
+
+    timer_s: float | None = None
+    signal_s: float | None = 7 * 86400.0
+    condition_s: float | None = 7 * 86400.0
+    interrupt_s: float | None = 3 * 86400.0
+    grace_s: float = 300.0
+
+    def params(self) -> dict[str, float | None]:
+        return {"timer_s": self.timer_s, "signal_s": self.signal_s,
+                "condition_s": self.condition_s, "interrupt_s": self.interrupt_s,
+                "grace_s": self.grace_s}
+
+
+@dataclass(frozen=True)
+class StaleWait:
+    execution_id: uuid.UUID
+    tenant: str
+    workflow_name: str
+    kind: str
+    name: str
+    age_s: float
+    deadline: datetime | None
+
+
+@dataclass(frozen=True)
+class ShardHealth:
+    """What the store exporter reads of one shard in one scrape."""
+
+    open_waits: list[tuple[str, str, int]]
+    """(kind, workflow, count)."""
+    stale_waits: list[tuple[str, str, int, float]]
+    """(kind, workflow, count, oldest age in seconds)."""
+    pending_signals: int
+    overdue_tasks: int
+    oldest_overdue_s: float | None
+    runs_by_state: dict[str, int]
+    outbox: list[OutboxBacklog]

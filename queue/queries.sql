@@ -329,3 +329,70 @@ WHERE w.kind = 'interrupt'
   AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
 ORDER BY w.started_at, w.execution_id
 LIMIT %(limit)s
+
+-- name: stale_waits
+-- Stale waits with their runs, oldest first (body: schema/functions/stale_waits.sql).
+SELECT s.execution_id, x.tenant, x.workflow_name, s.kind, s.name,
+       extract(epoch FROM now() - s.started_at)::float8 AS age_s, s.deadline
+FROM shardq.stale_waits(%(timer_s)s, %(signal_s)s, %(condition_s)s, %(interrupt_s)s,
+                        %(grace_s)s) s
+JOIN shardq.executions x ON x.id = s.execution_id
+WHERE (%(kind)s::text IS NULL OR s.kind = %(kind)s)
+  AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
+  AND (%(tenant)s::text IS NULL OR x.tenant = %(tenant)s)
+ORDER BY s.started_at
+LIMIT %(limit)s
+
+-- name: stale_wait_counts
+-- Stale waits by kind and workflow, with the oldest one's age (the exporter).
+SELECT s.kind, x.workflow_name, count(*) AS n,
+       extract(epoch FROM now() - min(s.started_at))::float8 AS oldest_s
+FROM shardq.stale_waits(%(timer_s)s, %(signal_s)s, %(condition_s)s, %(interrupt_s)s,
+                        %(grace_s)s) s
+JOIN shardq.executions x ON x.id = s.execution_id
+GROUP BY 1, 2
+
+-- name: local_statement_timeout
+-- Bounds every statement of the current transaction (a scrape must not hang).
+SELECT set_config('statement_timeout', %(ms)s, true)
+
+-- name: open_waits_by_workflow
+-- Open waits by kind and workflow. An aggregate over every open wait (a join
+-- to the run's row for its workflow): ~0.3 s per million parked runs on a
+-- small VM, which is why the exporter caches its answers.
+SELECT w.kind, x.workflow_name, count(*) AS n
+FROM shardq.waits w JOIN shardq.executions x ON x.id = w.execution_id
+GROUP BY 1, 2
+
+-- name: pending_signal_count
+-- Signals buffered and not yet consumed (signals_pending, index only).
+SELECT count(*) AS n FROM shardq.signals WHERE consumed_at IS NULL
+
+-- name: overdue_tasks
+-- Tasks due more than `grace` seconds ago and not running: nobody claims them
+-- (missing workers), or their lease expired and nobody took it over (tasks_due).
+SELECT count(*) AS n,
+       extract(epoch FROM now() - min(run_at))::float8 AS oldest_s
+FROM shardq.tasks WHERE run_at < now() - make_interval(secs => %(grace_s)s)
+
+-- name: runs_by_state
+-- Runs by state, counted where each state lives, as shardq.run_state() reads
+-- one run: finished by their outcome event (history_outcome, index only),
+-- running by a live lease, waiting and input_required by an open wait whose
+-- run holds no live lease, pending by a task with neither.
+SELECT substr(kind, 5) AS state, count(*) AS n FROM shardq.history
+WHERE kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
+GROUP BY kind
+UNION ALL
+SELECT 'running', count(*) FROM shardq.tasks
+WHERE lease_token IS NOT NULL AND run_at > now()
+UNION ALL
+SELECT CASE w.kind WHEN 'interrupt' THEN 'input_required' ELSE 'waiting' END, count(*)
+FROM shardq.waits w
+WHERE NOT EXISTS (SELECT 1 FROM shardq.tasks t WHERE t.execution_id = w.execution_id
+                  AND t.lease_token IS NOT NULL AND t.run_at > now())
+GROUP BY 1
+UNION ALL
+SELECT 'pending', count(*) FROM shardq.tasks t
+WHERE (t.lease_token IS NULL OR t.run_at <= now())
+  AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = t.execution_id)

@@ -36,8 +36,11 @@ from shardq.queue.models import (
     OutboxSettlement,
     PendingInterrupt,
     PendingSignal,
+    ShardHealth,
     SignalResult,
     SignalWithStartResult,
+    StaleBounds,
+    StaleWait,
     StartResult,
     State,
     TurnCommit,
@@ -349,6 +352,39 @@ class Store:
         is not a failed row. Returns the ids re-queued."""
         with self._connection(shard) as conn:
             return {r["id"] for r in conn.execute(SQL["requeue_outbox"], {"ids": list(ids)})}
+
+    # -- operations ------------------------------------------------------------
+
+    def stale_waits(
+        self, shard: Shard, bounds: StaleBounds, *, kind: str | None = None,
+        workflow: str | None = None, tenant: str | None = None, limit: int = 100,
+    ) -> list[StaleWait]:
+        """`shard`'s stale waits (see StaleBounds), oldest first."""
+        with self._connection(shard) as conn:
+            found = conn.execute(SQL["stale_waits"], {
+                **bounds.params(), "kind": kind, "workflow": workflow, "tenant": tenant,
+                "limit": limit,
+            })
+            return [StaleWait(**r) for r in found]
+
+    def health(
+        self, shard: Shard, bounds: StaleBounds, *, overdue_grace_s: float, timeout_s: float
+    ) -> ShardHealth:
+        """Every family the store exporter reports for `shard`, each one indexed query,
+        in one read-only transaction whose statements stop after `timeout_s`."""
+        with self.transaction(shard) as conn:
+            conn.execute(SQL["local_statement_timeout"], {"ms": str(int(timeout_s * 1000))})
+            waits = [(r["kind"], r["workflow_name"], r["n"])
+                     for r in conn.execute(SQL["open_waits_by_workflow"])]
+            stale = [(r["kind"], r["workflow_name"], r["n"], r["oldest_s"])
+                     for r in conn.execute(SQL["stale_wait_counts"], bounds.params())]
+            signals = conn.execute(SQL["pending_signal_count"]).fetchone()
+            overdue = conn.execute(SQL["overdue_tasks"], {"grace_s": overdue_grace_s}).fetchone()
+            states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"])}
+            outbox = [OutboxBacklog(**r) for r in conn.execute(SQL["outbox_backlog"])]
+        assert signals is not None and overdue is not None
+        return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
+                           outbox)
 
     def waits_and_signals(
         self, execution_id: uuid.UUID

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from shardq.queue.completer import Completer, Result
 from shardq.queue.control import CommitRejected
 from shardq.queue.errors import ShardUnavailable, StoreRejected
+from shardq.queue.instruments import CLAIM_BATCH, CLAIMED, CLAIMS, TURNS, WAKEUPS
 from shardq.queue.listener import WakeSource
-from shardq.queue.models import Claim, CommitOutcome, TaskAction, TurnCommit
+from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.turn import failing_commit, run_turn
@@ -35,6 +36,10 @@ from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_of
 
 log = logging.getLogger(__name__)
+_TURN_OUTCOMES = {name: TURNS.labels(name)
+                  for name in [*(s.value for s in State), "abandoned", "lease_lost"]}
+"""How a turn ended: the state its last commit left the run in (a checkpoint's run
+stays running), or why nothing landed."""
 
 
 COALESCE_S = 0.001
@@ -247,13 +252,20 @@ class Worker:
         wake = self._wakes[shard.name]
         partial: int | None = None  # free slots seen while waiting for a worthwhile batch
         failures = 0
+        claims_made, claimed_runs = CLAIMS.labels(shard.name), CLAIMED.labels(shard.name)
+        batch_sizes = CLAIM_BATCH.labels(shard.name)
+        notified, timed = WAKEUPS.labels(shard.name, "notify"), WAKEUPS.labels(shard.name, "timer")
+
+        def sleep(seconds: float) -> None:
+            (notified if wake.wait(seconds) else timed).inc()
+
         while not self._stopping.is_set():
             # Cleared before the slots are read: a wake from here on is kept
             # for the wait below.
             wake.clear()
             limit, partial = self._reserve(shard, partial)
             if not limit:
-                wake.wait(self.config.poll_interval_s if partial is None else COALESCE_S)
+                sleep(self.config.poll_interval_s if partial is None else COALESCE_S)
                 continue
             claims: list[Claim] = []
             due_in: float | None = None
@@ -271,19 +283,23 @@ class Worker:
                 error = exc
             finally:
                 self._claimed(shard, limit, claims)
+            if error is None:
+                claims_made.inc()
+                claimed_runs.inc(len(claims))
+                batch_sizes.observe(len(claims))
             if claims:
                 self._turns.put_many([(shard, claim) for claim in claims])
             if error is not None:
                 failures += 1
                 if failures == 1 and isinstance(error, ShardUnavailable):
                     log.error("shard unavailable; retrying", extra={"error": str(error)})
-                wake.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if failures:
                 log.warning("shard is back", extra={"shard": shard.name})
                 failures = 0
             if len(claims) < limit:
-                wake.wait(self._sleep_time(due_in))
+                sleep(self._sleep_time(due_in))
 
     def _reserve(self, shard: Shard, partial: int | None) -> tuple[int, int | None]:
         """Take free slots for a claim: (how many, the free slots of a partial batch
@@ -404,11 +420,18 @@ class Worker:
             # The store stayed unavailable through the completer's retries: never
             # blamed on the workflow; the lease expires and the run resumes from
             # its last durable commit.
+            _TURN_OUTCOMES["abandoned"].inc()
             log.warning("commit failed; turn abandoned",
                         extra={"execution_id": str(commit.execution_id), "error": str(result)})
-        elif not result.landed:
+            self._release(commit.execution_id, settled=True)
+            return
+        if not result.landed:
+            _TURN_OUTCOMES["lease_lost"].inc()
             log.warning("lease lost at commit", extra={"execution_id": str(commit.execution_id)})
-        elif commit.task is TaskAction.SCHEDULE or commit.wake_on_signals:
+            self._release(commit.execution_id, settled=True)
+            return
+        _TURN_OUTCOMES[commit.state or "running"].inc()
+        if commit.task is TaskAction.SCHEDULE or commit.wake_on_signals:
             # A new timer, a retry backoff or a signal that raced the parking:
             # re-read the next due time instead of waiting for a NOTIFY.
             self._wakes[shard.name].set()

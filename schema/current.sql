@@ -125,6 +125,8 @@ CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
+CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
+CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
 CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution_id) WHERE (kind = 'interrupt'::text);
 
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
@@ -154,6 +156,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[])
 --   RETURNS TABLE(execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, gate_closed boolean)
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)
+--   RETURNS TABLE(execution_id uuid, kind text, name text, started_at timestamp with time zone, deadline timestamp with time zone)
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE

@@ -1,0 +1,160 @@
+"""Prometheus endpoints: the daemons' own metrics, and the store exporter (`shardq metrics`).
+
+The exporter answers a scrape with gauges read from the shards (queue/store.py
+`Store.health`: one indexed query per family). Shards are read in parallel;
+a shard that does not answer within the scrape timeout is reported with
+`shardq_shard_up 0` and no other series, so a scrape never hangs on it. The
+answers are cached for `cache_s`: scrapes from several Prometheus servers, or
+a dashboard refreshing, cost the shards one read per interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shardq.queue.models import ShardHealth, StaleBounds, State
+from shardq.queue.store import Store
+from shardq.shards.config import Shard, ShardMap
+from shardq.shards.errors import ConfigError
+
+
+def serve(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
+    """Serve `registry` on http://host:port/metrics from a daemon thread."""
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+    return server
+
+
+class StoreCollector(Collector):
+    """Per-shard gauges computed from the store, cached for `cache_s` seconds."""
+
+    def __init__(
+        self,
+        store: Store,
+        shard_map: ShardMap,
+        *,
+        bounds: StaleBounds,
+        overdue_grace_s: float,
+        cache_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._store = store
+        self._map = shard_map
+        self._bounds = bounds
+        self._overdue_grace_s = overdue_grace_s
+        self._cache_s = cache_s
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._snapshot: dict[str, ShardHealth | None] = {}
+        # Reads of a shard that stopped answering may outlive a scrape; they
+        # end with their statement timeout and never pile up past one per shard.
+        self._pool = ThreadPoolExecutor(2 * len(shard_map.shards),
+                                        thread_name_prefix="shardq-scrape")
+        self._pending: dict[str, Future[ShardHealth]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from _families(self._map, self.snapshot())
+
+    def snapshot(self) -> dict[str, ShardHealth | None]:
+        """Each shard's health, None for a shard that did not answer in time."""
+        with self._lock:
+            if time.monotonic() - self._read_at < self._cache_s:
+                return self._snapshot
+            for shard in self._map.shards:
+                future = self._pending.get(shard.name)
+                if future is None or future.done():
+                    self._pending[shard.name] = self._pool.submit(self._read, shard)
+            wait_all(list(self._pending.values()), timeout=self._timeout_s)
+            self._snapshot = {
+                name: _result(future) for name, future in self._pending.items()
+            }
+            self._read_at = time.monotonic()
+            return self._snapshot
+
+    def _read(self, shard: Shard) -> ShardHealth:
+        return self._store.health(shard, self._bounds, overdue_grace_s=self._overdue_grace_s,
+                                  timeout_s=self._timeout_s)
+
+
+def _result(future: Future[ShardHealth]) -> ShardHealth | None:
+    if not future.done() or future.exception() is not None:
+        return None
+    return future.result()
+
+
+def _families(
+    shard_map: ShardMap, snapshot: dict[str, ShardHealth | None]
+) -> Iterable[GaugeMetricFamily]:
+    up = GaugeMetricFamily("shardq_shard_up", "1 when the shard answered this scrape in time",
+                           labels=["shard"])
+    waits = GaugeMetricFamily("shardq_open_waits", "Runs parked on a wait",
+                              labels=["shard", "kind", "workflow"])
+    stale = GaugeMetricFamily(
+        "shardq_stale_waits", "Waits open longer than their kind's bound, or past their "
+        "deadline and not woken", labels=["shard", "kind", "workflow"])
+    stale_age = GaugeMetricFamily("shardq_stale_wait_oldest_age_seconds",
+                                  "Age of the oldest stale wait",
+                                  labels=["shard", "kind", "workflow"])
+    signals = GaugeMetricFamily("shardq_pending_signals", "Signals buffered, not yet consumed",
+                                labels=["shard"])
+    overdue = GaugeMetricFamily(
+        "shardq_overdue_tasks", "Runs due longer than the grace and not running (missing "
+        "workers, or leases that expired unrescued)", labels=["shard"])
+    overdue_age = GaugeMetricFamily("shardq_overdue_task_oldest_age_seconds",
+                                    "How long the oldest overdue run has been due",
+                                    labels=["shard"])
+    runs = GaugeMetricFamily("shardq_runs", "Runs by state", labels=["shard", "state"])
+    outbox_pending = GaugeMetricFamily("shardq_outbox_pending",
+                                       "Cross-shard signals not delivered yet",
+                                       labels=["source_shard", "target_shard"])
+    outbox_retrying = GaugeMetricFamily("shardq_outbox_retrying",
+                                        "Undelivered cross-shard signals that failed before",
+                                        labels=["source_shard", "target_shard"])
+    outbox_age = GaugeMetricFamily("shardq_outbox_oldest_pending_age_seconds",
+                                   "Age of the oldest undelivered cross-shard signal",
+                                   labels=["source_shard", "target_shard"])
+    outbox_failed = GaugeMetricFamily("shardq_outbox_failed",
+                                      "Cross-shard signals that failed for good",
+                                      labels=["source_shard", "target_shard"])
+    for shard in shard_map.shards:
+        health = snapshot.get(shard.name)
+        up.add_metric([shard.name], 0 if health is None else 1)
+        if health is None:
+            continue
+        for kind, workflow, n in health.open_waits:
+            waits.add_metric([shard.name, kind, workflow], n)
+        for kind, workflow, n, oldest in health.stale_waits:
+            stale.add_metric([shard.name, kind, workflow], n)
+            stale_age.add_metric([shard.name, kind, workflow], oldest)
+        signals.add_metric([shard.name], health.pending_signals)
+        overdue.add_metric([shard.name], health.overdue_tasks)
+        overdue_age.add_metric([shard.name], health.oldest_overdue_s or 0.0)
+        for state in State:
+            runs.add_metric([shard.name, state.value], health.runs_by_state.get(state.value, 0))
+        by_target: dict[str, list[float]] = {}
+        for b in health.outbox:
+            t = by_target.setdefault(shard_map.for_bucket(b.target_bucket).name, [0, 0, 0, 0])
+            t[0] += b.pending
+            t[1] += b.retrying
+            t[2] += b.failed
+            t[3] = max(t[3], b.oldest_pending_s or 0.0)
+        for target, (pending, retrying, failed, oldest) in sorted(by_target.items()):
+            labels = [shard.name, target]
+            outbox_pending.add_metric(labels, pending)
+            outbox_retrying.add_metric(labels, retrying)
+            outbox_failed.add_metric(labels, failed)
+            outbox_age.add_metric(labels, oldest)
+    return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, outbox_pending,
+            outbox_retrying, outbox_age, outbox_failed]

@@ -10,11 +10,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 
 from shardq.shards.config import ShardMap
 
@@ -107,8 +109,10 @@ class TcpProxy:
     went away would look to a client; `start()` serves the same port again.
     """
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, forward: bool = True) -> None:
+        """`forward=False`: a host that accepts connections and never answers."""
         self._target = (host, port)
+        self._forward = forward
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -145,6 +149,10 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if not self._forward:
+                with self._lock:
+                    self._conns.append(client)
+                continue
             try:
                 server = socket.create_connection(self._target)
             except OSError:
@@ -166,3 +174,24 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
             sink.sendall(data)
     with contextlib.suppress(OSError):
         sink.shutdown(socket.SHUT_WR)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""A scrape: (metric name, sorted labels) -> value."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int, timeout: float = 10.0) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))

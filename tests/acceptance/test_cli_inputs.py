@@ -9,6 +9,7 @@ shards whose row counts are compared before and after all of them.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -131,6 +132,25 @@ CASES = [
                            "--decision-id", "d", "--actor", "a"), 2, "not an execution id"),
     Case("pending-bad-cursor", ("workflow", "pending", "--cursor", "zz"), 2, "is not a cursor"),
     Case("pending-limit-zero", ("workflow", "pending", "--limit", "0"), 2, "not within 1..1000"),
+    Case("metrics-no-port", ("metrics",), 2, "Missing option '--port'"),
+    Case("metrics-port-zero", ("metrics", "--port", "0"), 2, "not in the range 1<=x<=65535"),
+    Case("metrics-port-busy", ("metrics", "--port", "{busy}"), 2, "cannot serve metrics on"),
+    Case("metrics-bound-shape", ("metrics", "--port", "9", "--stale-after", "signal"), 2,
+         "expected KIND=SECONDS"),
+    Case("metrics-bound-kind", ("metrics", "--port", "9", "--stale-after", "nap=5"), 2,
+         "expected KIND=SECONDS with KIND one of"),
+    Case("metrics-bound-negative", ("metrics", "--port", "9", "--stale-after", "signal=-1"), 2,
+         "positive number of seconds"),
+    Case("metrics-bound-nan", ("metrics", "--port", "9", "--stale-after", "signal=nan"), 2,
+         "positive number of seconds"),
+    Case("metrics-timeout-zero", ("metrics", "--port", "9", "--scrape-timeout", "0"), 2,
+         "0.1<=x<=120"),
+    Case("worker-metrics-port-text", ("worker", "--app", APP, "--metrics-port", "x"), 2,
+         "not a valid integer"),
+    Case("relay-metrics-port-busy", ("outbox-relay", "--metrics-port", "{busy}"), 2,
+         "cannot serve metrics on"),
+    Case("stale-bad-kind", ("stale", "--kind", "nap"), 2, "'nap' is not one of"),
+    Case("stale-limit-zero", ("stale", "--limit", "0"), 2, "not within 1..1000"),
     # -- refused by the engine: exit 7 ----------------------------------------
     Case("nul-input", (*START, "k2", "--input", '{"a": "x\\u0000y"}', "--app", APP), 7,
          "the string at $.a contains a NUL character"),
@@ -159,6 +179,7 @@ CASES = [
          "not found"),
     Case("pending-bad-workflow", ("workflow", "pending", "--workflow", "bad name!"), 7,
          "workflow name"),
+    Case("stale-bad-workflow", ("stale", "--workflow", "bad name!"), 7, "workflow name"),
     Case("retry-not-failed", ("outbox", "retry", "--shard", "shard-0", "1", "2"), 7,
          "no failed outbox row 1, 2 on shard-0: nothing re-queued"),
 ]
@@ -191,8 +212,13 @@ def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iter
     folder = tmp_path_factory.mktemp("cli-inputs")
     write_files(folder)
 
+    busy = socket.socket()  # a port something already listens on
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+
     def fill(text: str) -> str:
-        return text.replace("{dir}", str(folder)).replace("{run}", str(run.execution_id))
+        return (text.replace("{dir}", str(folder)).replace("{run}", str(run.execution_id))
+                .replace("{busy}", str(busy.getsockname()[1])))
 
     def run_case(case: Case) -> subprocess.CompletedProcess[str]:
         extra = {k: fill(v) for k, v in case.env.items()}
@@ -205,6 +231,7 @@ def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iter
     before = _counts(cli_map)
     with ThreadPoolExecutor(8) as pool:
         results = dict(zip([c.id for c in CASES], pool.map(run_case, CASES), strict=True))
+    busy.close()
     yield Outcome(results, before, _counts(cli_map))
 
 

@@ -29,7 +29,16 @@ from shardq.shards.routing import bucket_for
 from shardq.shards.servers import database_url
 
 from ..conftest import TABLES, Server
-from ..support import Daemon, TcpProxy, rows, run_cli, wait_until
+from ..support import (
+    Daemon,
+    TcpProxy,
+    free_port,
+    rows,
+    run_cli,
+    scrape,
+    value,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 registry = Registry()
@@ -198,7 +207,8 @@ def test_ten_thousand_signals_land_once_in_order_through_two_relays_one_killed_r
 
 
 def test_a_shard_that_goes_away_backs_up_its_rows_while_the_others_flow(
-    client: Client, worker: Worker, spawn: Callable[..., Daemon], shards: ShardMap
+    client: Client, worker: Worker, spawn: Callable[..., Daemon], shards: ShardMap,
+    tmp_path: Path,
 ) -> None:
     params = conninfo_to_dict(shards.shards[2].url)
     proxy = TcpProxy(str(params.get("host") or "127.0.0.1"),
@@ -207,8 +217,12 @@ def test_a_shard_that_goes_away_backs_up_its_rows_while_the_others_flow(
         proxied = urls(shards)
         proxied[2] = database_url(make_conninfo(shards.shards[2].url, host="127.0.0.1",
                                                 port=proxy.port), str(params["dbname"]))
-        relay = spawn(proxied)
+        relay_port, exporter_port = free_port(), free_port()
+        relay = spawn(proxied, "--metrics-port", str(relay_port))
         relay.wait_for("outbox relay serving")
+        exporter = Daemon("exporter", ["--shards", ",".join(urls(shards)), "metrics", "--port",
+                                       str(exporter_port), "--cache-seconds", "0"], tmp_path)
+        exporter.wait_for("store exporter on")
         healthy, away = park_targets(client, 1, 3), park_targets(client, 2, 3)
         proxy.stop()
 
@@ -224,10 +238,18 @@ def test_a_shard_that_goes_away_backs_up_its_rows_while_the_others_flow(
         assert backlog[0][0] == 120 and backlog[0][1] >= 1
         status = run_cli("--shards", ",".join(urls(shards)), "outbox", "--json")
         assert '"pending": 120' in status.stdout, status.stdout
+        backlog_to_2 = {"source_shard": "shard-0", "target_shard": "shard-2"}
+        assert value(scrape(exporter_port), "shardq_outbox_pending", **backlog_to_2) == 120
+        # Only each pair's head is tried (order), and a skipped shard's rows wait.
+        assert (value(scrape(relay_port), "shardq_relay_rows_total", source="shard-0",
+                      outcome="retried") or 0) >= 1
 
         proxy.start()
         wait_until(lambda: outbox_left(shards) == 0, timeout=60, what="backlog delivered")
         assert_once_in_order(received(shards), 300)
+        assert value(scrape(exporter_port), "shardq_outbox_pending", **backlog_to_2) is None
+        exporter.proc.terminate()
+        assert exporter.wait_exit(10) == 0
     finally:
         proxy.stop()
 

@@ -1,0 +1,123 @@
+"""Prometheus endpoints of real processes, parsed with prometheus-client's text parser."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from shardq.bin.examples import registry
+from shardq.queue.client import Client
+from shardq.queue.models import State
+from shardq.shards.config import ShardMap
+from shardq.shards.servers import database_url
+
+from ..support import Daemon, TcpProxy, free_port, run_cli, scrape, value, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(urls: list[str], *args: str) -> Daemon:
+        daemon = Daemon(f"d{len(started)}", ["--shards", ",".join(urls), *args], tmp_path,
+                        {"SHARDQ_APP": "shardq.bin.examples:registry"})
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.kill()
+
+
+def urls(shard_map: ShardMap) -> list[str]:
+    return [s.url for s in shard_map.shards]
+
+
+def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
+    shard_map: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    port, worker_port = free_port(), free_port()
+    exporter = spawn(urls(shard_map), "metrics", "--port", str(port), "--cache-seconds", "0",
+                     "--stale-after", "signal=1", "--overdue-grace", "0.5")
+    exporter.wait_for("store exporter on")
+    with Client(shard_map, registry) as client:
+        # No worker yet: the started runs become overdue.
+        runs = [client.start("checkout", f"o-{i}", {"order_id": i, "items": []}).execution_id
+                for i in range(3)]
+        time.sleep(0.7)
+        samples = scrape(port)
+        assert sum(value(samples, "shardq_overdue_tasks", shard=s.name) or 0
+                   for s in shard_map.shards) == 3
+        assert all(value(samples, "shardq_shard_up", shard=s.name) == 1
+                   for s in shard_map.shards)
+
+        worker = spawn(urls(shard_map), "worker", "--metrics-port", str(worker_port))
+        worker.wait_for(" serving ")
+        wait_until(lambda: all(client.get(r).state is State.WAITING for r in runs), timeout=20,
+                   what="parked on the payment signal")
+        samples = scrape(port)
+        assert sum(value(samples, "shardq_overdue_tasks", shard=s.name) or 0
+                   for s in shard_map.shards) == 0
+        opened = sum(value(samples, "shardq_open_waits", shard=s.name, kind="signal",
+                           workflow="checkout") or 0 for s in shard_map.shards)
+        assert opened == 3
+        # Open longer than the 1 s bound: stale, then resolved and gone.
+        time.sleep(1.1)
+        samples = scrape(port)
+        assert sum(value(samples, "shardq_stale_waits", shard=s.name, kind="signal",
+                         workflow="checkout") or 0 for s in shard_map.shards) == 3
+        listed = run_cli("--shards", ",".join(urls(shard_map)), "stale", "--stale-after",
+                         "signal=1", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert sorted(w["execution_id"] for w in json.loads(listed.stdout)["stale"]) == sorted(
+            str(r) for r in runs)
+        for run in runs:
+            client.signal(run, "payment_captured", {"amount": 1})
+        for run in runs:
+            assert client.wait(run, timeout=20).state is State.COMPLETED
+        samples = scrape(port)
+        assert all(value(samples, "shardq_stale_waits", shard=s.name, kind="signal",
+                         workflow="checkout") is None for s in shard_map.shards)
+        assert sum(value(samples, "shardq_runs", shard=s.name, state="completed") or 0
+                   for s in shard_map.shards) == 3
+
+        own = scrape(worker_port)
+        assert value(own, "shardq_worker_turns_total", outcome="completed") == 3
+        assert value(own, "shardq_worker_turns_total", outcome="waiting") == 3
+        claimed = sum(value(own, "shardq_worker_claimed_runs_total", shard=s.name) or 0
+                      for s in shard_map.shards)
+        assert claimed == 6
+        assert sum(value(own, "shardq_worker_wakeups_total", shard=s.name, source="notify") or 0
+                   for s in shard_map.shards) >= 1
+
+
+def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(
+    shard_map: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    params = conninfo_to_dict(shard_map.shards[1].url)
+    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432),
+                     forward=False).start()  # accepts, then never answers
+    try:
+        listed = urls(shard_map)
+        listed[1] = database_url(make_conninfo(listed[1], host="127.0.0.1", port=proxy.port),
+                                 str(params["dbname"]))
+        port = free_port()
+        exporter = spawn(listed, "metrics", "--port", str(port), "--scrape-timeout", "1",
+                         "--cache-seconds", "0")
+        exporter.wait_for("store exporter on")
+        started = time.monotonic()
+        samples = scrape(port)
+        assert time.monotonic() - started < 4
+        assert value(samples, "shardq_shard_up", shard="shard-0") == 1
+        assert value(samples, "shardq_shard_up", shard="shard-1") == 0
+        assert value(samples, "shardq_pending_signals", shard="shard-1") is None
+        assert value(samples, "shardq_pending_signals", shard="shard-0") == 0
+    finally:
+        proxy.stop()

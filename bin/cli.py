@@ -73,6 +73,7 @@ class Settings:
         self._shards_file = shards_file
         self.as_json = as_json
         self.verbose = verbose
+        self.log_format = "logfmt"
 
     def shard_map(self) -> ShardMap:
         if self._shards_file is not None:
@@ -135,13 +136,18 @@ def emit(settings: Settings, payload: Any, text: str) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
+@click.option("--log-format", type=click.Choice(["logfmt", "json"]), default="logfmt",
+              envvar="SHARDQ_LOG_FORMAT", show_default=True,
+              help="Log lines as key=value or as JSON objects [env SHARDQ_LOG_FORMAT].")
 @click.pass_context
 def cli(
-    ctx: click.Context, shards: str | None, shards_file: Path | None, as_json: bool, verbose: int
+    ctx: click.Context, shards: str | None, shards_file: Path | None, as_json: bool, verbose: int,
+    log_format: str,
 ) -> None:
     """shardq: durable workflows on sharded PostgreSQL."""
-    configure_logging(verbose)
+    configure_logging(verbose, log_format)
     ctx.obj = Settings(shards, shards_file, as_json, verbose)
+    ctx.obj.log_format = log_format
 
 
 pass_settings = click.make_pass_decorator(Settings)
@@ -156,7 +162,7 @@ def _add_verbosity(ctx: click.Context, _param: click.Parameter, value: int) -> N
     settings = ctx.find_object(Settings)
     if value and settings is not None:
         settings.verbose += value
-        configure_logging(settings.verbose)
+        configure_logging(settings.verbose, settings.log_format)
 
 
 _json_flag = click.option(

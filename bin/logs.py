@@ -1,7 +1,9 @@
-"""Log setup for the daemons: one logfmt line per record, extras included, quiet by default."""
+"""Log setup for the daemons: one line per record (logfmt or JSON), extras included, quiet
+by default."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -25,6 +27,25 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, the same fields as the logfmt lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, object] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            fields["exception"] = self.formatException(record.exc_info)
+        return json.dumps(fields, default=str)
+
+
+FORMATS = {"logfmt": KeyValueFormatter, "json": JsonFormatter}
+
+
 def _quote(value: object) -> str:
     text = str(value)
     if not text or any(c in text for c in ' "=\n'):
@@ -32,11 +53,11 @@ def _quote(value: object) -> str:
     return text
 
 
-def configure(verbosity: int) -> None:
+def configure(verbosity: int, log_format: str = "logfmt") -> None:
     """WARNING by default, INFO with -v, DEBUG with -vv; psycopg's pool stays at WARNING."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbosity, 2)]
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
+    handler.setFormatter(FORMATS[log_format]())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

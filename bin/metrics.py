@@ -65,7 +65,7 @@ class StoreCollector(Collector):
         self._pending: dict[str, Future[ShardHealth]] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from _families(self._map, self.snapshot())
+        yield from families(self._map, self.snapshot())
 
     def snapshot(self) -> dict[str, ShardHealth | None]:
         """Each shard's health, None for a shard that did not answer in time."""
@@ -94,9 +94,10 @@ def _result(future: Future[ShardHealth]) -> ShardHealth | None:
     return future.result()
 
 
-def _families(
+def families(
     shard_map: ShardMap, snapshot: dict[str, ShardHealth | None]
 ) -> Iterable[GaugeMetricFamily]:
+    """The exporter's gauges from a snapshot; a shard missing from it (or None) is down."""
     up = GaugeMetricFamily("shardq_shard_up", "1 when the shard answered this scrape in time",
                            labels=["shard"])
     waits = GaugeMetricFamily("shardq_open_waits", "Runs parked on a wait",

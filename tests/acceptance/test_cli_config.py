@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from ..support import run_cli
+from ..support import Daemon, run_cli
 
 
 def test_cli_reports_bad_config_in_one_line(tmp_path: Path) -> None:
@@ -15,3 +16,18 @@ def test_cli_reports_bad_config_in_one_line(tmp_path: Path) -> None:
     missing = run_cli("--shards-file", str(tmp_path / "nope.toml"), "shards")
     assert missing.returncode == 2
     assert "cannot read shards file" in missing.stderr
+
+
+def test_log_lines_are_json_objects_with_log_format_json(tmp_path: Path) -> None:
+    unreachable = "postgresql://postgres@127.0.0.1:1/nowhere"
+    relay = Daemon("relay", ["--shards", unreachable, "--log-format", "json", "-v",
+                             "outbox-relay"], tmp_path)
+    try:
+        relay.wait_for("outbox relay serving")
+        first = next(line for line in relay.stderr().splitlines() if line.startswith("{"))
+        record = json.loads(first)
+        assert record["level"] == "error"
+        assert record["shard"] == "shard-0"
+        assert "unreachable" in record["msg"]
+    finally:
+        relay.kill()

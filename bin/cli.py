@@ -312,6 +312,12 @@ app_option = click.option(
 )
 
 
+retention_option = click.option(
+    "--default-retention", default=30 * 86400.0, show_default=True,
+    type=click.FloatRange(min=0, min_open=True, max=1e12),
+    help="Seconds a finished run is kept when its definition sets no retention_s.")
+
+
 def metrics_options(f: F) -> F:
     """--metrics-port and --metrics-host of a daemon."""
     port = click.option("--metrics-port", type=click.IntRange(1, 65535),
@@ -343,12 +349,16 @@ def serve_daemon_metrics(host: str, port: int | None) -> None:
               help="Safety poll seconds (NOTIFY and timers wake earlier).")
 @click.option("--drain-timeout", default=30.0, show_default=True,
               help="Seconds in-flight turns get after SIGTERM before their leases are released.")
+@click.option("--housekeeping-interval", default=300.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Seconds between purges of finished runs past retention (0: never).")
+@retention_option
 @metrics_options
 @pass_settings
 def worker(
     settings: Settings, app: str | None, only: tuple[str, ...], concurrency: int, batch_size: int,
-    lease_s: float, poll_interval: float, drain_timeout: float, metrics_port: int | None,
-    metrics_host: str,
+    lease_s: float, poll_interval: float, drain_timeout: float, housekeeping_interval: float,
+    default_retention: float, metrics_port: int | None, metrics_host: str,
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
     import signal
@@ -370,6 +380,8 @@ def worker(
             config = WorkerConfig(
                 concurrency=concurrency, batch_size=batch_size, lease_s=lease_s,
                 poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
+                housekeeping_interval_s=housekeeping_interval,
+                default_retention_s=default_retention,
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -974,6 +986,40 @@ def stale(
                                          else "") for w in found]
     emit(settings, {"stale": [asdict(w) for w in found]},
          "\n".join(lines) if lines else "no stale waits")
+
+
+@cli.command("purge")
+@json_option
+@app_option
+@retention_option
+@click.option("--shard", "only", multiple=True, help="Only this shard (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@pass_settings
+def purge_command(
+    settings: Settings, app: str | None, default_retention: float, only: tuple[str, ...],
+    dry_run: bool,
+) -> None:
+    """Delete finished runs past their retention, with their history and signals.
+
+    --app is required: a definition's retention_s keeps its runs longer (or
+    shorter) than the default, and runs of workflows the app does not define
+    keep the default. Live runs are never touched.
+    """
+    from shardq.queue.retention import RetentionPlan, purge, purgeable
+
+    registry = load_registry(app)
+    with open_client(settings) as client, errors_as_exit_codes():
+        plan = RetentionPlan.of(registry, default_retention)
+        shards = client.map.named(list(only)) if only else list(client.map.shards)
+        counts = {
+            shard.name: (purgeable(client.store, shard, plan) if dry_run
+                         else purge(client.store, shard, plan))
+            for shard in shards
+        }
+    verb = "would delete" if dry_run else "deleted"
+    lines = [f"{name}: " + ("another purger holds it; nothing done" if n is None
+                            else f"{verb} {n} finished run(s)") for name, n in counts.items()]
+    emit(settings, {"dry_run": dry_run, "runs": counts}, "\n".join(lines))
 
 
 @cli.command("metrics")

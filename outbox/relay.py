@@ -57,6 +57,7 @@ from shardq.queue.listener import WakeSource
 from shardq.queue.models import OutboxRow, OutboxSettlement, SignalResult
 from shardq.queue.signaling import CheckedSignal, by_shard, deliver
 from shardq.queue.store import Store, listen_for_outbox
+from shardq.queue.worker import MIN_POLL_S
 from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 
@@ -92,6 +93,9 @@ class RelayConfig:
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        if self.poll_interval_s < MIN_POLL_S:
+            raise ValueError(f"poll interval must be at least {MIN_POLL_S} s, got "
+                             f"{self.poll_interval_s}")
         if self.max_backoff_s < self.initial_backoff_s:
             raise ValueError("max backoff must be at least the initial backoff")
 

@@ -10,6 +10,7 @@ __all__ = [
     "ExternalSignalFailed",
     "InvalidArgument",
     "LeaseLost",
+    "LimitExceeded",
     "NonDeterminismError",
     "NotSerializable",
     "PayloadInvalid",
@@ -34,6 +35,11 @@ class WorkflowTimedOut(WorkflowError):
 
     The declarative builder raises it when a gate or an interrupt times out.
     """
+
+
+class LimitExceeded(WorkflowError):
+    """A run went past a bound of its definition (history length, wait duration): it fails
+    with this error rather than growing without end."""
 
 
 class UnknownWorkflow(WorkflowError):

@@ -396,3 +396,38 @@ UNION ALL
 SELECT 'pending', count(*) FROM shardq.tasks t
 WHERE (t.lease_token IS NULL OR t.run_at <= now())
   AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = t.execution_id)
+
+-- name: purge_lock
+-- One purger per shard at a time (a worker's housekeeping, `shardq purge`):
+-- held until the batch's transaction ends.
+SELECT pg_try_advisory_xact_lock(hashtext('shardq.purge')) AS held
+
+-- name: purge_batch
+-- Delete a batch of finished runs past retention with everything they left:
+-- history, signals, waits and tasks (a finished run has none), and their
+-- settled outbox rows. Runs another purger holds are skipped; each batch is
+-- its own short transaction.
+WITH doomed AS (
+    SELECT x.id FROM shardq.executions x
+    WHERE x.id IN (SELECT p.execution_id FROM shardq.purgeable_runs(
+        %(retention_s)s, %(workflows)s::text[], %(listed)s, %(limit)s) p)
+    FOR UPDATE OF x SKIP LOCKED
+), history AS (
+    DELETE FROM shardq.history h WHERE h.execution_id IN (SELECT id FROM doomed)
+), signals AS (
+    DELETE FROM shardq.signals s WHERE s.execution_id IN (SELECT id FROM doomed)
+), waits AS (
+    DELETE FROM shardq.waits w WHERE w.execution_id IN (SELECT id FROM doomed)
+), tasks AS (
+    DELETE FROM shardq.tasks t WHERE t.execution_id IN (SELECT id FROM doomed)
+), outbox AS (
+    DELETE FROM shardq.outbox b
+    WHERE b.source_execution_id IN (SELECT id FROM doomed) AND b.state <> 'pending'
+)
+DELETE FROM shardq.executions x WHERE x.id IN (SELECT id FROM doomed)
+RETURNING x.id
+
+-- name: purge_count
+-- How many runs a purge would delete now (`shardq purge --dry-run`).
+SELECT count(*) AS n
+FROM shardq.purgeable_runs(%(retention_s)s, %(workflows)s::text[], %(listed)s, NULL)

@@ -23,6 +23,28 @@ class WorkflowDef:
     fn: WorkflowFn
     gates: tuple[str, ...] = ()
     """Signal names a run takes once (a declarative workflow's gates; see queue/builder.py)."""
+    max_history: int = 10_000
+    """Calls (steps, waits, signals ...) one run may record; past it the run fails."""
+    max_wait_s: float = 2 * 366 * 86400.0
+    """The longest one wait (a timer, a wait's timeout, a retry backoff) may last."""
+    retention_s: float | None = None
+    """How long a finished run is kept before `shardq purge` or a worker's housekeeping
+    deletes it; None: the purger's default (DEFAULT_RETENTION_S)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_history, bool) or not isinstance(self.max_history, int) or (
+            self.max_history < 1
+        ):
+            raise InvalidArgument(f"workflow {self.name}: max_history must be an integer >= 1")
+        for field_name in ("max_wait_s", "retention_s"):
+            value = getattr(self, field_name)
+            if value is not None and not 0 < value < float("inf"):
+                raise InvalidArgument(f"workflow {self.name}: {field_name} must be a positive "
+                                      "number of seconds")
+
+
+DEFAULT_RETENTION_S = 30 * 86400.0
+"""Finished runs are kept 30 days unless their definition says otherwise."""
 
 
 class Registry:
@@ -33,17 +55,21 @@ class Registry:
         self._defs: dict[tuple[str, int], WorkflowDef] = {}
 
     def workflow(
-        self, name: str | None = None, *, version: int = 1
+        self, name: str | None = None, *, version: int = 1, **limits: Any
     ) -> Callable[[WorkflowFn], WorkflowFn]:
-        """Decorator: `@registry.workflow("checkout", version=2)` on `def checkout(ctx): ...`."""
+        """Decorator: `@registry.workflow("checkout", version=2)` on `def checkout(ctx): ...`.
+
+        `limits`: max_history, max_wait_s, retention_s (see WorkflowDef)."""
 
         def register(fn: WorkflowFn) -> WorkflowFn:
-            self.register(fn, name=name or fn.__name__, version=version)
+            self.register(fn, name=name or fn.__name__, version=version, **limits)
             return fn
 
         return register
 
-    def register(self, fn: WorkflowFn, *, name: str, version: int = 1) -> WorkflowDef:
+    def register(
+        self, fn: WorkflowFn, *, name: str, version: int = 1, **limits: Any
+    ) -> WorkflowDef:
         check_name(name, "workflow")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise InvalidArgument(f"workflow {name}: version must be an integer >= 1")
@@ -59,7 +85,10 @@ class Registry:
         key = (name, version)
         if key in self._defs and self._defs[key].fn is not fn:
             raise InvalidArgument(f"workflow {name} version {version} is already registered")
-        definition = WorkflowDef(name, version, fn)
+        unknown = set(limits) - {"max_history", "max_wait_s", "retention_s"}
+        if unknown:
+            raise InvalidArgument(f"workflow {name}: unknown setting {', '.join(sorted(unknown))}")
+        definition = WorkflowDef(name, version, fn, **limits)
         self._defs[key] = definition
         return definition
 
@@ -92,3 +121,6 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted({n for n, _ in self._defs})
+
+    def definitions(self) -> list[WorkflowDef]:
+        return list(self._defs.values())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from shardq.queue.errors import NonDeterminismError
+from shardq.queue.errors import LimitExceeded, NonDeterminismError, WorkflowError
 from shardq.queue.models import Event, HistoryEvent, PendingSignal
 
 _NOTHING: tuple[HistoryEvent, ...] = ()
@@ -25,13 +25,15 @@ class Replay:
     same NonDeterminismError, so workflow code that catches it cannot go on.
     """
 
-    __slots__ = ("_fatal", "_position", "_recorded", "pending")
+    __slots__ = ("_fatal", "_limit", "_position", "_recorded", "pending")
 
     def __init__(
-        self, history: Iterable[HistoryEvent], signals: Iterable[PendingSignal] = ()
+        self, history: Iterable[HistoryEvent], signals: Iterable[PendingSignal] = (),
+        *, max_calls: int | None = None,
     ) -> None:
         self._position = 0
-        self._fatal: NonDeterminismError | None = None
+        self._limit = max_calls
+        self._fatal: WorkflowError | None = None
         self._recorded: dict[int, list[HistoryEvent]] = {}
         consumed: set[int] = set()
         for event in history:
@@ -49,7 +51,7 @@ class Replay:
         return self._position
 
     @property
-    def fatal(self) -> NonDeterminismError | None:
+    def fatal(self) -> WorkflowError | None:
         """The divergence from history found so far, if any."""
         return self._fatal
 
@@ -61,6 +63,12 @@ class Replay:
         if self._fatal is not None:
             raise self._fatal
         position = self._position
+        if self._limit is not None and position >= self._limit:
+            self._fatal = LimitExceeded(
+                f"the run reached its definition's limit of {self._limit} recorded calls "
+                f"(max_history) at {call} {name!r}: a loop that never ends?"
+            )
+            raise self._fatal
         self._position += 1
         recorded = self._recorded.get(position, _NOTHING)
         if recorded:

@@ -386,6 +386,33 @@ class Store:
         return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
                            outbox)
 
+    def purge_batch(
+        self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,
+        limit: int,
+    ) -> int | None:
+        """Delete up to `limit` finished runs past `retention_s` (of `workflows` when
+        `listed`, of every other workflow when not) in one short transaction; how many, or
+        None when another purger holds this shard."""
+        with self.transaction(shard) as conn:
+            held = conn.execute(SQL["purge_lock"]).fetchone()
+            if held is None or not held["held"]:
+                return None
+            gone = conn.execute(SQL["purge_batch"], {
+                "retention_s": retention_s, "workflows": list(workflows), "listed": listed,
+                "limit": limit,
+            }).fetchall()
+        return len(gone)
+
+    def purge_count(
+        self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool
+    ) -> int:
+        """How many runs a purge with these settings would delete now."""
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["purge_count"], {
+                "retention_s": retention_s, "workflows": list(workflows), "listed": listed,
+            }).fetchone()
+        return 0 if row is None else int(row["n"])
+
     def waits_and_signals(
         self, execution_id: uuid.UUID
     ) -> tuple[WaitInfo | None, list[BufferedSignal]]:

@@ -19,10 +19,16 @@ from collections.abc import Callable
 
 from shardq.queue.context import WorkflowContext, error_payload
 from shardq.queue.control import Cancelled, Park, TurnAborted
-from shardq.queue.errors import NotSerializable, StoreRejected, UnknownWorkflow, WorkflowTimedOut
+from shardq.queue.errors import (
+    LimitExceeded,
+    NotSerializable,
+    StoreRejected,
+    UnknownWorkflow,
+    WorkflowTimedOut,
+)
 from shardq.queue.journal import Checkpoint, Journal
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
-from shardq.queue.registry import Registry, WorkflowFn
+from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.replay import Replay
 
 __all__ = ["UNKNOWN_VERSION_RETRY_S", "failing_commit", "run_turn"]
@@ -56,23 +62,24 @@ def run_turn(
             extra={"execution_id": str(claim.execution_id), "error": str(exc)},
         )
         return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
-    replay = Replay(claim.history, claim.signals)
+    replay = Replay(claim.history, claim.signals, max_calls=definition.max_history)
     try:
         ctx = WorkflowContext(claim, replay, journal, on_this_shard)
-        return _play(definition.fn, ctx, claim, replay, journal)
+        return _play(definition, ctx, claim, replay, journal)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
         return None
 
 
 def _play(
-    fn: WorkflowFn, ctx: WorkflowContext, claim: Claim, replay: Replay, journal: Journal
+    definition: WorkflowDef, ctx: WorkflowContext, claim: Claim, replay: Replay,
+    journal: Journal,
 ) -> TurnCommit:
     """Run the workflow function; the commit its ending asks for (checkpoints raise through)."""
     try:
         if claim.cancel_requested:
             raise Cancelled()
-        result = fn(ctx)
+        result = definition.fn(ctx)
         replay.finish()
         try:
             output = json.dumps(result, allow_nan=False)
@@ -85,6 +92,13 @@ def _play(
         # (the journal flags it); nothing else can be open when the function returns.
         return journal.commit(state=State.COMPLETED, task=TaskAction.DELETE, output_json=output)
     except Park as park:
+        longest = park.open_wait.deadline_in if park.open_wait else None
+        if longest is not None and longest > definition.max_wait_s:
+            too_long = LimitExceeded(
+                f"a wait of {longest:.0f} s is longer than the definition's max_wait_s "
+                f"({definition.max_wait_s:.0f} s)")
+            return journal.commit(state=State.FAILED, task=TaskAction.DELETE,
+                                  error=error_payload(too_long), close_wait=True)
         return journal.commit(
             state=park.state, task=park.task, delay=park.delay,
             open_wait=park.open_wait, wake_on_signals=park.wake_on_signals,

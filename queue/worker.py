@@ -28,7 +28,8 @@ from shardq.queue.errors import ShardUnavailable, StoreRejected
 from shardq.queue.instruments import CLAIM_BATCH, CLAIMED, CLAIMS, TURNS, WAKEUPS
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
-from shardq.queue.registry import Registry
+from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
+from shardq.queue.retention import RetentionPlan, purge
 from shardq.queue.store import Store
 from shardq.queue.turn import failing_commit, run_turn
 from shardq.shards.config import Shard
@@ -42,6 +43,8 @@ _TURN_OUTCOMES = {name: TURNS.labels(name)
 stays running), or why nothing landed."""
 
 
+MIN_POLL_S = 0.1
+"""The shortest safety poll a worker or a relay accepts."""
 COALESCE_S = 0.001
 """How long a claim loop with a few free turn threads waits for more to free up: a
 partial batch is claimed once a wait this long freed none."""
@@ -75,6 +78,11 @@ class WorkerConfig:
     poll_interval_s: float = 10.0
     """Safety poll: the longest a claim loop sleeps without a notification or a due timer."""
     drain_timeout_s: float = 30.0
+    housekeeping_interval_s: float = 300.0
+    """How often the worker purges finished runs past retention (queue/retention.py), one
+    worker at a time per shard; 0 turns it off (run `shardq purge` instead)."""
+    default_retention_s: float = DEFAULT_RETENTION_S
+    """Retention of runs whose definition sets none."""
     commit_batch: int = 500
     """Most commits one transaction groups; also how many finished turns may wait for
     their last commit before the worker stops claiming."""
@@ -85,8 +93,13 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch size must be >= 1")
-        if self.lease_s <= 0 or self.poll_interval_s <= 0 or self.drain_timeout_s < 0:
-            raise ValueError("lease, poll interval must be > 0 and drain timeout >= 0")
+        if self.lease_s <= 0 or self.drain_timeout_s < 0:
+            raise ValueError("lease must be > 0 and drain timeout >= 0")
+        if not self.poll_interval_s >= MIN_POLL_S:
+            # NOTIFY and timers wake a claim loop; a shorter safety poll only
+            # turns idle workers into a steady load on every shard.
+            raise ValueError(f"poll interval must be at least {MIN_POLL_S} s, got "
+                             f"{self.poll_interval_s}")
 
 
 @dataclass
@@ -185,6 +198,8 @@ class Worker:
         for i in range(self.config.concurrency):
             self._spawn(f"shardq-turn-{i}", self._turn_loop)
         self._spawn("shardq-heartbeat", self._heartbeat_loop)
+        if self.config.housekeeping_interval_s > 0:
+            self._spawn("shardq-housekeeping", self._housekeeping_loop)
         log.info("worker started", extra={
             "owner": self.config.owner, "shards": ",".join(s.name for s in self.shards),
             "concurrency": self.config.concurrency,
@@ -467,6 +482,17 @@ class Worker:
             self._wakes[name].set()
 
     # -- leases ----------------------------------------------------------------
+
+    def _housekeeping_loop(self) -> None:
+        plan = RetentionPlan.of(self.registry, self.config.default_retention_s)
+        while not self._drained.wait(self.config.housekeeping_interval_s):
+            for shard in self.shards:
+                if self._stopping.is_set():
+                    return
+                try:
+                    purge(self.store, shard, plan)
+                except Exception as exc:  # housekeeping must never take the worker down
+                    log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})
 
     def _heartbeat_loop(self) -> None:
         # A third of the lease: two heartbeats may fail before another worker

@@ -116,6 +116,7 @@ ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
+CREATE INDEX history_finished ON shardq.history USING btree (recorded_at) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'failed'::text);
@@ -147,6 +148,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE
+-- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)
+--   RETURNS TABLE(execution_id uuid)
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE sql STABLE

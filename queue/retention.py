@@ -1,0 +1,77 @@
+"""Retention: finished runs are deleted once their definition's retention has passed.
+
+Retention is its own setting, never derived from a workflow's timeouts,
+deadlines or business dates. A definition may set `retention_s`; every other
+run (also of workflows this process does not know) keeps the default. Runs
+are deleted in batches, each its own short transaction under a per-shard
+advisory lock, so one purger at a time works a shard and no batch holds locks
+for long; live runs are never touched (only a finished run qualifies).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
+from shardq.queue.store import Store
+from shardq.shards.config import Shard
+
+log = logging.getLogger(__name__)
+
+PURGE_BATCH = 500
+
+
+@dataclass(frozen=True)
+class RetentionPlan:
+    """The retention of each named workflow, and the default for every other one."""
+
+    default_s: float
+    explicit: dict[float, tuple[str, ...]]
+    """Retention -> the workflows whose definitions set it."""
+
+    @classmethod
+    def of(cls, registry: Registry | None, default_s: float = DEFAULT_RETENTION_S) -> RetentionPlan:
+        longest: dict[str, float] = {}
+        for definition in registry.definitions() if registry is not None else []:
+            if definition.retention_s is not None:
+                # Versions that disagree: keep the runs as long as any version asks.
+                longest[definition.name] = max(definition.retention_s,
+                                               longest.get(definition.name, 0.0))
+        groups: dict[float, list[str]] = defaultdict(list)
+        for name, seconds in longest.items():
+            groups[seconds].append(name)
+        return cls(default_s, {s: tuple(sorted(names)) for s, names in groups.items()})
+
+    def parts(self) -> list[tuple[float, tuple[str, ...], bool]]:
+        """(retention, workflows, listed): listed groups, then the default for the rest."""
+        named = tuple(sorted(n for names in self.explicit.values() for n in names))
+        return [(s, names, True) for s, names in self.explicit.items()] + [
+            (self.default_s, named, False)]
+
+
+def purge(
+    store: Store, shard: Shard, plan: RetentionPlan, *, batch: int = PURGE_BATCH
+) -> int | None:
+    """Delete `shard`'s finished runs past retention; how many, or None when another
+    purger holds the shard."""
+    total = 0
+    for retention_s, workflows, listed in plan.parts():
+        while True:
+            gone = store.purge_batch(shard, retention_s=retention_s, workflows=workflows,
+                                     listed=listed, limit=batch)
+            if gone is None:
+                return None if total == 0 else total
+            total += gone
+            if gone < batch:
+                break
+    if total:
+        log.info("purged finished runs", extra={"shard": shard.name, "runs": total})
+    return total
+
+
+def purgeable(store: Store, shard: Shard, plan: RetentionPlan) -> int:
+    """How many of `shard`'s runs a purge would delete now (a dry run)."""
+    return sum(store.purge_count(shard, retention_s=s, workflows=w, listed=listed)
+               for s, w, listed in plan.parts())

@@ -1007,7 +1007,8 @@ def purge_command(
     """
     from shardq.queue.retention import RetentionPlan, purge, purgeable
 
-    registry = load_registry(app)
+    with errors_as_exit_codes():
+        registry = load_registry(app)
     with open_client(settings) as client, errors_as_exit_codes():
         plan = RetentionPlan.of(registry, default_retention)
         shards = client.map.named(list(only)) if only else list(client.map.shards)

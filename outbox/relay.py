@@ -52,7 +52,7 @@ from shardq.queue.errors import (
     StoreConflict,
     StoreRejected,
 )
-from shardq.queue.instruments import RELAY_ROUND_SECONDS, RELAY_ROWS
+from shardq.queue.instruments import RELAY_DELIVERY_SECONDS, RELAY_ROUND_SECONDS, RELAY_ROWS
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import OutboxRow, OutboxSettlement, SignalResult
 from shardq.queue.signaling import CheckedSignal, by_shard, deliver
@@ -315,6 +315,7 @@ class Relay:
         if isinstance(result, SignalResult) and result.error is None:
             settlement.delivered.append(row.id)
             self._count(source, "delivered" if result.delivered else "duplicate")
+            RELAY_DELIVERY_SECONDS.labels(source.name).observe(row.queued_s)
             return
         error = result.error if isinstance(result, SignalResult) else result
         reason = _permanent_reason(error)

@@ -29,6 +29,7 @@ from shardq.queue.errors import (
     SignalTimedOut,
     StepFailed,
 )
+from shardq.queue.instruments import STEP_ATTEMPTS, STEP_SECONDS
 from shardq.queue.journal import Journal
 from shardq.queue.limits import Limits
 from shardq.queue.models import (
@@ -55,6 +56,8 @@ from shardq.shards.routing import bucket_of, parse_execution_id
 
 T = TypeVar("T")
 MAX_ERROR_TEXT = 8000
+_STEP_COMPLETED, _STEP_RETRIED, _STEP_FAILED = (
+    STEP_ATTEMPTS.labels(o) for o in ("completed", "retried", "failed"))
 MAX_PROMPT = 4000
 """Characters of an interrupt's prompt: what a reviewer reads, not a document store."""
 
@@ -166,7 +169,11 @@ class WorkflowContext:
         if self._cancel:  # learnt from the checkpoint just committed
             raise Cancelled()
         try:
-            result = _run_attempt(fn, args, kwargs, timeout)
+            started = time.perf_counter()
+            try:
+                result = _run_attempt(fn, args, kwargs, timeout)
+            finally:
+                STEP_SECONDS.observe(time.perf_counter() - started)
         except Exception as exc:
             self._step_failed(position, name, attempt, exc, policy)
         try:
@@ -180,6 +187,7 @@ class WorkflowContext:
         self._journal.events.append(
             NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded})
         )
+        _STEP_COMPLETED.inc()
         return encoded  # type: ignore[no-any-return]
 
     def _step_failed(
@@ -192,10 +200,12 @@ class WorkflowContext:
                 position, Event.STEP_FAILED, name,
                 {"attempt": attempt, "error": error, "retry_in": delay}, wake_in=delay,
             ))
+            _STEP_RETRIED.inc()
             raise Park(state=State.PENDING, task=TaskAction.SCHEDULE, delay=delay) from exc
         self._journal.events.append(NewEvent(
             position, Event.STEP_FAILED, name, {"attempt": attempt, "error": error, "final": True}
         ))
+        _STEP_FAILED.inc()
         raise StepFailed(name, error["type"], error["message"], attempt) from exc
 
     def sleep(self, name: str, seconds: float) -> None:

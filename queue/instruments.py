@@ -26,6 +26,16 @@ WAKEUPS = Counter("shardq_worker_wakeups",
                   "safety poll (timer)", ["shard", "source"], registry=REGISTRY)
 TURNS = Counter("shardq_worker_turns", "Turns by how they ended", ["outcome"],
                 registry=REGISTRY)
+TURN_SECONDS = Histogram("shardq_worker_turn_seconds",
+                         "One turn: replay, the workflow's code and its checkpoints",
+                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                  0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=REGISTRY)
+STEP_ATTEMPTS = Counter("shardq_worker_step_attempts",
+                        "Step attempts run: completed, retried (a durable backoff follows) or "
+                        "failed (for good)", ["outcome"], registry=REGISTRY)
+STEP_SECONDS = Histogram("shardq_worker_step_seconds", "One step attempt's function",
+                         buckets=(0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                                  2.5, 5.0, 10.0, 30.0, 60.0), registry=REGISTRY)
 COMMIT_BATCH = Histogram("shardq_worker_commit_batch_size",
                          "Turn commits per group commit", ["shard"],
                          buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500), registry=REGISTRY)
@@ -37,6 +47,12 @@ RELAY_ROWS = Counter("shardq_relay_rows",
                      "Outbox rows a relay settled: delivered, duplicate (collapsed by the "
                      "target), retried, failed_<reason>", ["source", "outcome"],
                      registry=REGISTRY)
+RELAY_DELIVERY_SECONDS = Histogram(
+    "shardq_relay_delivery_latency_seconds",
+    "From an outbox row's commit (or re-queue) to the claim of the round that delivered it",
+    ["source"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0,
+             3600.0), registry=REGISTRY)
 RELAY_ROUND_SECONDS = Histogram("shardq_relay_round_seconds",
                                 "One relay round: claim, deliver, settle", ["source"],
                                 buckets=(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,

@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from shardq.queue.completer import Completer, Result
 from shardq.queue.control import CommitRejected
 from shardq.queue.errors import ShardUnavailable, StoreRejected
-from shardq.queue.instruments import CLAIM_BATCH, CLAIMED, CLAIMS, TURNS, WAKEUPS
+from shardq.queue.instruments import (
+    CLAIM_BATCH,
+    CLAIMED,
+    CLAIMS,
+    TURN_SECONDS,
+    TURNS,
+    WAKEUPS,
+)
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
 from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
@@ -413,7 +420,11 @@ class Worker:
         def on_this_shard(target: uuid.UUID) -> bool:
             return shard.first_bucket <= bucket_of(target) <= shard.last_bucket
 
-        return run_turn(claim, self.registry, checkpoint, on_this_shard)
+        started = time.perf_counter()
+        try:
+            return run_turn(claim, self.registry, checkpoint, on_this_shard)
+        finally:
+            TURN_SECONDS.observe(time.perf_counter() - started)
 
     def _turn_ended(
         self, shard: Shard, commit: TurnCommit, result: Result, *, replaced: bool = False

@@ -96,6 +96,9 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
         assert claimed == 6
         assert sum(value(own, "shardq_worker_wakeups_total", shard=s.name, source="notify") or 0
                    for s in shard_map.shards) >= 1
+        # Two steps per checkout; a replay returns recorded steps and runs none.
+        assert value(own, "shardq_worker_step_attempts_total", outcome="completed") == 6
+        assert (value(own, "shardq_worker_turn_seconds_count") or 0) >= 6
 
 
 def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(

@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+from shardq.queue.logcontext import RunContextFilter
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
@@ -58,6 +60,7 @@ def configure(verbosity: int, log_format: str = "logfmt") -> None:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbosity, 2)]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(FORMATS[log_format]())
+    handler.addFilter(RunContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

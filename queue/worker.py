@@ -34,6 +34,7 @@ from shardq.queue.instruments import (
     WAKEUPS,
 )
 from shardq.queue.listener import WakeSource
+from shardq.queue.logcontext import about_run
 from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
 from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
 from shardq.queue.retention import RetentionPlan, purge
@@ -125,6 +126,7 @@ class _InFlight:
     shard: Shard
     execution_id: uuid.UUID
     token: uuid.UUID
+    workflow: str
 
 
 class Worker:
@@ -361,7 +363,7 @@ class Worker:
             self._turning -= reserved - len(claims)
             for claim in claims:
                 self._inflight[claim.execution_id] = _InFlight(
-                    shard, claim.execution_id, claim.lease_token
+                    shard, claim.execution_id, claim.lease_token, claim.workflow_name
                 )
             starved = self._starved - {shard.name} if len(claims) < reserved else set()
             self._starved -= starved
@@ -383,12 +385,14 @@ class Worker:
             shard, claim = item
             refused: StoreRejected | None = None
             try:
-                final = self._run_one(shard, claim)
+                with about_run(claim.execution_id, shard.name, claim.workflow_name):
+                    final = self._run_one(shard, claim)
             except CommitRejected as rejected:  # a checkpoint: its turn ends there
                 final, refused = rejected.commit, rejected.error
             except Exception:
                 log.exception("turn crashed; its lease will expire and another worker retries",
-                              extra={"execution_id": str(claim.execution_id)})
+                              extra={"execution_id": str(claim.execution_id),
+                                     "shard": shard.name, "workflow": claim.workflow_name})
                 final = None
             with self._lock:
                 self._turning -= 1
@@ -448,12 +452,12 @@ class Worker:
             # its last durable commit.
             _TURN_OUTCOMES["abandoned"].inc()
             log.warning("commit failed; turn abandoned",
-                        extra={"execution_id": str(commit.execution_id), "error": str(result)})
+                        extra={**self._about(shard, commit), "error": str(result)})
             self._release(commit.execution_id, settled=True)
             return
         if not result.landed:
             _TURN_OUTCOMES["lease_lost"].inc()
-            log.warning("lease lost at commit", extra={"execution_id": str(commit.execution_id)})
+            log.warning("lease lost at commit", extra=self._about(shard, commit))
             self._release(commit.execution_id, settled=True)
             return
         _TURN_OUTCOMES[commit.state or "running"].inc()
@@ -462,6 +466,12 @@ class Worker:
             # re-read the next due time instead of waiting for a NOTIFY.
             self._wakes[shard.name].set()
         self._release(commit.execution_id, settled=True)
+
+    def _about(self, shard: Shard, commit: TurnCommit) -> dict[str, str]:
+        """The log fields of a run whose commit this thread (the completer's) settles."""
+        entry = self._inflight.get(commit.execution_id)
+        return {"execution_id": str(commit.execution_id), "shard": shard.name,
+                "workflow": entry.workflow if entry else "?"}
 
     def _release(self, execution_id: uuid.UUID, *, settled: bool) -> None:
         with self._idle:

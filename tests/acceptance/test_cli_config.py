@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from shardq.queue.client import Client
+from shardq.queue.registry import Registry
+from shardq.shards.config import ShardMap
+
 from ..support import Daemon, run_cli
 
 
@@ -31,3 +35,23 @@ def test_log_lines_are_json_objects_with_log_format_json(tmp_path: Path) -> None
         assert "unreachable" in record["msg"]
     finally:
         relay.kill()
+
+
+def test_a_line_about_a_run_names_its_execution_shard_and_workflow(
+    shard_map: ShardMap, tmp_path: Path
+) -> None:
+    elsewhere = Registry()
+    elsewhere.register(lambda ctx: None, name="not_in_this_app")
+    with Client(shard_map, elsewhere) as client:
+        run = client.start("not_in_this_app", "k").execution_id
+    urls = ",".join(s.url for s in shard_map.shards)
+    worker = Daemon("worker", ["--shards", urls, "--log-format", "json", "worker", "--app",
+                               "shardq.bin.examples:registry"], tmp_path)
+    try:
+        worker.wait_for("not registered")
+        line = next(json.loads(x) for x in worker.stderr().splitlines()
+                    if "not registered" in x)
+        assert (line["execution_id"], line["shard"], line["workflow"]) == (
+            str(run), shard_map.for_execution(run).name, "not_in_this_app")
+    finally:
+        worker.kill()

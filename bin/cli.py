@@ -649,15 +649,22 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
          "\n".join(lines))
 
 
+def page_options(f: F) -> F:
+    """--limit and --cursor of a command that lists a page at a time."""
+    limit = click.option("--limit", default=100, show_default=True, callback=_check_limit,
+                         help="Page size, 1..1000.")
+    cursor = click.option("--cursor", callback=_check_cursor,
+                          help="next_cursor of the previous page.")
+    return limit(cursor(f))
+
+
 @workflow.command("list")
 @json_option
 @tenant_option
 @click.option("--state", type=click.Choice([s.value for s in State]),
               help="Only runs in this state.")
 @click.option("--workflow", "workflow_name", help="Only runs of this workflow.")
-@click.option("--limit", default=100, show_default=True, callback=_check_limit,
-              help="Page size, 1..1000.")
-@click.option("--cursor", callback=_check_cursor, help="next_cursor of the previous page.")
+@page_options
 @pass_settings
 def workflow_list(
     settings: Settings, tenant: str, state: str | None, workflow_name: str | None,
@@ -694,9 +701,7 @@ def workflow_cancel(
 @json_option
 @tenant_option
 @click.option("--workflow", "workflow_name", help="Only interrupts of this workflow's runs.")
-@click.option("--limit", default=100, show_default=True, callback=_check_limit,
-              help="Page size, 1..1000.")
-@click.option("--cursor", callback=_check_cursor, help="next_cursor of the previous page.")
+@page_options
 @pass_settings
 def workflow_pending(
     settings: Settings, tenant: str, workflow_name: str | None, limit: int, cursor: str | None,

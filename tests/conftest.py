@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -30,6 +31,8 @@ from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import LOCAL_DSN, answers, database_url
+
+from .support import Daemon
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
@@ -123,6 +126,21 @@ def fresh_databases(pg_server: Server) -> Callable[[int], list[str]]:
 def pools(shard_map: ShardMap) -> Iterator[ShardPools]:
     with ShardPools(shard_map) as opened:
         yield opened
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start `shardq` processes (args after `shardq`); each still running is killed after."""
+    started: list[Daemon] = []
+
+    def start(args: Sequence[str], env: dict[str, str] | None = None) -> Daemon:
+        daemon = Daemon(f"daemon-{len(started)}", args, tmp_path, env)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.kill()
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,21 +49,17 @@ registry.register_definition(
 
 
 @pytest.fixture
-def workers(tmp_path: Path, shard_map: ShardMap) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
+def workers(daemons: Callable[..., Daemon], shard_map: ShardMap) -> Callable[..., Daemon]:
+    """Start a serving worker process with `app`."""
     urls = ",".join(s.url for s in shard_map.shards)
 
     def start(app: str = "shardq.bin.examples:registry", **env: str) -> Daemon:
-        worker = Daemon(f"worker-{len(started)}",
-                        ["--shards", urls, "worker", "--app", app, "--lease", "2",
-                         "--poll-interval", "1"], tmp_path, env)
+        worker = daemons(["--shards", urls, "worker", "--app", app, "--lease", "2",
+                          "--poll-interval", "1"], env)
         worker.wait_for(" serving ")
-        started.append(worker)
         return worker
 
-    yield start
-    for worker in started:
-        worker.kill()
+    return start
 
 
 def kill(worker: Daemon) -> None:

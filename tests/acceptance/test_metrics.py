@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -22,18 +21,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
+def spawn(daemons: Callable[..., Daemon]) -> Callable[..., Daemon]:
+    """Start `shardq --shards URLS ...` with the examples as its app."""
 
     def start(urls: list[str], *args: str) -> Daemon:
-        daemon = Daemon(f"d{len(started)}", ["--shards", ",".join(urls), *args], tmp_path,
-                        {"SHARDQ_APP": "shardq.bin.examples:registry"})
-        started.append(daemon)
-        return daemon
+        return daemons(["--shards", ",".join(urls), *args],
+                       {"SHARDQ_APP": "shardq.bin.examples:registry"})
 
-    yield start
-    for daemon in started:
-        daemon.kill()
+    return start
 
 
 def urls(shard_map: ShardMap) -> list[str]:

@@ -93,21 +93,14 @@ def worker(shards: ShardMap) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
-    count = iter(range(1000))
+def spawn(daemons: Callable[..., Daemon]) -> Callable[..., Daemon]:
+    """Start an outbox relay on these shard URLs."""
 
     def start(urls: list[str], *args: str, env: dict[str, str] | None = None) -> Daemon:
-        relay = Daemon(f"relay-{next(count)}",
-                       ["--shards", ",".join(urls), "outbox-relay", "--max-backoff", "0.5",
-                        "--poll-interval", "1", *args],
-                       tmp_path, env)
-        started.append(relay)
-        return relay
+        return daemons(["--shards", ",".join(urls), "outbox-relay", "--max-backoff", "0.5",
+                        "--poll-interval", "1", *args], env)
 
-    yield start
-    for relay in started:
-        relay.kill()
+    return start
 
 
 def urls(shard_map: ShardMap) -> list[str]:

@@ -1028,6 +1028,64 @@ def purge_command(
     emit(settings, {"dry_run": dry_run, "runs": counts}, "\n".join(lines))
 
 
+@cli.command("api-token")
+@json_option
+@click.argument("tenant")
+@pass_settings
+def api_token(settings: Settings, tenant: str) -> None:
+    """Make a bearer token for TENANT: the token once, and its line for the tokens file."""
+    from shardq.bin.api import hash_token, new_token
+    from shardq.queue.names import check_name
+
+    with errors_as_exit_codes():
+        check_name(tenant, "tenant")
+    token = new_token()
+    line = f"{tenant} {hash_token(token)}"
+    emit(settings, {"tenant": tenant, "token": token, "tokens_file_line": line},
+         f"token (shown once): {token}\nadd to the tokens file: {line}")
+
+
+@cli.command("serve")
+@app_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--tokens-file", required=True, envvar="SHARDQ_TOKENS_FILE",
+              type=click.Path(path_type=Path, dir_okay=False),
+              help="`TENANT sha256:HEX` per line (shardq api-token) [env SHARDQ_TOKENS_FILE]")
+@pass_settings
+def serve_command(
+    settings: Settings, app: str | None, host: str, port: int, tokens_file: Path
+) -> None:
+    """Serve the HTTP management API under /api/shardq until SIGTERM."""
+    import socket
+
+    import uvicorn
+
+    from shardq.bin.api import create_app, load_tokens
+    from shardq.queue.client import Client
+    from shardq.shards.migrations import verify_shards
+    from shardq.shards.pools import ShardPools
+
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+        tokens = load_tokens(tokens_file)
+        shard_map = settings.shard_map()
+        verify_shards(shard_map)
+        try:  # refused here, in one line, rather than by uvicorn's own logging
+            with socket.create_server((host, port)):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    pools = ShardPools(shard_map, application_name="shardq-api").open()
+    client = Client(shard_map, registry, pools=pools, verify=False)
+    click.echo(f"shardq API on http://{host}:{port}/api/shardq", err=True)
+    try:
+        uvicorn.run(create_app(client, tokens), host=host, port=port, log_level="warning",
+                    access_log=False, server_header=False)
+    finally:
+        pools.close()
+
+
 @cli.command("metrics")
 @json_option
 @stale_options

@@ -52,6 +52,10 @@ def write_files(folder: Path) -> None:
     (folder / "lots.toml").write_text(f'{shard}max_size = "lots"\n')
     (folder / "boom_app.py").write_text("raise RuntimeError('no config for boom')\n")
     (folder / "broken_app.py").write_text("def oops(:\n    pass\n")
+    good = "acme sha256:" + "0" * 64
+    (folder / "tokens.ok").write_text(good + "\n")
+    (folder / "tokens.bad").write_text(f"{good}\nacme notahash\n")
+    (folder / "tokens.empty").write_text("# nobody\n")
 
 
 APPS = {"PYTHONPATH": "{dir}"}
@@ -150,6 +154,18 @@ CASES = [
     Case("relay-metrics-port-busy", ("outbox-relay", "--metrics-port", "{busy}"), 2,
          "cannot serve metrics on"),
     Case("stale-bad-kind", ("stale", "--kind", "nap"), 2, "'nap' is not one of"),
+    Case("serve-no-tokens", ("serve", "--app", APP, "--port", "{busy}"), 2,
+         "Missing option '--tokens-file'"),
+    Case("serve-tokens-missing", ("serve", "--app", APP, "--tokens-file", "{dir}/none"), 2,
+         "cannot read tokens file"),
+    Case("serve-tokens-bad-line", ("serve", "--app", APP, "--tokens-file", "{dir}/tokens.bad"),
+         2, "tokens.bad:2: expected `TENANT sha256:HEX`"),
+    Case("serve-tokens-empty", ("serve", "--app", APP, "--tokens-file", "{dir}/tokens.empty"),
+         2, "no tokens"),
+    Case("serve-port-busy", ("serve", "--app", APP, "--tokens-file", "{dir}/tokens.ok",
+                             "--port", "{busy}"), 2, "cannot listen on"),
+    Case("serve-port-zero", ("serve", "--app", APP, "--tokens-file", "{dir}/tokens.ok",
+                             "--port", "0"), 2, "not in the range 1<=x<=65535"),
     Case("purge-no-app", ("purge",), 2, "pass --app"),
     Case("purge-retention-zero", ("purge", "--app", APP, "--default-retention", "0"), 2,
          "--default-retention"),
@@ -191,6 +207,7 @@ CASES = [
     Case("pending-bad-workflow", ("workflow", "pending", "--workflow", "bad name!"), 7,
          "workflow name"),
     Case("stale-bad-workflow", ("stale", "--workflow", "bad name!"), 7, "workflow name"),
+    Case("api-token-bad-tenant", ("api-token", "a b"), 7, "tenant name"),
     Case("retry-not-failed", ("outbox", "retry", "--shard", "shard-0", "1", "2"), 7,
          "no failed outbox row 1, 2 on shard-0: nothing re-queued"),
 ]

@@ -1,0 +1,409 @@
+"""The HTTP management API (`shardq serve`): thin routes over the Client, one rule set.
+
+Every route is scoped to the tenant of its bearer token; another tenant's run
+is answered exactly as an unknown one. Client mistakes are 4xx with one JSON
+error object, never a 500 and never a traceback: bad JSON 400, wrong content
+type 415, a body over MAX_BODY 413, no or a bad token 401. Validation failures
+carry `violations` ({"message", "field_path"}); their messages echo the
+caller's input, so a UI must escape them.
+
+Tokens are stored hashed (SHA-256) in a tokens file, one `TENANT sha256:HEX`
+per line (`shardq api-token TENANT` makes one), and compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from shardq.queue.client import Client
+from shardq.queue.errors import (
+    DecisionRefused,
+    ExecutionNotFound,
+    InvalidArgument,
+    PayloadInvalid,
+    SignalRefused,
+    UnknownWorkflow,
+)
+from shardq.queue.limits import Limits
+from shardq.queue.models import Execution, SignalRequest, State
+from shardq.shards.errors import ConfigError, ShardqError, ShardUnavailable
+from shardq.shards.routing import InvalidExecutionId, parse_execution_id
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/shardq"
+MAX_BODY = Limits().max_input_bytes + (64 << 10)
+"""The largest body read: a run's input at its bound plus room for the envelope."""
+IDEMPOTENCY_HEADER = b"idempotency-key"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.details = details
+
+
+# -- tokens ----------------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "sq_" + secrets.token_urlsafe(32)
+
+
+def load_tokens(path: Path) -> list[tuple[str, str]]:
+    """(tenant, hashed token) pairs of a tokens file; ConfigError naming the bad line."""
+    from shardq.queue.names import check_name
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read tokens file {path}: {exc}") from None
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()  # noqa: PLW2901 - the same line, without its blanks
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].startswith("sha256:") or len(parts[1]) != 71:
+            raise ConfigError(f"{path}:{number}: expected `TENANT sha256:HEX` "
+                              "(`shardq api-token TENANT` prints one)")
+        try:
+            check_name(parts[0], "tenant")
+        except InvalidArgument as exc:
+            raise ConfigError(f"{path}:{number}: {exc}") from None
+        found.append((parts[0], parts[1]))
+    if not found:
+        raise ConfigError(f"{path}: no tokens: every request would be refused")
+    return found
+
+
+def _tenant_of(request: Request, tokens: list[tuple[str, str]]) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        raise ApiError(401, "a bearer token is required")
+    digest = hash_token(presented.strip())
+    tenant = None
+    for candidate, stored in tokens:  # every entry compared: the time says nothing
+        if hmac.compare_digest(digest, stored):
+            tenant = candidate
+    if tenant is None:
+        raise ApiError(401, "the token is not valid")
+    return tenant
+
+
+# -- request parts ---------------------------------------------------------------
+
+
+async def _body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, f"{what} is not valid JSON: {exc}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, "the body must be application/json")
+    value = _json(await _body(request), "the body")
+    if not isinstance(value, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return value
+
+
+def _field(body: dict[str, Any], name: str, kind: type, *, required: bool = True) -> Any:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ApiError(400, f"`{name}` must be a {kind.__name__}")
+    return value
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The header wins over `?idempotency_key=`; a header that is present must be usable."""
+    raw = [v for k, v in request.headers.raw if k.lower() == IDEMPOTENCY_HEADER]
+    if raw:
+        try:
+            header: str = raw[0].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, "the Idempotency-Key header is not valid UTF-8") from None
+        if not header.strip():
+            raise ApiError(400, "the Idempotency-Key header is empty: leave it out for no key")
+        return header
+    key = request.query_params.get("idempotency_key")
+    if key is not None and not key.strip():
+        raise ApiError(400, "idempotency_key is empty: leave it out for no key")
+    return key
+
+
+def _execution_id(request: Request) -> Any:
+    try:
+        return parse_execution_id(request.path_params["execution_id"])
+    except InvalidExecutionId:
+        raise ApiError(404, "execution not found") from None
+
+
+def _execution(e: Execution) -> dict[str, Any]:
+    return {"execution_id": str(e.id), "workflow": e.workflow_name,
+            "workflow_version": e.workflow_version, "workflow_id": e.workflow_id,
+            "state": e.state.value, "input": e.input, "output": e.output, "error": e.error,
+            "cancel_requested": e.cancel_requested, "created_at": e.created_at.isoformat(),
+            "finished_at": e.finished_at.isoformat() if e.finished_at else None}
+
+
+# -- the application -------------------------------------------------------------
+
+
+Handler = Callable[[Request, str], Awaitable[Response]]
+
+
+def create_app(  # noqa: PLR0915 - a closure per route, over one client
+    client: Client, tokens: list[tuple[str, str]]
+) -> Starlette:
+    """The API over `client`, for the tenants in `tokens`."""
+
+    def route(path: str, handler: Handler, method: str) -> Route:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request, _tenant_of(request, tokens))
+            except Exception as exc:
+                return _refusal(request, exc)
+
+        return Route(PREFIX + path, endpoint, methods=[method])
+
+    async def start(request: Request, tenant: str) -> Response:
+        body = await _json_object(request)
+        workflow_id = _field(body, "workflow_id", str)
+        result = await run_in_threadpool(client.start, request.path_params["name"], workflow_id,
+                                         body.get("input"), tenant=tenant)
+        return JSONResponse({"execution_id": str(result.execution_id),
+                             "created": result.created}, 201 if result.created else 200)
+
+    async def signal(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        key = _idempotency_key(request)
+        raw = await _body(request)
+        payload = _json(raw, "the signal payload") if raw.strip() else None
+        (result,) = await run_in_threadpool(client.signal_many, [SignalRequest(
+            ident, request.path_params["signal_name"], payload, key)], tenant=tenant)
+        if isinstance(result.error, SignalRefused):
+            state = (await run_in_threadpool(client.get, ident, tenant=tenant)).state
+            return JSONResponse({"error": str(result.error), "state": state.value,
+                                 "reason_code": result.error.reason_code}, 409)
+        if result.error is not None:
+            raise result.error
+        return JSONResponse({"ok": True, "signal_delivered": result.delivered}, 202)
+
+    async def signal_with_start(request: Request, tenant: str) -> Response:
+        body = await _json_object(request)
+        result = await run_in_threadpool(
+            client.signal_with_start, request.path_params["name"],
+            _field(body, "workflow_id", str), body.get("input"), _field(body, "signal", str),
+            body.get("payload"), idempotency_key=_field(body, "idempotency_key", str,
+                                                          required=False), tenant=tenant)
+        return JSONResponse({"execution_id": str(result.execution_id),
+                             "created": result.created, "signal_delivered": result.delivered},
+                            201 if result.created else 202)
+
+    async def decide(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        body = await _json_object(request)
+        result = await run_in_threadpool(
+            client.decide, ident, request.path_params["name"], _field(body, "action", str),
+            body.get("payload"), decision_id=_field(body, "decision_id", str),
+            actor=_field(body, "actor", str), tenant=tenant)
+        return JSONResponse({"accepted": result.accepted, "decision": result.decision.as_json()})
+
+    async def cancel(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        state = await run_in_threadpool(client.cancel, ident, tenant=tenant)
+        return JSONResponse({"execution_id": str(ident), "state": state.value})
+
+    async def listing(request: Request, tenant: str) -> Response:
+        q = request.query_params
+        limit = q.get("limit", "100")
+        if not limit.isdigit():
+            raise ApiError(400, "limit must be an integer within 1..1000")
+        state = q.get("state")
+        if state is not None and state not in {s.value for s in State}:
+            raise ApiError(400, f"state must be one of {', '.join(s.value for s in State)}")
+        page = await run_in_threadpool(client.list_runs, tenant=tenant, state=state,
+                                       workflow=q.get("workflow"), limit=int(limit),
+                                       cursor=q.get("cursor"))
+        return JSONResponse({"items": [_execution(e) for e in page.items],
+                             "next_cursor": page.next_cursor})
+
+    async def show(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        execution = await run_in_threadpool(client.get, ident, tenant=tenant)
+        wait, buffered = await run_in_threadpool(client.waiting, ident, tenant=tenant)
+        return JSONResponse({
+            **_execution(execution),
+            "open_wait": None if wait is None else {
+                "kind": wait.kind, "name": wait.name, "started_at": wait.started_at.isoformat(),
+                "deadline": wait.deadline.isoformat() if wait.deadline else None,
+                "request": wait.request},
+            "pending_signals": [{"signal_id": b.id, "name": b.name, "payload": b.payload,
+                                 "received_at": b.received_at.isoformat()} for b in buffered],
+        })
+
+    async def history(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        events = await run_in_threadpool(client.history, ident, tenant=tenant)
+        return JSONResponse({"events": [
+            {"seq": e.seq, "position": e.position, "kind": e.kind, "name": e.name,
+             "payload": e.payload,
+             "recorded_at": e.recorded_at.isoformat() if e.recorded_at else None}
+            for e in events]})
+
+    async def interrupts(request: Request, tenant: str) -> Response:
+        q = request.query_params
+        limit = q.get("limit", "100")
+        if not limit.isdigit():
+            raise ApiError(400, "limit must be an integer within 1..1000")
+        page = await run_in_threadpool(client.pending_interrupts, tenant=tenant,
+                                       workflow=q.get("workflow"), cursor=q.get("cursor"),
+                                       limit=int(limit))
+        return JSONResponse({"items": [
+            {"execution_id": str(p.execution_id), "workflow": p.workflow_name,
+             "workflow_id": p.workflow_id, "name": p.name, "prompt": p.prompt,
+             "actions": list(p.actions), "schema": p.schema,
+             "requested_at": p.requested_at.isoformat(),
+             "deadline": p.deadline.isoformat() if p.deadline else None}
+            for p in page.items], "next_cursor": page.next_cursor})
+
+    async def healthz(request: Request) -> Response:
+        from shardq.shards.migrations import check_shard
+
+        statuses = await run_in_threadpool(
+            lambda: [check_shard(client.map, s) for s in client.map.shards])
+        shards = {st.shard.name: st.problem is None for st in statuses}
+        return JSONResponse({"ok": all(shards.values()), "shards": shards},
+                            200 if all(shards.values()) else 503)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": "no such route"}, 404)
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return JSONResponse({"error": "method not allowed"}, 405)
+
+    routes = [
+        route("/workflows/{name}/start", start, "POST"),
+        route("/workflows/{name}/signal-with-start", signal_with_start, "POST"),
+        route("/workflows/{execution_id}/signal/{signal_name}", signal, "POST"),
+        route("/workflows/{execution_id}/interrupts/{name}/decision", decide, "POST"),
+        route("/workflows/{execution_id}/cancel", cancel, "POST"),
+        route("/workflows/{execution_id}/history", history, "GET"),
+        route("/workflows/{execution_id}", show, "GET"),
+        route("/workflows", listing, "GET"),
+        route("/interrupts", interrupts, "GET"),
+        Route(PREFIX + "/healthz", healthz, methods=["GET"]),
+        Route(PREFIX + "/openapi.json", openapi, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+
+
+def _refusal(request: Request, exc: Exception) -> JSONResponse:
+    """The answer to a request that failed: a 4xx for every client mistake, 503 for a shard
+    that is down, and a bare 500 (logged, never a traceback) for a bug."""
+    body: dict[str, Any] = {"error": str(exc)}
+    if isinstance(exc, ApiError):
+        status = exc.status
+        body.update(exc.details)
+    elif isinstance(exc, PayloadInvalid):
+        status, body = 400, {"error": "payload validation failed", "violations": exc.violations}
+    elif isinstance(exc, ExecutionNotFound | InvalidExecutionId):
+        status, body = 404, {"error": "execution not found"}
+    elif isinstance(exc, UnknownWorkflow):
+        status = 404
+    elif isinstance(exc, DecisionRefused):
+        status = 409
+        body.update(reason_code=exc.reason_code, standing=exc.standing)
+    elif isinstance(exc, ShardUnavailable):
+        status, body = 503, {"error": f"a shard is unavailable: {exc}"}
+    elif isinstance(exc, ShardqError):  # InvalidArgument and every other refusal
+        status = 400
+    else:
+        log.error("request failed", extra={"path": request.url.path}, exc_info=exc)
+        status, body = 500, {"error": "internal error"}
+    return JSONResponse(body, status)
+
+
+def _op(summary: str, *codes: int, body: bool = False) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
+                          "responses": {str(c): {"description": str(c)} for c in codes}}
+    if body:
+        op["requestBody"] = {"content": {"application/json": {"schema": {"type": "object"}}}}
+    return op
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "shardq management API", "version": "1"},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "paths": {
+        f"{PREFIX}/workflows/{{name}}/start": {
+            "post": _op("Start a run (201), or find the run of this workflow_id (200)",
+                        200, 201, 400, 401, 404, 413, 415, body=True)},
+        f"{PREFIX}/workflows/{{name}}/signal-with-start": {
+            "post": _op("Signal the run of a workflow key, starting it if it has none",
+                        201, 202, 400, 401, 404, 409, 413, 415, body=True)},
+        f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {
+            "post": _op("Deliver a signal; the body is its raw JSON payload (may be empty); "
+                        "Idempotency-Key header or ?idempotency_key=", 202, 400, 401, 404, 409,
+                        413)},
+        f"{PREFIX}/workflows/{{execution_id}}/interrupts/{{name}}/decision": {
+            "post": _op("Decide an open interrupt", 200, 400, 401, 404, 409, 413, 415,
+                        body=True)},
+        f"{PREFIX}/workflows/{{execution_id}}/cancel": {"post": _op("Cancel a run", 200, 401,
+                                                                    404)},
+        f"{PREFIX}/workflows/{{execution_id}}": {"get": _op("A run", 200, 401, 404)},
+        f"{PREFIX}/workflows/{{execution_id}}/history": {"get": _op("A run's history", 200,
+                                                                    401, 404)},
+        f"{PREFIX}/workflows": {"get": _op("Runs, a keyset page", 200, 400, 401)},
+        f"{PREFIX}/interrupts": {"get": _op("Open interrupts, a keyset page", 200, 400, 401)},
+        f"{PREFIX}/healthz": {"get": {"summary": "Per-shard reachability",
+                                      "responses": {"200": {"description": "200"},
+                                                    "503": {"description": "503"}}}},
+    },
+}

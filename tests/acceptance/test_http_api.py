@@ -1,0 +1,208 @@
+"""The HTTP API as a caller meets it: a real `shardq serve` process, driven with httpx."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shardq.bin.api import hash_token
+from shardq.queue.models import State
+from shardq.queue.worker import Worker
+from shardq.shards.config import ShardMap
+
+from ..conftest import TABLES
+from ..support import Daemon, all_rows, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+ROOT_PATH = "/api/shardq"
+TOKEN, OTHER = "sq_test-token-a", "sq_test-token-b"
+StartWorker = Callable[..., Worker]
+
+
+@dataclass
+class Api:
+    http: httpx.Client
+    other: httpx.Client
+    anonymous: httpx.Client
+
+
+@pytest.fixture
+def api(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path) -> Iterator[Api]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# tenants\nacme {hash_token(TOKEN)}\nglobex {hash_token(OTHER)}\n")
+    port = free_port()
+    urls = ",".join(s.url for s in shard_map.shards)
+    server = daemons(["--shards", urls, "serve", "--app", "shardq.bin.examples:registry",
+                      "--port", str(port), "--tokens-file", str(tokens)])
+    server.wait_for("shardq API on")
+    base = f"http://127.0.0.1:{port}{ROOT_PATH}"
+    wait_until(lambda: _answers(base), what="the API to listen")
+    with (httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
+                       timeout=30) as http,
+          httpx.Client(base_url=base, headers={"Authorization": f"Bearer {OTHER}"},
+                       timeout=30) as other,
+          httpx.Client(base_url=base, timeout=30) as anonymous):
+        yield Api(http, other, anonymous)
+
+
+def _answers(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).status_code in (200, 503)
+    except httpx.TransportError:
+        return False
+
+
+def start_park(api: Api, key: str) -> str:
+    made = api.http.post("/workflows/park/start", json={"workflow_id": key})
+    assert made.status_code == 201, made.text
+    return str(made.json()["execution_id"])
+
+
+def test_start_signal_show_and_the_status_codes(api: Api, start_worker: StartWorker) -> None:
+    from shardq.bin.examples import registry
+
+    start_worker(registry)
+    run = start_park(api, "h-1")
+    again = api.http.post("/workflows/park/start", json={"workflow_id": "h-1"})
+    assert (again.status_code, again.json()["execution_id"]) == (200, run)
+    assert api.http.get("/healthz").json()["ok"] is True
+
+    keyed = api.http.post(f"/workflows/{run}/signal/go?idempotency_key=from-query",
+                          content=b'{"n": 1}', headers={"Idempotency-Key": "from-header"})
+    assert (keyed.status_code, keyed.json()) == (202, {"ok": True, "signal_delivered": True})
+    # The header won: the same header again is a duplicate, the query key is new.
+    assert api.http.post(f"/workflows/{run}/signal/go", content=b'{"n": 1}',
+                         headers={"Idempotency-Key": "from-header"}).json()[
+        "signal_delivered"] is False
+    wait_until(lambda: api.http.get(f"/workflows/{run}").json()["state"] == "completed",
+               what="completed")
+    shown = api.http.get(f"/workflows/{run}").json()
+    assert shown["output"] == {"n": 1}
+    finished = api.http.post(f"/workflows/{run}/signal/go", content=b"")
+    assert finished.status_code == 409
+    assert finished.json()["state"] == State.COMPLETED.value
+    retried = api.http.post(f"/workflows/{run}/signal/go", content=b'{"n": 1}',
+                            headers={"Idempotency-Key": "from-header"})
+    assert (retried.status_code, retried.json()["signal_delivered"]) == (202, False)
+    kinds = [e["kind"] for e in api.http.get(f"/workflows/{run}/history").json()["events"]]
+    assert kinds[-1] == "run.completed"
+    listed = api.http.get("/workflows", params={"workflow": "park", "limit": 10}).json()
+    assert [i["execution_id"] for i in listed["items"]] == [run]
+
+
+def test_another_tenant_s_run_looks_unknown(api: Api) -> None:
+    run = start_park(api, "h-2")
+    unknown = "01a23b00-a581-8495-a55e-808a42654d6c"
+    for path in (f"/workflows/{run}", f"/workflows/{run}/history"):
+        theirs, nobody = api.other.get(path), api.other.get(path.replace(run, unknown))
+        assert (theirs.status_code, theirs.json()) == (nobody.status_code, nobody.json())
+        assert theirs.status_code == 404
+    probe = api.other.post(f"/workflows/{run}/signal/go", content=b"1")
+    assert (probe.status_code, probe.json()) == (404, {"error": "execution not found"})
+    assert api.other.get("/workflows").json()["items"] == []
+
+
+def test_concurrent_identical_keyed_deliveries_store_one_signal(
+    api: Api, shard_map: ShardMap
+) -> None:
+    run = start_park(api, "h-3")
+
+    def deliver(_: int) -> bool:
+        answer = api.http.post(f"/workflows/{run}/signal/other", content=b'"x"',
+                               headers={"Idempotency-Key": "webhook-7"})
+        assert answer.status_code == 202, answer.text
+        return bool(answer.json()["signal_delivered"])
+
+    with ThreadPoolExecutor(20) as pool:
+        delivered = list(pool.map(deliver, range(200)))
+    assert delivered.count(True) == 1
+    assert all_rows(shard_map, "SELECT count(*) FROM shardq.signals") in ([(1,), (0,)],
+                                                                         [(0,), (1,)])
+
+
+def test_a_decision_over_http(api: Api, start_worker: StartWorker) -> None:
+    from shardq.bin.examples import registry
+
+    start_worker(registry)
+    made = api.http.post("/workflows/proposal_review/start",
+                         json={"workflow_id": "p-1", "input": {"amount": 10}})
+    run = made.json()["execution_id"]
+    wait_until(lambda: api.http.get("/interrupts").json()["items"], what="the interrupt")
+    path = f"/workflows/{run}/interrupts/manager_review/decision"
+    bad = api.http.post(path, json={"action": "edit", "payload": {"amount": -1},
+                                    "decision_id": "d", "actor": "ann"})
+    assert bad.status_code == 400
+    assert sorted(v["field_path"] for v in bad.json()["violations"]) == ["/amount", "/reason"]
+    good = api.http.post(path, json={"action": "approve", "decision_id": "d", "actor": "ann"})
+    assert (good.status_code, good.json()["accepted"]) == (200, True)
+    late = api.http.post(path, json={"action": "reject", "decision_id": "e", "actor": "bob"})
+    assert (late.status_code, late.json()["reason_code"]) == (409, "decided")
+
+
+BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
+    # (id, method, path, httpx keyword arguments, status)
+    ("no-token", "POST", "/workflows/park/start", {"json": {"workflow_id": "x"},
+                                                   "headers": {"Authorization": ""}}, 401),
+    ("bad-token", "GET", "/workflows", {"headers": {"Authorization": "Bearer nope"}}, 401),
+    ("not-bearer", "GET", "/workflows", {"headers": {"Authorization": f"Basic {TOKEN}"}}, 401),
+    ("bad-json", "POST", "/workflows/park/start",
+     {"content": b"{", "headers": {"Content-Type": "application/json"}}, 400),
+    ("nan-json", "POST", "/workflows/park/start",
+     {"content": b'{"workflow_id": "n", "input": NaN}',
+      "headers": {"Content-Type": "application/json"}}, 400),
+    ("not-utf8-json", "POST", "/workflows/park/start",
+     {"content": b'{"workflow_id": "\xff"}', "headers": {"Content-Type": "application/json"}},
+     400),
+    ("wrong-type", "POST", "/workflows/park/start",
+     {"content": b"{}", "headers": {"Content-Type": "text/plain"}}, 415),
+    ("array-body", "POST", "/workflows/park/start", {"json": ["x"]}, 400),
+    ("id-not-string", "POST", "/workflows/park/start", {"json": {"workflow_id": 5}}, 400),
+    ("huge-body", "POST", "/workflows/park/start",
+     {"content": b'{"workflow_id": "h", "input": "' + b"x" * (10 << 20) + b'"}',
+      "headers": {"Content-Type": "application/json"}}, 413),
+    ("unknown-workflow", "POST", "/workflows/nope/start", {"json": {"workflow_id": "x"}}, 404),
+    ("quote-in-name", "POST", "/workflows/pa'rk/start", {"json": {"workflow_id": "x"}}, 400),
+    ("nul-in-id", "POST", "/workflows/park/start", {"json": {"workflow_id": "a\u0000b"}}, 400),
+    ("traversal", "GET", "/workflows/..%2F..%2Fetc%2Fpasswd", {}, 404),
+    ("bad-execution-id", "POST", "/workflows/not-a-uuid/signal/go", {"content": b"1"}, 404),
+    ("bad-signal-name", "POST", "/workflows/{run}/signal/bad%20name", {"content": b"1"}, 400),
+    ("empty-key-header", "POST", "/workflows/{run}/signal/go",
+     {"content": b"1", "headers": {"Idempotency-Key": ""}}, 400),
+    ("non-utf8-key-header", "POST", "/workflows/{run}/signal/go",
+     {"content": b"1", "headers": [("Idempotency-Key", b"\xff\xfe")]}, 400),
+    ("bad-payload", "POST", "/workflows/{run}/signal/go", {"content": b"{nope"}, 400),
+    ("bad-limit", "GET", "/workflows", {"params": {"limit": "lots"}}, 400),
+    ("zero-limit", "GET", "/workflows", {"params": {"limit": "0"}}, 400),
+    ("bad-state", "GET", "/workflows", {"params": {"state": "bogus"}}, 400),
+    ("bad-cursor", "GET", "/workflows", {"params": {"cursor": "zz"}}, 400),
+    ("bad-decision", "POST", "/workflows/{run}/interrupts/x/decision",
+     {"json": {"action": "maybe", "decision_id": "d", "actor": "a"}}, 400),
+    ("no-route", "GET", "/nothing/here", {}, 404),
+    ("wrong-method", "DELETE", "/workflows", {}, 405),
+]
+
+
+def counts(shard_map: ShardMap) -> dict[str, int]:
+    return {t: sum(n for (n,) in all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}"))
+            for t in TABLES}
+
+
+def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(
+    api: Api, shard_map: ShardMap
+) -> None:
+    run = start_park(api, "h-4")
+    before = counts(shard_map)
+    for case, method, path, kwargs, status in BAD_REQUESTS:
+        answer = api.http.request(method, path.replace("{run}", run), **kwargs)  # type: ignore[arg-type]  # a table of mixed keyword arguments
+        assert answer.status_code == status, (case, answer.status_code, answer.text)
+        body = answer.json()
+        assert isinstance(body.get("error"), str), (case, body)
+        assert "Traceback" not in answer.text, case
+    assert counts(shard_map) == before
+    assert json.loads(api.http.get("/openapi.json").text)["openapi"] == "3.1.0"

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import heapq
+import json
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
+from shardq.queue.contracts import SignalSpec, UpdateSpec
 from shardq.queue.encoding import to_json
-from shardq.queue.errors import DecisionRefused, ExecutionNotFound, InvalidArgument
+from shardq.queue.errors import (
+    DecisionRefused,
+    ExecutionNotFound,
+    InvalidArgument,
+    PayloadInvalid,
+    QueryFailed,
+    SignalRefused,
+    UnknownWorkflow,
+    UpdateFailed,
+    UpdateRefused,
+    UpdateRejected,
+    UpdateTimedOut,
+)
 from shardq.queue.limits import Limits
 from shardq.queue.listing import DEFAULT_PAGE, MAX_PAGE, Cursor, InboxCursor, ListQuery
 from shardq.queue.models import (
@@ -27,9 +42,11 @@ from shardq.queue.models import (
     SignalWithStartResult,
     StartResult,
     State,
+    UpdateResult,
     WaitInfo,
 )
 from shardq.queue.names import check_name, check_text
+from shardq.queue.rebuild import call_handler, rebuild_state
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.schemas import validate
 from shardq.queue.signaling import CheckedSignal, by_shard, check_signal, deliver
@@ -42,6 +59,9 @@ from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_
 DEFAULT_TENANT = "default"
 MAX_LABEL = 255
 """Characters of a decision id or an actor."""
+DEFAULT_UPDATE_WAIT = 30.0
+"""Seconds Client.update waits for the run to handle an update before UpdateTimedOut."""
+MAX_WAIT = 600.0
 PARALLEL_START_MIN = 1000
 """From this many runs, `start_many` commits on its shards at once rather than in turn."""
 
@@ -115,8 +135,7 @@ class Client:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
             seen.add(workflow_id)
             bucket = bucket_for(tenant, definition.name, workflow_id)
-            what = f"input of {definition.name} {workflow_id!r}"
-            encoded = self.limits.check_input(to_json(value, what), what)
+            encoded = self._checked_input(definition, workflow_id, value)
             rows.append((bucket, new_execution_id(bucket), workflow_id, encoded))
         groups = by_shard(self.map, rows, lambda r: self.map.for_bucket(r[0]))
 
@@ -138,6 +157,14 @@ class Client:
             for (index, _), result in zip(members, started[shard], strict=True):
                 results[index] = result
         return [r for r in results if r is not None]
+
+    def _checked_input(self, definition: WorkflowDef, workflow_id: str, value: Any) -> str:
+        """A run's input as JSON, within the bound and matching the workflow's input schema."""
+        what = f"input of {definition.name} {workflow_id!r}"
+        encoded = self.limits.check_input(to_json(value, what), what)
+        if definition.input_schema is not None:
+            validate(json.loads(encoded), definition.input_schema, what, "input validation failed")
+        return encoded
 
     @staticmethod
     def _check_workflow_id(workflow_id: object) -> None:
@@ -268,10 +295,52 @@ class Client:
                 results[index] = SignalResult(ident, None, delivered=False, error=exc)
                 continue
             checked.append((index, CheckedSignal(ident, *values)))
+        for index, error in self._schema_violations([c for _, c in checked]).items():
+            results[checked[index][0]] = SignalResult(checked[index][1].target, None,
+                                                      delivered=False, error=error)
+        checked = [c for c in checked if results[c[0]] is None]
         delivered = deliver(self.store, tenant, [c for _, c in checked])
         for (index, _), result in zip(checked, delivered, strict=True):
             results[index] = result
         return [r for r in results if r is not None]
+
+    def _schema_violations(self, signals: Sequence[CheckedSignal]) -> dict[int, PayloadInvalid]:
+        """Which of `signals` break the schema their target's workflow publishes for them.
+
+        Costs a lookup of the targets' workflows per shard, made only when some
+        registered workflow publishes a signal schema. A target whose workflow
+        this client's registry does not know is not checked here (its contract
+        is unknown to this process); the HTTP server and workers load the app.
+        """
+        if not self._has_signal_schemas or not signals:
+            return {}
+        workflows: dict[uuid.UUID, tuple[str, int]] = {}
+        groups = by_shard(self.map, signals, lambda c: self.map.for_execution(c.target))
+        for shard, members in groups.items():
+            workflows.update(self.store.workflows_of(shard, [c.target for _, c in members]))
+        refused: dict[int, PayloadInvalid] = {}
+        for index, checked in enumerate(signals):
+            spec = self._signal_spec(workflows.get(checked.target), checked.name)
+            if spec is not None and spec.schema is not None:
+                try:
+                    validate(json.loads(checked.payload_json), spec.schema,
+                             f"payload of signal {checked.name!r}",
+                             "signal payload validation failed")
+                except PayloadInvalid as exc:
+                    refused[index] = exc
+        return refused
+
+    @property
+    def _has_signal_schemas(self) -> bool:
+        return any(s.schema is not None for d in self.registry.definitions() for s in d.signals)
+
+    def _signal_spec(self, workflow: tuple[str, int] | None, name: str) -> SignalSpec | None:
+        if workflow is None:
+            return None
+        try:
+            return self.registry.get(*workflow).signal(name)
+        except UnknownWorkflow:
+            return None
 
     def signal_with_start(
         self,
@@ -294,9 +363,12 @@ class Client:
         definition = self._definition(workflow)
         check_name(tenant, "tenant")
         self._check_workflow_id(workflow_id)
-        what = f"input of {definition.name} {workflow_id!r}"
-        input_json = self.limits.check_input(to_json(input, what), what)
+        input_json = self._checked_input(definition, workflow_id, input)
         name, payload_json, key = check_signal(signal_name, payload, idempotency_key, self.limits)
+        spec = definition.signal(name)
+        if spec is not None and spec.schema is not None:
+            validate(json.loads(payload_json), spec.schema, f"payload of signal {name!r}",
+                     "signal payload validation failed")
         bucket = bucket_for(tenant, definition.name, workflow_id)
         return self.store.signal_with_start(
             self.map.for_bucket(bucket), tenant=tenant, workflow_name=definition.name,
@@ -319,6 +391,180 @@ class Client:
         if actor is not None:
             _check_label(actor, "actor")
         return self.store.cancel(ident, tenant=check_name(tenant, "tenant"), actor=actor)
+
+    # -- published contracts: interface, queries, updates ---------------------------
+
+    def interface(self, workflow: str) -> dict[str, list[dict[str, Any]]]:
+        """What the workflow publishes: {"signals", "queries", "updates"}, each sorted by
+        name, with fields left out where nothing was published. UnknownWorkflow if it is
+        not registered."""
+        return self._definition(workflow).interface()
+
+    def query(
+        self, execution_id: str | uuid.UUID, name: str, argument: Any = None, *,
+        tenant: str = DEFAULT_TENANT,
+    ) -> Any:
+        """Answer query `name` from the run's committed state; nothing is written.
+
+        The run's history is replayed here (no worker needed; parked, running
+        and finished runs alike) and the handler reads the rebuilt instance.
+        Raises UnknownHandler, PayloadInvalid (the argument), QueryFailed.
+        """
+        ident = parse_execution_id(execution_id)
+        execution = self.get(ident, tenant=check_name(tenant, "tenant"))
+        definition = self.registry.get(execution.workflow_name, execution.workflow_version)
+        spec = definition.query(check_name(name, "query"))
+        what = f"argument of query {name!r}"
+        argument = json.loads(self.limits.check_payload(to_json(argument, what), what))
+        validate(argument, spec.schema, what, "query argument validation failed")
+        state = rebuild_state(definition, execution, self.store.read_history(ident))
+        try:
+            response = call_handler(f"query {name!r}", spec.handler, state, argument)
+            return json.loads(to_json(response, f"the response of query {name!r}"))
+        except QueryFailed:
+            raise
+        except Exception as exc:  # the handler's own failure, reported to its caller
+            raise QueryFailed(f"query {name!r} failed: {type(exc).__name__}: {exc}") from None
+
+    def update(
+        self, execution_id: str | uuid.UUID, name: str, argument: Any = None, *,
+        idempotency_key: str | None = None, tenant: str = DEFAULT_TENANT,
+        wait: float = DEFAULT_UPDATE_WAIT,
+    ) -> UpdateResult:
+        """Ask the run to handle update `name`; its handler's response once committed.
+
+        Refused before anything is stored: PayloadInvalid (the argument's
+        schema), UpdateRejected (the validator), UpdateRefused (`run_finished`).
+        The run handles it at its next wait, woken if parked. With a key, a
+        repeat returns the recorded response (`accepted=False`), even after the
+        run finished. UpdateFailed: the handler raised (recorded; a keyed repeat
+        raises it again). UpdateTimedOut: not handled within `wait` seconds
+        (it still will be; call again with the key).
+        """
+        ident = parse_execution_id(execution_id)
+        execution = self.get(ident, tenant=check_name(tenant, "tenant"))
+        definition = self.registry.get(execution.workflow_name, execution.workflow_version)
+        spec = definition.update(check_name(name, "update"))
+        _check_wait(wait)
+        payload_json, key = self._update_payload(spec, argument, idempotency_key)
+        if key is not None:
+            earlier = self.store.signal_by_key(ident, key)
+            if earlier is not None:
+                return self._await_update(ident, spec, *earlier, wait=wait, accepted=False)
+        if execution.state.terminal:
+            raise UpdateRefused(f"execution {ident} is {execution.state}: it takes no updates",
+                                "run_finished")
+        self._validate_update(spec, json.loads(payload_json),
+                              lambda: rebuild_state(definition, execution,
+                                                    self.store.read_history(ident)))
+        (result,) = deliver(self.store, tenant, [
+            CheckedSignal(ident, spec.signal_name, payload_json, key)])
+        if isinstance(result.error, SignalRefused) and result.error.reason_code == (
+            "target_finished"
+        ):
+            raise UpdateRefused(str(result.error), "run_finished")
+        if result.error is not None:
+            raise result.error
+        assert result.signal_id is not None and result.signal_name is not None
+        return self._await_update(ident, spec, result.signal_id, result.signal_name, wait=wait,
+                                  accepted=result.delivered)
+
+    def update_with_start(
+        self, workflow: str | WorkflowDef, workflow_id: str, input: Any,  # noqa: A002
+        name: str, argument: Any = None, *, idempotency_key: str | None = None,
+        tenant: str = DEFAULT_TENANT, wait: float = DEFAULT_UPDATE_WAIT,
+    ) -> UpdateResult:
+        """Update the run of this workflow key, starting it (with `input`) if it has none.
+
+        The start and the stored update are one transaction (as signal_with_start);
+        then as `update`. `created` says whether this call started the run.
+        """
+        definition = self._definition(workflow)
+        check_name(tenant, "tenant")
+        self._check_workflow_id(workflow_id)
+        spec = definition.update(check_name(name, "update"))
+        _check_wait(wait)
+        input_json = self._checked_input(definition, workflow_id, input)
+        payload_json, key = self._update_payload(spec, argument, idempotency_key)
+        bucket = bucket_for(tenant, definition.name, workflow_id)
+        shard = self.map.for_bucket(bucket)
+
+        def state() -> Any:
+            found = self.store.find_run(shard, tenant=tenant, workflow_name=definition.name,
+                                        workflow_id=workflow_id)
+            if found is None:  # the state a new run starts its code with
+                return rebuild_state(definition, Execution(
+                    uuid.UUID(int=0), tenant, definition.name, definition.version, workflow_id,
+                    State.PENDING, json.loads(input_json), None, None, False,
+                    datetime.now(UTC), None), ())
+            execution = self.get(found, tenant=tenant)
+            return rebuild_state(definition, execution, self.store.read_history(found))
+
+        self._validate_update(spec, json.loads(payload_json), state)
+        try:
+            started = self.store.signal_with_start(
+                shard, tenant=tenant, workflow_name=definition.name,
+                workflow_version=definition.version, workflow_id=workflow_id,
+                new_id=new_execution_id(bucket), input_json=input_json,
+                signal=(spec.signal_name, payload_json, key), gates=definition.gates,
+            )
+        except SignalRefused as exc:
+            if exc.reason_code == "target_finished":
+                raise UpdateRefused(str(exc), "run_finished") from None
+            raise
+        assert started.signal_id is not None and started.signal_name is not None
+        result = self._await_update(started.execution_id, spec, started.signal_id,
+                                    started.signal_name, wait=wait, accepted=started.delivered)
+        return UpdateResult(result.execution_id, result.update_id, result.response,
+                            result.accepted, created=started.created)
+
+    def _update_payload(
+        self, spec: UpdateSpec, argument: Any, key: str | None
+    ) -> tuple[str, str | None]:
+        """(argument JSON, key) of an update, checked as a signal's are (but under the
+        reserved name no sender may use)."""
+        _, payload_json, key = check_signal("update", argument, key, self.limits)
+        validate(json.loads(payload_json), spec.schema, f"argument of update {spec.name!r}",
+                 "update payload validation failed")
+        return payload_json, key
+
+    @staticmethod
+    def _validate_update(spec: UpdateSpec, argument: Any, state: Callable[[], Any]) -> None:
+        if spec.validator is None:
+            return
+        try:
+            call_handler(f"the validator of update {spec.name!r}", spec.validator, state(),
+                         argument)
+        except QueryFailed:
+            raise
+        except Exception as exc:  # the validator's refusal, in its own words
+            raise UpdateRejected(f"update {spec.name!r} rejected: {exc}") from None
+
+    def _await_update(
+        self, ident: uuid.UUID, spec: UpdateSpec, update_id: int, stored_name: str, *,
+        wait: float, accepted: bool,
+    ) -> UpdateResult:
+        """Poll for the update's recorded outcome until `wait` seconds passed."""
+        if stored_name != spec.signal_name:
+            raise InvalidArgument(f"the idempotency key already landed on this run as "
+                                  f"{stored_name!r}, not as update {spec.name!r}")
+        deadline = time.monotonic() + wait
+        pause = 0.002
+        while True:
+            outcome, state = self.store.update_outcome(ident, update_id)
+            if outcome is not None:
+                if "error" in outcome:
+                    error = outcome["error"]
+                    raise UpdateFailed(update_id, {"type": error.get("type"),
+                                                   "message": error.get("message")})
+                return UpdateResult(ident, update_id, outcome.get("response"), accepted)
+            if state is None or state.terminal:
+                raise UpdateRefused(f"execution {ident} is {state}: it finished without "
+                                    f"handling update {update_id}", "not_handled")
+            if time.monotonic() >= deadline:
+                raise UpdateTimedOut(update_id, wait)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     # -- human review ------------------------------------------------------------
 
@@ -389,7 +635,8 @@ class Client:
             raise ExecutionNotFound(f"execution {ident} not found")
         _, position, request = found
         if request is not None and action == "edit":
-            validate(payload, request.get("schema"), what)
+            validate(json.loads(payload_json), request.get("schema"), what,
+                     "decision payload validation failed")
         outcome, decision, detail = self.store.decide_interrupt(
             ident, tenant=tenant, name=interrupt, position=position, action=action,
             payload_json=payload_json, decision_id=decision_id, actor=actor,
@@ -411,6 +658,12 @@ def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
         if page.next_cursor is None:
             return
         cursor = page.next_cursor
+
+
+def _check_wait(wait: object) -> None:
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:
+        raise InvalidArgument(f"wait must be a number of seconds within 0..{MAX_WAIT:g}, got "
+                              f"{wait!r}")
 
 
 def _check_label(value: object, what: str) -> str:

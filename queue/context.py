@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 from uuid import UUID
 
+from shardq.queue.contracts import UPDATE_PREFIX, UpdateSpec
 from shardq.queue.control import Cancelled, Park
 from shardq.queue.errors import (
     ExternalSignalFailed,
@@ -86,8 +87,11 @@ class WorkflowContext:
     def __init__(
         self, claim: Claim, replay: Replay, journal: Journal,
         on_this_shard: Callable[[uuid.UUID], bool] | None = None,
+        *, state: object | None = None, updates: Sequence[UpdateSpec] = (),
     ) -> None:
         self._claim = claim
+        self._state = state
+        self._updates = {u.name: u for u in updates}
         self._on_this_shard = on_this_shard
         self._replay = replay
         self._journal = journal
@@ -114,6 +118,11 @@ class WorkflowContext:
     @property
     def input(self) -> Any:
         return self._claim.input
+
+    @property
+    def state(self) -> Any:
+        """A class-based workflow's instance (its `self`); None for a function workflow."""
+        return self._state
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -223,8 +232,10 @@ class WorkflowContext:
         self._guard()
         position, recorded = self._replay.next("sleep", name)
         kinds = {e.kind: e for e in recorded}
+        self._replay_updates(recorded)
         if Event.TIMER_FIRED in kinds:
             return
+        self._take_updates(position)
         started = kinds.get(Event.TIMER_STARTED)
         if started is None:
             self._journal.events.append(NewEvent(
@@ -253,10 +264,12 @@ class WorkflowContext:
         self._guard()
         position, recorded = self._replay.next("signal", name)
         kinds = {e.kind: e for e in recorded}
+        self._replay_updates(recorded)
         if Event.SIGNAL_CONSUMED in kinds:
             return _signal(name, kinds[Event.SIGNAL_CONSUMED].payload)
         if Event.SIGNAL_TIMED_OUT in kinds:
             return None
+        self._take_updates(position)
         waiting = kinds.get(Event.SIGNAL_WAITING)
         arrived = next((s for s in self._pending if s.name == name), None)
         if arrived is not None:
@@ -313,6 +326,7 @@ class WorkflowContext:
         self._guard()
         position, recorded = self._replay.next("interrupt", name)
         kinds = {e.kind: e for e in recorded}
+        self._replay_updates(recorded)
         if Event.INTERRUPT_DECIDED in kinds:
             decision = Decision.from_event(kinds[Event.INTERRUPT_DECIDED].payload)
             if decision.action == "cancel":
@@ -320,6 +334,7 @@ class WorkflowContext:
             return decision
         if Event.INTERRUPT_TIMED_OUT in kinds:
             return Decision.from_event(kinds[Event.INTERRUPT_TIMED_OUT].payload)
+        self._take_updates(position)
         requested = kinds.get(Event.INTERRUPT_REQUESTED)
         if requested is None:
             request = {"prompt": prompt, "actions": list(accepted), "schema": schema,
@@ -392,6 +407,8 @@ class WorkflowContext:
             return met
         deadline = waiting.payload.get("wake_at") if waiting is not None else None
         journal = self._journal
+        if self._take_updates(position):
+            met = self._holds(predicate)
         if not met:
             met = self._feed_condition(position, name, predicate, on, deadline)
         if met:
@@ -433,7 +450,10 @@ class WorkflowContext:
         met = self._holds(predicate)
         outcome = None
         for event in recorded:
-            if event.kind == Event.CONDITION_CONSUMED:
+            if event.kind == Event.UPDATE_COMPLETED:
+                self._apply_update(event.name, event.payload["payload"])
+                met = self._holds(predicate)
+            elif event.kind == Event.CONDITION_CONSUMED:
                 signal = _signal(event.payload["signal"], event.payload)
                 if met or signal.name not in on:
                     raise self._diverged(position, name)
@@ -466,6 +486,40 @@ class WorkflowContext:
             if self._holds(predicate):
                 return True
 
+    # -- updates (shardq.queue.contracts) ----------------------------------------
+
+    def _replay_updates(self, recorded: Sequence[HistoryEvent]) -> None:
+        """Apply the updates recorded at this wait again, in their order (replay)."""
+        for event in recorded:
+            if event.kind == Event.UPDATE_COMPLETED:
+                self._apply_update(event.name, event.payload["payload"])
+
+    def _take_updates(self, position: int) -> bool:
+        """Handle the updates that arrived, oldest first, at the wait at `position`:
+        each one's response (or error) is recorded there. Whether there were any."""
+        arrived = [s for s in self._pending if s.name.startswith(UPDATE_PREFIX)]
+        for update in arrived:
+            name = update.name[len(UPDATE_PREFIX):]
+            recorded = self._consume(update, position)
+            outcome = self._apply_update(name, update.payload)
+            self._journal.events.append(NewEvent(
+                position, Event.UPDATE_COMPLETED, name, {**recorded, **outcome}))
+        return bool(arrived)
+
+    def _apply_update(self, name: str, argument: Any) -> dict[str, Any]:
+        """Run update `name`'s handler on the state: {"response": ...} or {"error": ...}."""
+        spec = self._updates.get(name)
+        if spec is None:
+            return {"error": {"type": "UnknownHandler", "message":
+                              f"this version of the workflow has no update named {name!r}"}}
+        self._in_condition = True
+        try:
+            return {"response": _json_round_trip(spec.handler(self._state, argument))}
+        except Exception as exc:  # the handler's failure is its caller's answer
+            return {"error": error_payload(exc)}
+        finally:
+            self._in_condition = False
+
     def _consume(self, arrived: PendingSignal, position: int) -> dict[str, Any]:
         """Take a buffered signal for the call at `position`: what its event records."""
         self._pending.remove(arrived)
@@ -497,8 +551,9 @@ class WorkflowContext:
     def _guard(self) -> None:
         """Every call first: refused inside a condition, unwinds a cancelled run."""
         if self._in_condition:
-            raise InvalidArgument("a wait_until predicate or handler must not call ctx: it is "
-                                  "re-evaluated on replay and must depend only on workflow state")
+            raise InvalidArgument("a wait_until predicate, its handlers and update handlers "
+                                  "must not call ctx: they run again on replay and must "
+                                  "depend only on workflow state")
         if self._cancel:
             raise Cancelled()
 

@@ -1,10 +1,11 @@
 """The exceptions that steer a turn rather than report an error.
 
-All four derive from BaseException, not Exception: they unwind through
+All five derive from BaseException, not Exception: they unwind through
 workflow code, and an `except Exception` in a workflow must not swallow them.
 The context raises Park and Cancelled; the journal raises TurnAborted and
 CommitRejected at a checkpoint; the turn turns the first three into the commit
-that ends it, and hands CommitRejected to its caller.
+that ends it, and hands CommitRejected to its caller. ReplayEnd stops a
+query's read-only replay (shardq.queue.rebuild) where history ends.
 """
 
 from __future__ import annotations
@@ -46,3 +47,8 @@ class CommitRejected(BaseException):
         self.commit = commit
         """The refused commit; nothing of it was written."""
         self.error = error
+
+
+class ReplayEnd(BaseException):
+    """A read-only replay reached a call history has not recorded; a BaseException so that
+    workflow code cannot catch it and go on to do something new."""

@@ -14,13 +14,19 @@ __all__ = [
     "NonDeterminismError",
     "NotSerializable",
     "PayloadInvalid",
+    "QueryFailed",
     "ShardUnavailable",
     "SignalRefused",
     "SignalTimedOut",
     "StepFailed",
     "StoreConflict",
     "StoreRejected",
+    "UnknownHandler",
     "UnknownWorkflow",
+    "UpdateFailed",
+    "UpdateRefused",
+    "UpdateRejected",
+    "UpdateTimedOut",
     "WorkflowError",
     "WorkflowTimedOut",
 ]
@@ -46,6 +52,54 @@ class UnknownWorkflow(WorkflowError):
     """No workflow of that name (and version) is registered."""
 
 
+class UnknownHandler(WorkflowError):
+    """The workflow publishes no query or update of that name."""
+
+    def __init__(self, kind: str, name: str, workflow: str) -> None:
+        super().__init__(f"workflow {workflow} has no {kind} named {name!r}")
+        self.kind = kind
+
+
+class QueryFailed(WorkflowError):
+    """A query could not be answered: its handler raised, or the run's history did not
+    replay (a non-determinism error). Nothing was changed."""
+
+
+class UpdateRejected(WorkflowError):
+    """The update's validator refused it; nothing was stored."""
+
+
+class UpdateFailed(WorkflowError):
+    """The run handled the update and its handler raised; the failure is recorded in the
+    run's history (a keyed retry gets the same failure)."""
+
+    def __init__(self, update_id: int, error: dict[str, object]) -> None:
+        super().__init__(f"update {update_id} failed: {error.get('type')}: {error.get('message')}")
+        self.update_id = update_id
+        self.error = error
+
+
+class UpdateRefused(WorkflowError):
+    """The run cannot handle the update: it has finished (`reason_code` `run_finished`)
+    or finished before it reached a wait that would handle it (`not_handled`)."""
+
+    def __init__(self, message: str, reason_code: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class UpdateTimedOut(WorkflowError):
+    """The update is stored but the run did not handle it within the caller's wait.
+
+    It will be handled at the run's next wait: call again with the same
+    idempotency key (`update_id` names it) to get the response."""
+
+    def __init__(self, update_id: int, waited: float) -> None:
+        super().__init__(f"update {update_id} not handled within {waited:g} s; it is stored "
+                         "and will be handled at the run's next wait")
+        self.update_id = update_id
+
+
 class InvalidArgument(WorkflowError):
     """A call was made with a value the engine refuses (bad name, sleep <= 0, ...)."""
 
@@ -62,11 +116,16 @@ class PayloadInvalid(InvalidArgument):
     missing required field is pointed at where it belongs: `/reason`).
     """
 
-    def __init__(self, what: str, violations: list[dict[str, str]]) -> None:
+    def __init__(
+        self, what: str, violations: list[dict[str, str]],
+        summary: str = "payload validation failed",
+    ) -> None:
         shown = "; ".join(f"{v['field_path'] or '/'}: {v['message']}" for v in violations[:5])
         more = f" (and {len(violations) - 5} more)" if len(violations) > 5 else ""
         super().__init__(f"{what} does not match its schema: {shown}{more}")
         self.violations = violations
+        self.summary = summary
+        """One line naming what failed: `signal payload validation failed`, `input ...`."""
 
 
 class DecisionRefused(WorkflowError):

@@ -63,6 +63,9 @@ class Event(StrEnum):
     the relay could not deliver a queued one (payload `position` names the call)."""
     EXTERNAL_REQUEUED = "external.requeued"
     """No position: an operator re-queued a queued signal that had failed for good."""
+    UPDATE_COMPLETED = "update.completed"
+    """At the position of the wait that handled it: an update's argument and its handler's
+    response (or error). Not a call of its own: replay applies it at that wait."""
 
     @property
     def call(self) -> str:
@@ -137,6 +140,20 @@ class SignalRequest:
     name: str
     payload: Any = None
     idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What Client.update returns: the handler's response, once committed."""
+
+    execution_id: uuid.UUID
+    update_id: int
+    """The stored update (its signal's id); a keyed repeat names the first one."""
+    response: Any
+    accepted: bool
+    """False when the idempotency key had already landed: `response` is the recorded one."""
+    created: bool = False
+    """update_with_start: whether this call started the run."""
 
 
 @dataclass(frozen=True)

@@ -431,3 +431,22 @@ RETURNING x.id
 -- How many runs a purge would delete now (`shardq purge --dry-run`).
 SELECT count(*) AS n
 FROM shardq.purgeable_runs(%(retention_s)s, %(workflows)s::text[], %(listed)s, NULL)
+
+-- name: update_outcome
+-- An update's recorded outcome (its update.completed event, found by the
+-- update's signal id among the run's events) and the run's state.
+SELECT (SELECT h.payload FROM shardq.history h
+        WHERE h.execution_id = %(id)s AND h.kind = 'update.completed'
+          AND h.payload->'signal_id' = to_jsonb(%(update_id)s::bigint)
+        LIMIT 1) AS outcome,
+       shardq.run_state(%(id)s) AS state
+
+-- name: signal_by_key
+-- The signal an idempotency key landed as, if it did (any name: keys are per run).
+SELECT id, name FROM shardq.signals
+WHERE execution_id = %(id)s AND idempotency_key = %(key)s
+
+-- name: workflows_of
+-- The workflow (name, version) of each run: what a signal's schema is looked up by.
+SELECT id, workflow_name, workflow_version FROM shardq.executions
+WHERE id = ANY(%(ids)b::uuid[])

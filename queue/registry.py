@@ -5,10 +5,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardq.queue.errors import InvalidArgument, UnknownWorkflow
+from shardq.queue.contracts import (
+    QuerySpec,
+    SignalSpec,
+    UpdateSpec,
+    check_signals,
+    handlers_of,
+    interface,
+)
+from shardq.queue.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
 from shardq.queue.names import check_name
+from shardq.queue.schemas import check_schema
 
 if TYPE_CHECKING:
     from shardq.queue.context import WorkflowContext
@@ -30,6 +39,14 @@ class WorkflowDef:
     retention_s: float | None = None
     """How long a finished run is kept before `shardq purge` or a worker's housekeeping
     deletes it; None: the purger's default (DEFAULT_RETENTION_S)."""
+    input_schema: dict[str, Any] | None = None
+    """JSON Schema a start's input must match (checked before anything is stored)."""
+    signals: tuple[SignalSpec, ...] = ()
+    """The signals the workflow publishes (shardq.queue.contracts)."""
+    queries: tuple[QuerySpec, ...] = ()
+    updates: tuple[UpdateSpec, ...] = ()
+    state_class: type | None = None
+    """A class-based workflow's class: each run of its code gets a new instance."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_history, bool) or not isinstance(self.max_history, int) or (
@@ -41,6 +58,57 @@ class WorkflowDef:
             if value is not None and not 0 < value < float("inf"):
                 raise InvalidArgument(f"workflow {self.name}: {field_name} must be a positive "
                                       "number of seconds")
+        if self.input_schema is not None:
+            check_schema(self.input_schema, f"workflow {self.name} input")
+        check_signals(self.signals, self.name)
+
+    def signal(self, name: str) -> SignalSpec | None:
+        """The published contract of signal `name`, if the workflow publishes one."""
+        return next((s for s in self.signals if s.name == name), None)
+
+    def query(self, name: str) -> QuerySpec:
+        found = next((q for q in self.queries if q.name == name), None)
+        if found is None:
+            raise UnknownHandler("query", name, self.name)
+        return found
+
+    def update(self, name: str) -> UpdateSpec:
+        found = next((u for u in self.updates if u.name == name), None)
+        if found is None:
+            raise UnknownHandler("update", name, self.name)
+        return found
+
+    def interface(self) -> dict[str, list[dict[str, Any]]]:
+        return interface(self.signals, self.queries, self.updates)
+
+    def new_state(self) -> object | None:
+        """A fresh instance of a class-based workflow's class; None for a function."""
+        return None if self.state_class is None else self.state_class()
+
+
+_SETTINGS = frozenset({"max_history", "max_wait_s", "retention_s", "input_schema", "signals"})
+T = TypeVar("T")
+
+
+def _check_version(name: str, version: object) -> int:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InvalidArgument(f"workflow {name}: version must be an integer >= 1")
+    return version
+
+
+def _settings(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """A definition's settings, checked: only known ones, signals as a sorted tuple."""
+    unknown = set(settings) - _SETTINGS
+    if unknown:
+        raise InvalidArgument(f"workflow {name}: unknown setting {', '.join(sorted(unknown))}")
+    if "signals" in settings:
+        settings = {**settings, "signals": check_signals(settings["signals"], name)}
+    return settings
+
+
+def _run_state(ctx: WorkflowContext) -> Any:
+    """The function of every class-based workflow: its instance's run()."""
+    return ctx.state.run(ctx)
 
 
 DEFAULT_RETENTION_S = 30 * 86400.0
@@ -59,7 +127,8 @@ class Registry:
     ) -> Callable[[WorkflowFn], WorkflowFn]:
         """Decorator: `@registry.workflow("checkout", version=2)` on `def checkout(ctx): ...`.
 
-        `limits`: max_history, max_wait_s, retention_s (see WorkflowDef)."""
+        `limits`: max_history, max_wait_s, retention_s, and the published
+        contract's input_schema and signals (see WorkflowDef)."""
 
         def register(fn: WorkflowFn) -> WorkflowFn:
             self.register(fn, name=name or fn.__name__, version=version, **limits)
@@ -71,8 +140,7 @@ class Registry:
         self, fn: WorkflowFn, *, name: str, version: int = 1, **limits: Any
     ) -> WorkflowDef:
         check_name(name, "workflow")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise InvalidArgument(f"workflow {name}: version must be an integer >= 1")
+        _check_version(name, version)
         params = [
             p for p in inspect.signature(fn).parameters.values()
             if p.default is inspect.Parameter.empty
@@ -85,12 +153,36 @@ class Registry:
         key = (name, version)
         if key in self._defs and self._defs[key].fn is not fn:
             raise InvalidArgument(f"workflow {name} version {version} is already registered")
-        unknown = set(limits) - {"max_history", "max_wait_s", "retention_s"}
-        if unknown:
-            raise InvalidArgument(f"workflow {name}: unknown setting {', '.join(sorted(unknown))}")
-        definition = WorkflowDef(name, version, fn, **limits)
+        definition = WorkflowDef(name, version, fn, **_settings(name, limits))
         self._defs[key] = definition
         return definition
+
+    def workflow_class(
+        self, name: str | None = None, *, version: int = 1, **settings: Any
+    ) -> Callable[[type[T]], type[T]]:
+        """Decorator for a class-based workflow: a class made with no arguments, whose
+        `run(self, ctx)` is the workflow and whose `@query` / `@update` methods are its
+        handlers (shardq.queue.contracts). Each run of the code gets a new instance, so
+        its attributes are the run's state, rebuilt by replay. `settings` as for
+        `workflow`."""
+
+        def register(cls: type[T]) -> type[T]:
+            run = getattr(cls, "run", None)
+            if not callable(run):
+                raise InvalidArgument(f"workflow class {cls.__name__} has no run(self, ctx)")
+            try:
+                inspect.signature(cls).bind()
+            except TypeError:
+                raise InvalidArgument(f"workflow class {cls.__name__} must be constructible "
+                                      "with no arguments (read ctx.input in run)") from None
+            queries, updates = handlers_of(cls)
+            workflow = check_name(name or cls.__name__, "workflow")
+            self.register_definition(WorkflowDef(
+                workflow, _check_version(workflow, version), _run_state, queries=queries,
+                updates=updates, state_class=cls, **_settings(workflow, settings)))
+            return cls
+
+        return register
 
     def register_definition(self, definition: WorkflowDef) -> WorkflowDef:
         """Register a built definition (queue/builder.py's `Workflow(...).build()`)."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from shardq.queue.control import ReplayEnd
 from shardq.queue.errors import LimitExceeded, NonDeterminismError, WorkflowError
 from shardq.queue.models import Event, HistoryEvent, PendingSignal
 
 _NOTHING: tuple[HistoryEvent, ...] = ()
-_CONSUMING = frozenset({Event.SIGNAL_CONSUMED, Event.CONDITION_CONSUMED})
+_CONSUMING = frozenset({Event.SIGNAL_CONSUMED, Event.CONDITION_CONSUMED, Event.UPDATE_COMPLETED})
 
 
 class Replay:
@@ -25,13 +26,16 @@ class Replay:
     same NonDeterminismError, so workflow code that catches it cannot go on.
     """
 
-    __slots__ = ("_fatal", "_limit", "_position", "_recorded", "pending")
+    __slots__ = ("_fatal", "_limit", "_position", "_read_only", "_recorded", "pending")
 
     def __init__(
         self, history: Iterable[HistoryEvent], signals: Iterable[PendingSignal] = (),
-        *, max_calls: int | None = None,
+        *, max_calls: int | None = None, read_only: bool = False,
     ) -> None:
+        """`read_only`: a call past what history recorded raises ReplayEnd (a query's
+        replay stops there instead of doing anything new)."""
         self._position = 0
+        self._read_only = read_only
         self._limit = max_calls
         self._fatal: WorkflowError | None = None
         self._recorded: dict[int, list[HistoryEvent]] = {}
@@ -71,8 +75,11 @@ class Replay:
             raise self._fatal
         self._position += 1
         recorded = self._recorded.get(position, _NOTHING)
-        if recorded:
-            first = recorded[0]
+        if not recorded and self._read_only:
+            raise ReplayEnd()
+        # An update handled at a wait is recorded at the wait's position, never first.
+        first = next((e for e in recorded if e.kind != Event.UPDATE_COMPLETED), None)
+        if first is not None:
             recorded_call = first.kind.split(".", 1)[0]
             if recorded_call != call or first.name != name:
                 self._fatal = NonDeterminismError(

@@ -30,14 +30,19 @@ def check_schema(schema: object, what: str) -> dict[str, Any]:
     return schema
 
 
-def validate(payload: Any, schema: dict[str, Any] | None, what: str) -> None:
-    """Raise PayloadInvalid listing every violation; a None schema accepts anything."""
+def validate(
+    payload: Any, schema: dict[str, Any] | None, what: str,
+    summary: str = "payload validation failed",
+) -> None:
+    """Raise PayloadInvalid listing every violation; a None schema accepts anything.
+
+    `summary` is the refusal's one-line title (the HTTP API's `error`)."""
     if schema is None:
         return
     validator = Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(payload), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        raise PayloadInvalid(what, [_violation(e) for e in errors[:MAX_VIOLATIONS]])
+        raise PayloadInvalid(what, [_violation(e) for e in errors[:MAX_VIOLATIONS]], summary)
 
 
 def _violation(error: ValidationError) -> dict[str, str]:

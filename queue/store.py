@@ -426,6 +426,45 @@ class Store:
             [BufferedSignal(**row) for row in pending],
         )
 
+    # -- contracts: updates and signal schemas -------------------------------------
+
+    def update_outcome(
+        self, execution_id: uuid.UUID, update_id: int
+    ) -> tuple[dict[str, Any] | None, State | None]:
+        """(the update's recorded outcome or None, the run's state; None: no run)."""
+        shard = self.map.for_execution(execution_id)
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["update_outcome"], {"id": execution_id,
+                                                       "update_id": update_id}).fetchone()
+        assert row is not None
+        return row["outcome"], _STATES[row["state"]] if row["state"] else None
+
+    def find_run(
+        self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str
+    ) -> uuid.UUID | None:
+        """The run of this workflow key, if one was started."""
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["find_executions"], {
+                "tenant": tenant, "workflow_name": workflow_name, "workflow_ids": [workflow_id],
+            }).fetchone()
+        return None if row is None else row["id"]
+
+    def signal_by_key(self, execution_id: uuid.UUID, key: str) -> tuple[int, str] | None:
+        """(id, name) of the signal `key` landed as on this run, if it did."""
+        shard = self.map.for_execution(execution_id)
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["signal_by_key"], {"id": execution_id, "key": key}
+                               ).fetchone()
+        return None if row is None else (row["id"], row["name"])
+
+    def workflows_of(
+        self, shard: Shard, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[str, int]]:
+        """The (workflow name, version) of each of these runs of `shard` that exists."""
+        with self._connection(shard) as conn:
+            rows = conn.execute(SQL["workflows_of"], {"ids": list(ids)}).fetchall()
+        return {r["id"]: (r["workflow_name"], r["workflow_version"]) for r in rows}
+
     # -- interrupts --------------------------------------------------------------
 
     def open_interrupt(

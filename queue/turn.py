@@ -35,6 +35,7 @@ __all__ = ["UNKNOWN_VERSION_RETRY_S", "failing_commit", "run_turn"]
 
 log = logging.getLogger(__name__)
 
+_WAITS = frozenset({State.WAITING, State.INPUT_REQUIRED})
 UNKNOWN_VERSION_RETRY_S = 60.0
 """How long a run whose workflow version this worker lacks waits for a worker that has it."""
 
@@ -64,7 +65,8 @@ def run_turn(
         return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
     replay = Replay(claim.history, claim.signals, max_calls=definition.max_history)
     try:
-        ctx = WorkflowContext(claim, replay, journal, on_this_shard)
+        ctx = WorkflowContext(claim, replay, journal, on_this_shard,
+                              state=definition.new_state(), updates=definition.updates)
         return _play(definition, ctx, claim, replay, journal)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
@@ -99,9 +101,12 @@ def _play(
                 f"({definition.max_wait_s:.0f} s)")
             return journal.commit(state=State.FAILED, task=TaskAction.DELETE,
                                   error=error_payload(too_long), close_wait=True)
+        wake = park.wake_on_signals
+        if definition.updates and park.state in _WAITS:  # not a retry's backoff: no early wake
+            wake += tuple(u.signal_name for u in definition.updates)
         return journal.commit(
             state=park.state, task=park.task, delay=park.delay,
-            open_wait=park.open_wait, wake_on_signals=park.wake_on_signals,
+            open_wait=park.open_wait, wake_on_signals=wake,
         )
     except Cancelled:
         return journal.commit(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)

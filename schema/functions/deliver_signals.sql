@@ -1,9 +1,11 @@
 -- Deliver signals to executions of one tenant on this shard, in one transaction.
 -- Each signal is stored, recorded in its run's history and wakes the run if it
--- waits on that name (a signal wait of that name, or a condition that handles it). Refusals (unknown run, another tenant's, finished, too many
--- pending) insert nothing and come back as a row the caller reads the reason
--- from; a repeated idempotency key returns the earlier signal's id and name,
--- and so does a repeated origin (the outbox row a relay delivers under: see
+-- waits on that name (a signal wait of that name, or a condition that handles
+-- it); an update (a signal named shardq:update:*, see queue/contracts.py)
+-- wakes a parked run whatever it waits on. Refusals (unknown run, another
+-- tenant's, finished, too many pending) insert nothing and come back as a row
+-- the caller reads the reason from; a repeated idempotency key returns the
+-- earlier signal's id and name, and so does a repeated origin (the outbox row a relay delivers under: see
 -- the outbox relay in outbox/). A run of a declarative workflow takes one
 -- signal per gate name (its executions.gates): a second one is refused
 -- (`gate_closed`), the first one stands. Rows come back one per input, `ord`
@@ -119,6 +121,7 @@ BEGIN
             ) w
             WHERE (w.kind = 'signal' AND w.name = n.name)
                OR (w.kind = 'condition' AND w.request->'signals' ? n.name)
+               OR starts_with(n.name, 'shardq:update:')
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id
@@ -184,6 +187,7 @@ BEGIN
             FROM shardq.waits w JOIN inserted n ON n.execution_id = w.execution_id
             WHERE (w.kind = 'signal' AND w.name = p_names[i])
                OR (w.kind = 'condition' AND w.request->'signals' ? p_names[i])
+               OR starts_with(p_names[i], 'shardq:update:')
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -28,23 +27,30 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from shardq.queue.client import Client
+from shardq.bin import rules
+from shardq.bin.openapi import OPENAPI, PREFIX
+from shardq.queue.client import DEFAULT_UPDATE_WAIT, MAX_WAIT, Client
 from shardq.queue.errors import (
     DecisionRefused,
     ExecutionNotFound,
     InvalidArgument,
     PayloadInvalid,
+    QueryFailed,
     SignalRefused,
+    UnknownHandler,
     UnknownWorkflow,
+    UpdateFailed,
+    UpdateRefused,
+    UpdateRejected,
+    UpdateTimedOut,
 )
 from shardq.queue.limits import Limits
-from shardq.queue.models import Execution, SignalRequest, State
+from shardq.queue.models import Execution, State, UpdateResult
 from shardq.shards.errors import ConfigError, ShardqError, ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/api/shardq"
 MAX_BODY = Limits().max_input_bytes + (64 << 10)
 """The largest body read: a run's input at its bound plus room for the envelope."""
 IDEMPOTENCY_HEADER = b"idempotency-key"
@@ -126,22 +132,11 @@ async def _body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _json(raw: bytes, what: str) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ApiError(400, f"{what} is not valid JSON: {exc}") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 async def _json_object(request: Request) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise ApiError(415, "the body must be application/json")
-    value = _json(await _body(request), "the body")
+    value = rules.json_value(await _body(request), "the body")
     if not isinstance(value, dict):
         raise ApiError(400, "the body must be a JSON object")
     return value
@@ -157,20 +152,12 @@ def _field(body: dict[str, Any], name: str, kind: type, *, required: bool = True
 
 
 def _idempotency_key(request: Request) -> str | None:
-    """The header wins over `?idempotency_key=`; a header that is present must be usable."""
+    """The header wins over `?idempotency_key=`; either, when present, must be usable."""
     raw = [v for k, v in request.headers.raw if k.lower() == IDEMPOTENCY_HEADER]
     if raw:
-        try:
-            header: str = raw[0].decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, "the Idempotency-Key header is not valid UTF-8") from None
-        if not header.strip():
-            raise ApiError(400, "the Idempotency-Key header is empty: leave it out for no key")
-        return header
-    key = request.query_params.get("idempotency_key")
-    if key is not None and not key.strip():
-        raise ApiError(400, "idempotency_key is empty: leave it out for no key")
-    return key
+        return rules.idempotency_key(raw[0], "the Idempotency-Key header")
+    return rules.idempotency_key(request.query_params.get("idempotency_key"),
+                                 "idempotency_key")
 
 
 def _execution_id(request: Request) -> Any:
@@ -178,6 +165,25 @@ def _execution_id(request: Request) -> Any:
         return parse_execution_id(request.path_params["execution_id"])
     except InvalidExecutionId:
         raise ApiError(404, "execution not found") from None
+
+
+def _wait(request: Request) -> float:
+    """`?wait=` seconds an update call waits for its response (default 30, at most 600)."""
+    raw = request.query_params.get("wait")
+    if raw is None:
+        return DEFAULT_UPDATE_WAIT
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise ApiError(400, "wait must be a number of seconds within 0..600") from None
+    if not 0 <= wait <= MAX_WAIT:
+        raise ApiError(400, "wait must be a number of seconds within 0..600")
+    return wait
+
+
+def _update_result(result: UpdateResult) -> dict[str, Any]:
+    return {"execution_id": str(result.execution_id), "update_id": result.update_id,
+            "completed": True, "response": result.response, "accepted": result.accepted}
 
 
 def _execution(e: Execution) -> dict[str, Any]:
@@ -219,10 +225,10 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
     async def signal(request: Request, tenant: str) -> Response:
         ident = _execution_id(request)
         key = _idempotency_key(request)
-        raw = await _body(request)
-        payload = _json(raw, "the signal payload") if raw.strip() else None
-        (result,) = await run_in_threadpool(client.signal_many, [SignalRequest(
-            ident, request.path_params["signal_name"], payload, key)], tenant=tenant)
+        payload = rules.json_value(await _body(request), "the signal payload")
+        result = await run_in_threadpool(rules.send_signal, client, ident,
+                                         request.path_params["signal_name"], payload, key,
+                                         tenant)
         if isinstance(result.error, SignalRefused):
             state = (await run_in_threadpool(client.get, ident, tenant=tenant)).state
             return JSONResponse({"error": str(result.error), "state": state.value,
@@ -250,6 +256,39 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
             body.get("payload"), decision_id=_field(body, "decision_id", str),
             actor=_field(body, "actor", str), tenant=tenant)
         return JSONResponse({"accepted": result.accepted, "decision": result.decision.as_json()})
+
+    async def query(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        argument = rules.json_value(await _body(request), "the query argument")
+        result = await run_in_threadpool(client.query, ident, request.path_params["name"],
+                                         argument, tenant=tenant)
+        return JSONResponse({"result": result})
+
+    async def update(request: Request, tenant: str) -> Response:
+        ident = _execution_id(request)
+        key = _idempotency_key(request)
+        wait = _wait(request)
+        argument = rules.json_value(await _body(request), "the update argument")
+        result = await run_in_threadpool(
+            lambda: client.update(ident, request.path_params["name"], argument,
+                                  idempotency_key=key, tenant=tenant, wait=wait))
+        return JSONResponse(_update_result(result))
+
+    async def update_with_start(request: Request, tenant: str) -> Response:
+        body = await _json_object(request)
+        key = _field(body, "idempotency_key", str, required=False)
+        key = rules.idempotency_key(key, "idempotency_key")
+        wait = _wait(request)
+        result = await run_in_threadpool(
+            lambda: client.update_with_start(
+                request.path_params["name"], _field(body, "workflow_id", str),
+                body.get("input"), _field(body, "update", str), body.get("argument"),
+                idempotency_key=key, tenant=tenant, wait=wait))
+        return JSONResponse({**_update_result(result), "created": result.created},
+                            201 if result.created else 200)
+
+    async def interface(request: Request, tenant: str) -> Response:
+        return JSONResponse(client.interface(request.path_params["name"]))
 
     async def cancel(request: Request, tenant: str) -> Response:
         ident = _execution_id(request)
@@ -333,6 +372,10 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         route("/workflows/{execution_id}/signal/{signal_name}", signal, "POST"),
         route("/workflows/{execution_id}/interrupts/{name}/decision", decide, "POST"),
         route("/workflows/{execution_id}/cancel", cancel, "POST"),
+        route("/workflows/{execution_id}/query/{name}", query, "POST"),
+        route("/workflows/{execution_id}/update/{name}", update, "POST"),
+        route("/workflows/{name}/update-with-start", update_with_start, "POST"),
+        route("/workflows/registered/{name}/interface", interface, "GET"),
         route("/workflows/{execution_id}/history", history, "GET"),
         route("/workflows/{execution_id}", show, "GET"),
         route("/workflows", listing, "GET"),
@@ -343,67 +386,48 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
 
 
+_STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    (UpdateTimedOut, 202),
+    ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler), 404),
+    ((UpdateRefused, DecisionRefused, SignalRefused), 409),
+    ((UpdateFailed, UpdateRejected, QueryFailed), 422),
+    (ShardUnavailable, 503),
+    (ShardqError, 400),  # InvalidArgument, PayloadInvalid and every other refusal
+)
+"""The status of each refusal, first match wins (the more special kinds first)."""
+
+
 def _refusal(request: Request, exc: Exception) -> JSONResponse:
     """The answer to a request that failed: a 4xx for every client mistake, 503 for a shard
     that is down, and a bare 500 (logged, never a traceback) for a bug."""
-    body: dict[str, Any] = {"error": str(exc)}
     if isinstance(exc, ApiError):
-        status = exc.status
-        body.update(exc.details)
-    elif isinstance(exc, PayloadInvalid):
-        status, body = 400, {"error": "payload validation failed", "violations": exc.violations}
-    elif isinstance(exc, ExecutionNotFound | InvalidExecutionId):
-        status, body = 404, {"error": "execution not found"}
-    elif isinstance(exc, UnknownWorkflow):
-        status = 404
-    elif isinstance(exc, DecisionRefused):
-        status = 409
-        body.update(reason_code=exc.reason_code, standing=exc.standing)
-    elif isinstance(exc, ShardUnavailable):
-        status, body = 503, {"error": f"a shard is unavailable: {exc}"}
-    elif isinstance(exc, ShardqError):  # InvalidArgument and every other refusal
-        status = 400
-    else:
+        return JSONResponse({"error": str(exc), **exc.details}, exc.status)
+    status = next((code for kinds, code in _STATUS if isinstance(exc, kinds)), 500)
+    if status == 500:
         log.error("request failed", extra={"path": request.url.path}, exc_info=exc)
-        status, body = 500, {"error": "internal error"}
-    return JSONResponse(body, status)
+        return JSONResponse({"error": "internal error"}, 500)
+    return JSONResponse(_refusal_body(exc), status)
 
 
-def _op(summary: str, *codes: int, body: bool = False) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
-                          "responses": {str(c): {"description": str(c)} for c in codes}}
-    if body:
-        op["requestBody"] = {"content": {"application/json": {"schema": {"type": "object"}}}}
-    return op
-
-
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": "shardq management API", "version": "1"},
-    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-    "paths": {
-        f"{PREFIX}/workflows/{{name}}/start": {
-            "post": _op("Start a run (201), or find the run of this workflow_id (200)",
-                        200, 201, 400, 401, 404, 413, 415, body=True)},
-        f"{PREFIX}/workflows/{{name}}/signal-with-start": {
-            "post": _op("Signal the run of a workflow key, starting it if it has none",
-                        201, 202, 400, 401, 404, 409, 413, 415, body=True)},
-        f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {
-            "post": _op("Deliver a signal; the body is its raw JSON payload (may be empty); "
-                        "Idempotency-Key header or ?idempotency_key=", 202, 400, 401, 404, 409,
-                        413)},
-        f"{PREFIX}/workflows/{{execution_id}}/interrupts/{{name}}/decision": {
-            "post": _op("Decide an open interrupt", 200, 400, 401, 404, 409, 413, 415,
-                        body=True)},
-        f"{PREFIX}/workflows/{{execution_id}}/cancel": {"post": _op("Cancel a run", 200, 401,
-                                                                    404)},
-        f"{PREFIX}/workflows/{{execution_id}}": {"get": _op("A run", 200, 401, 404)},
-        f"{PREFIX}/workflows/{{execution_id}}/history": {"get": _op("A run's history", 200,
-                                                                    401, 404)},
-        f"{PREFIX}/workflows": {"get": _op("Runs, a keyset page", 200, 400, 401)},
-        f"{PREFIX}/interrupts": {"get": _op("Open interrupts, a keyset page", 200, 400, 401)},
-        f"{PREFIX}/healthz": {"get": {"summary": "Per-shard reachability",
-                                      "responses": {"200": {"description": "200"},
-                                                    "503": {"description": "503"}}}},
-    },
-}
+def _refusal_body(exc: Exception) -> dict[str, Any]:
+    """What a refusal says: its text and, per kind, what a caller acts on."""
+    if isinstance(exc, PayloadInvalid):
+        return {"error": exc.summary, "violations": exc.violations}
+    if isinstance(exc, ExecutionNotFound | InvalidExecutionId):
+        return {"error": "execution not found"}  # another tenant's run reads the same
+    if isinstance(exc, ShardUnavailable):
+        return {"error": f"a shard is unavailable: {exc}"}
+    body: dict[str, Any] = {"error": str(exc)}
+    if isinstance(exc, UpdateTimedOut):
+        body.update(update_id=exc.update_id, completed=False)
+    elif isinstance(exc, UpdateRefused | SignalRefused):
+        body.update(reason_code=exc.reason_code)
+    elif isinstance(exc, DecisionRefused):
+        body.update(reason_code=exc.reason_code, standing=exc.standing)
+    elif isinstance(exc, UpdateFailed):
+        body.update(reason_code="handler_failed", update_id=exc.update_id, detail=exc.error)
+    elif isinstance(exc, UpdateRejected):
+        body.update(reason_code="rejected")
+    elif isinstance(exc, QueryFailed):
+        body.update(reason_code="query_failed")
+    return body

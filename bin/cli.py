@@ -424,28 +424,17 @@ def open_client(settings: Settings, registry: Registry | None = None) -> Iterato
 
 
 def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv."""
-    import math
+    """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv.
+
+    Read by the rules the HTTP API reads bodies by (shardq.bin.rules)."""
+    from shardq.bin.rules import RuleBroken, json_value
 
     if value is None:
         return None
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON value")
-
-    def finite(number: str) -> float:
-        parsed = float(number)
-        if not math.isfinite(parsed):
-            raise ValueError(f"the number {number} is out of range")
-        return parsed
-
     try:
-        return json.loads(_read_value(value, param), parse_constant=no_constant,
-                          parse_float=finite)
-    except RecursionError:
-        raise click.BadParameter("is nested too deeply", param=param) from None
-    except ValueError as exc:  # json.JSONDecodeError too
-        raise click.BadParameter(f"is not valid JSON: {exc}", param=param) from None
+        return json_value(_read_value(value, param), "the value")
+    except RuleBroken as exc:
+        raise click.BadParameter(str(exc).removeprefix("the value "), param=param) from None
 
 
 def _read_value(value: str, param: click.Parameter) -> str:
@@ -504,12 +493,13 @@ def _execution_payload(e: Execution) -> dict[str, Any]:
 
 
 def _check_key(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    # An empty key would silently mean "no key" (at-least-once) to a caller who
-    # asked for exactly-once: refused as a usage error instead.
-    if value is not None and not value.strip():
-        raise click.BadParameter("must not be empty (leave the option out for no key)",
-                                 param=param)
-    return value
+    """Read by the rules the HTTP API reads the Idempotency-Key header by (shardq.bin.rules)."""
+    from shardq.bin.rules import RuleBroken, idempotency_key
+
+    try:
+        return idempotency_key(value, "the key")
+    except RuleBroken as exc:
+        raise click.BadParameter(str(exc).removeprefix("the key "), param=param) from None
 
 
 tenant_option = click.option("--tenant", default="default", show_default=True)
@@ -563,16 +553,26 @@ def workflow_start(
 @click.argument("name")
 @payload_option
 @key_option
+@click.option("--app", envvar=ENV_APP, metavar="MODULE:ATTR",
+              help="The app's Registry: the payload is checked against the schema the "
+                   f"run's workflow publishes for NAME [env {ENV_APP}; optional here].")
 @pass_settings
 def workflow_signal(
     settings: Settings, tenant: str, execution_id: uuid.UUID, name: str,
-    payload: Any, idempotency_key: str | None,
+    payload: Any, idempotency_key: str | None, app: str | None,
 ) -> None:
     """Send signal NAME to a run."""
-    with open_client(settings) as client, errors_as_exit_codes():
-        result = client.signal(
-            execution_id, name, payload, idempotency_key=idempotency_key, tenant=tenant,
-        )
+    from shardq.bin.rules import send_signal
+    from shardq.queue.errors import PayloadInvalid
+
+    with errors_as_exit_codes():
+        registry = load_registry(app) if app else None
+    with open_client(settings, registry) as client, errors_as_exit_codes():
+        result = send_signal(client, execution_id, name, payload, idempotency_key, tenant)
+        if isinstance(result.error, PayloadInvalid):
+            fail(str(result.error), EXIT_WORKFLOW, {"violations": result.error.violations})
+        if result.error is not None:
+            raise result.error
     emit(
         settings,
         {"execution_id": str(result.execution_id), "signal_id": result.signal_id,

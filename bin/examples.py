@@ -8,6 +8,7 @@ from typing import Any
 
 from shardq.queue.builder import Run, Workflow
 from shardq.queue.context import WorkflowContext
+from shardq.queue.contracts import SignalSpec, query, update
 from shardq.queue.errors import ExternalSignalFailed
 from shardq.queue.models import Signal
 from shardq.queue.registry import Registry
@@ -31,6 +32,59 @@ def checkout(ctx: WorkflowContext) -> dict[str, Any]:
     payment = ctx.wait_for_signal("payment_captured")
     shipment = ctx.step("fulfill_order", fulfill_order, order, payment)
     return {"reservation": reservation, "payment": payment, "shipment": shipment}
+
+
+CART_INPUT = {"type": "object", "required": ["customer"], "properties": {
+    "customer": {"type": "string", "minLength": 1}}}
+CART_ITEM = {"type": "object", "required": ["sku", "quantity"], "additionalProperties": False,
+             "properties": {"sku": {"type": "string", "minLength": 1},
+                            "quantity": {"type": "integer", "minimum": 1, "maximum": 100}}}
+PAYMENT = {"type": "object", "required": ["amount"], "properties": {
+    "amount": {"type": "number", "exclusiveMinimum": 0}}}
+
+
+def cart_is_open(cart: Cart, item: dict[str, Any]) -> None:
+    if cart.status != "open":
+        raise ValueError(f"the cart is {cart.status}: no more items")
+
+
+@registry.workflow_class("cart", input_schema=CART_INPUT, signals=[
+    SignalSpec("payment_captured", schema=PAYMENT,
+               description="The payment gateway's webhook: the cart was paid"),
+])
+class Cart:
+    """A shopping cart that lives until it is paid, with a published contract.
+
+    Items arrive as updates (each answered with the cart's size once recorded),
+    `contents` answers from the committed state at any time, with no worker
+    running, and the payment webhook is a signal whose payload is checked.
+    """
+
+    def __init__(self) -> None:
+        self.customer = ""
+        self.items: list[dict[str, Any]] = []
+        self.status = "open"
+
+    def run(self, ctx: WorkflowContext) -> dict[str, Any]:
+        self.customer = ctx.input["customer"]
+        payment = ctx.wait_for_signal("payment_captured")
+        self.status = "paid"
+        skus = [item["sku"] for item in self.items]
+        shipped = ctx.step("ship", lambda: {"shipped": skus})
+        self.status = "shipped"
+        return {"customer": self.customer, "items": self.items, "paid": payment["amount"],
+                **shipped}
+
+    @query("contents", description="The cart as recorded: status and items",
+           response_schema={"type": "object", "required": ["status", "items"]})
+    def contents(self, argument: Any) -> dict[str, Any]:
+        return {"customer": self.customer, "status": self.status, "items": self.items}
+
+    @update("add_item", schema=CART_ITEM, response_schema={"type": "integer"},
+            validator=cart_is_open, description="Add an item; answers the number of items")
+    def add_item(self, item: dict[str, Any]) -> int:
+        self.items.append(item)
+        return len(self.items)
 
 
 @registry.workflow("quorum_approval")

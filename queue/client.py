@@ -312,7 +312,7 @@ class Client:
         this client's registry does not know is not checked here (its contract
         is unknown to this process); the HTTP server and workers load the app.
         """
-        if not self._has_signal_schemas or not signals:
+        if not self.registry.signal_schemas or not signals:
             return {}
         workflows: dict[uuid.UUID, tuple[str, int]] = {}
         groups = by_shard(self.map, signals, lambda c: self.map.for_execution(c.target))
@@ -329,10 +329,6 @@ class Client:
                 except PayloadInvalid as exc:
                     refused[index] = exc
         return refused
-
-    @property
-    def _has_signal_schemas(self) -> bool:
-        return any(s.schema is not None for d in self.registry.definitions() for s in d.signals)
 
     def _signal_spec(self, workflow: tuple[str, int] | None, name: str) -> SignalSpec | None:
         if workflow is None:

@@ -121,6 +121,9 @@ class Registry:
 
     def __init__(self) -> None:
         self._defs: dict[tuple[str, int], WorkflowDef] = {}
+        self.signal_schemas = False
+        """Whether any registered workflow publishes a signal schema: senders look their
+        targets' workflows up only then."""
 
     def workflow(
         self, name: str | None = None, *, version: int = 1, **limits: Any
@@ -154,7 +157,7 @@ class Registry:
         if key in self._defs and self._defs[key].fn is not fn:
             raise InvalidArgument(f"workflow {name} version {version} is already registered")
         definition = WorkflowDef(name, version, fn, **_settings(name, limits))
-        self._defs[key] = definition
+        self._add(definition)
         return definition
 
     def workflow_class(
@@ -193,8 +196,13 @@ class Registry:
         if key in self._defs and self._defs[key] is not definition:
             raise InvalidArgument(f"workflow {definition.name} version {definition.version} "
                                   "is already registered")
-        self._defs[key] = definition
+        self._add(definition)
         return definition
+
+    def _add(self, definition: WorkflowDef) -> None:
+        self._defs[(definition.name, definition.version)] = definition
+        if any(s.schema is not None for s in definition.signals):
+            self.signal_schemas = True
 
     def get(self, name: str, version: int | None = None) -> WorkflowDef:
         """The definition of `name` at `version`, or its newest version when None."""

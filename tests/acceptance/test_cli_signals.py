@@ -58,5 +58,5 @@ def test_signal_with_start_show_and_signal_from_the_command_line(
                     ["workflow", "signal-with-start", "park", "wh-1", "go"]):
         refused = run_cli(*command, "--idempotency-key", "", env=env)
         assert refused.returncode == 2, refused.stderr
-        assert refused.stderr.count("\n") == 1 and "must not be empty" in refused.stderr
+        assert refused.stderr.count("\n") == 1 and "is empty" in refused.stderr
     assert all_rows(shard_map, "SELECT name FROM shardq.signals") == [("early",)]

@@ -183,6 +183,30 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
     ("bad-cursor", "GET", "/workflows", {"params": {"cursor": "zz"}}, 400),
     ("bad-decision", "POST", "/workflows/{run}/interrupts/x/decision",
      {"json": {"action": "maybe", "decision_id": "d", "actor": "a"}}, 400),
+    ("start-bad-input", "POST", "/workflows/cart/start",
+     {"json": {"workflow_id": "c-bad", "input": {"customer": ""}}}, 400),
+    ("signal-breaks-schema", "POST", "/workflows/{cart}/signal/payment_captured",
+     {"content": b'{"amount": 0}'}, 400),
+    ("query-unknown", "POST", "/workflows/{cart}/query/nope", {}, 404),
+    ("query-bad-json", "POST", "/workflows/{cart}/query/contents", {"content": b"{"}, 400),
+    ("update-unknown", "POST", "/workflows/{cart}/update/nope", {"content": b"1"}, 404),
+    ("update-breaks-schema", "POST", "/workflows/{cart}/update/add_item",
+     {"json": {"sku": "", "quantity": 0}}, 400),
+    ("update-bad-wait", "POST", "/workflows/{cart}/update/add_item",
+     {"json": {"sku": "a", "quantity": 1}, "params": {"wait": "forever"}}, 400),
+    ("update-negative-wait", "POST", "/workflows/{cart}/update/add_item",
+     {"json": {"sku": "a", "quantity": 1}, "params": {"wait": "-1"}}, 400),
+    ("update-empty-key", "POST", "/workflows/{cart}/update/add_item",
+     {"json": {"sku": "a", "quantity": 1}, "headers": {"Idempotency-Key": ""}}, 400),
+    ("update-with-start-no-update", "POST", "/workflows/cart/update-with-start",
+     {"json": {"workflow_id": "c-bad"}}, 400),
+    ("update-with-start-bad-input", "POST", "/workflows/cart/update-with-start",
+     {"json": {"workflow_id": "c-bad", "input": {}, "update": "add_item",
+               "argument": {"sku": "a", "quantity": 1}}}, 400),
+    ("update-with-start-empty-key", "POST", "/workflows/cart/update-with-start",
+     {"json": {"workflow_id": "c-bad", "input": {"customer": "c"}, "update": "add_item",
+               "argument": {"sku": "a", "quantity": 1}, "idempotency_key": ""}}, 400),
+    ("interface-unknown", "GET", "/workflows/registered/nope/interface", {}, 404),
     ("no-route", "GET", "/nothing/here", {}, 404),
     ("wrong-method", "DELETE", "/workflows", {}, 405),
 ]
@@ -197,12 +221,73 @@ def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(
     api: Api, shard_map: ShardMap
 ) -> None:
     run = start_park(api, "h-4")
+    cart = api.http.post("/workflows/cart/start", json={
+        "workflow_id": "c-4", "input": {"customer": "ann"}}).json()["execution_id"]
     before = counts(shard_map)
     for case, method, path, kwargs, status in BAD_REQUESTS:
-        answer = api.http.request(method, path.replace("{run}", run), **kwargs)  # type: ignore[arg-type]  # a table of mixed keyword arguments
+        target = path.replace("{run}", run).replace("{cart}", cart)
+        answer = api.http.request(method, target, **kwargs)  # type: ignore[arg-type]  # a table of mixed keyword arguments
         assert answer.status_code == status, (case, answer.status_code, answer.text)
         body = answer.json()
         assert isinstance(body.get("error"), str), (case, body)
         assert "Traceback" not in answer.text, case
     assert counts(shard_map) == before
     assert json.loads(api.http.get("/openapi.json").text)["openapi"] == "3.1.0"
+
+
+def test_published_contracts_over_http(api: Api, start_worker: StartWorker) -> None:
+    from shardq.bin.examples import CART_ITEM, registry
+
+    interface = api.http.get("/workflows/registered/cart/interface").json()
+    assert [u["name"] for u in interface["updates"]] == ["add_item"]
+    assert interface["updates"][0]["schema"] == CART_ITEM
+    assert [s["name"] for s in interface["signals"]] == ["payment_captured"]
+    assert "response_schema" not in interface["signals"][0]
+    refused = api.http.post("/workflows/cart/start", json={"workflow_id": "c-1", "input": {}})
+    assert (refused.status_code, refused.json()) == (400, {
+        "error": "input validation failed",
+        "violations": [{"message": "'customer' is a required property",
+                        "field_path": "/customer"}]})
+    made = api.http.post("/workflows/cart/start",
+                         json={"workflow_id": "c-1", "input": {"customer": "ann"}})
+    cart = made.json()["execution_id"]
+    # No worker yet: the query replays committed history; the update is stored, not handled.
+    contents = api.http.post(f"/workflows/{cart}/query/contents")
+    assert (contents.status_code, contents.json()["result"]["status"]) == (200, "open")
+    pen = {"sku": "pen", "quantity": 2}
+    pending = api.http.post(f"/workflows/{cart}/update/add_item", json=pen,
+                            params={"wait": "0.2"}, headers={"Idempotency-Key": "add-pen"})
+    assert (pending.status_code, pending.json()["completed"]) == (202, False)
+    start_worker(registry)
+    done = api.http.post(f"/workflows/{cart}/update/add_item", json=pen,
+                         headers={"Idempotency-Key": "add-pen"})
+    assert done.status_code == 200, done.text
+    assert (done.json()["response"], done.json()["update_id"], done.json()["accepted"]) == (
+        1, pending.json()["update_id"], False)
+    bad = api.http.post(f"/workflows/{cart}/update/add_item", json={"sku": "ink"})
+    assert (bad.status_code, bad.json()["error"]) == (400, "update payload validation failed")
+    assert bad.json()["violations"] == [{"message": "'quantity' is a required property",
+                                         "field_path": "/quantity"}]
+    started = api.http.post("/workflows/cart/update-with-start", json={
+        "workflow_id": "c-2", "input": {"customer": "bob"}, "update": "add_item",
+        "argument": {"sku": "cup", "quantity": 1}, "idempotency_key": "c2-cup"})
+    assert (started.status_code, started.json()["response"]) == (201, 1), started.text
+    again = api.http.post("/workflows/cart/update-with-start", json={
+        "workflow_id": "c-2", "input": {"customer": "bob"}, "update": "add_item",
+        "argument": {"sku": "cup", "quantity": 1}, "idempotency_key": "c2-cup"})
+    assert (again.status_code, again.json()["accepted"]) == (200, False)
+
+    unpaid = api.http.post(f"/workflows/{cart}/signal/payment_captured", content=b"{}")
+    assert (unpaid.status_code, unpaid.json()["error"]) == (400,
+                                                            "signal payload validation failed")
+    paid = api.http.post(f"/workflows/{cart}/signal/payment_captured",
+                         content=b'{"amount": 9.5}')
+    assert paid.status_code == 202
+    wait_until(lambda: api.http.get(f"/workflows/{cart}").json()["state"] == "completed",
+               what="the cart shipped")
+    finished = api.http.post(f"/workflows/{cart}/query/contents").json()["result"]
+    assert finished == {"customer": "ann", "status": "shipped", "items": [pen]}
+    late = api.http.post(f"/workflows/{cart}/update/add_item", json=pen)
+    assert (late.status_code, late.json()["reason_code"]) == (409, "run_finished")
+    theirs = api.other.post(f"/workflows/{cart}/query/contents")
+    assert (theirs.status_code, theirs.json()) == (404, {"error": "execution not found"})

@@ -1,0 +1,176 @@
+"""The OpenAPI 3.1 document of the HTTP API (`GET /api/shardq/openapi.json`).
+
+Written by hand next to the routes (bin/api.py) rather than generated, so it
+says what the routes promise: every status a route answers with, the shape of
+each body. A test validates it (openapi-spec-validator) and fuzzes every
+route with schemathesis against a real `shardq serve`: no input yields a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PREFIX = "/api/shardq"
+ANY_JSON: dict[str, Any] = {}
+"""A JSON Schema that accepts every JSON value."""
+
+_VIOLATION = {"type": "object", "required": ["message", "field_path"], "properties": {
+    "message": {"type": "string"}, "field_path": {"type": "string"}}}
+ERROR = {"type": "object", "required": ["error"], "properties": {
+    "error": {"type": "string"},
+    "violations": {"type": "array", "items": _VIOLATION},
+    "reason_code": {"type": "string"},
+}}
+EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"], "properties": {
+    "execution_id": {"type": "string", "format": "uuid"},
+    "workflow": {"type": "string"}, "workflow_version": {"type": "integer"},
+    "workflow_id": {"type": "string"}, "state": {"type": "string"},
+    "input": ANY_JSON, "output": ANY_JSON, "error": ANY_JSON,
+    "cancel_requested": {"type": "boolean"}, "created_at": {"type": "string"},
+    "finished_at": {"type": ["string", "null"]},
+}}
+UPDATE_RESULT = {"type": "object", "required": ["update_id", "completed"], "properties": {
+    "execution_id": {"type": "string"}, "update_id": {"type": "integer"},
+    "completed": {"type": "boolean"}, "response": ANY_JSON, "accepted": {"type": "boolean"},
+    "created": {"type": "boolean"},
+}}
+_STATUS_TEXT = {
+    200: "OK", 201: "Created", 202: "Accepted (see the body)", 400: "Bad request or payload",
+    401: "No or bad bearer token", 404: "Not found (another tenant's run reads the same)",
+    409: "Refused in the run's current state", 413: "Body too large",
+    415: "Not application/json", 422: "Handled, and refused or failed", 503: "A shard is down",
+}
+
+
+def _json_content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _responses(ok: dict[int, dict[str, Any]], *errors: int) -> dict[str, Any]:
+    out = {str(code): {"description": _STATUS_TEXT[code], "content": _json_content(schema)}
+           for code, schema in ok.items()}
+    for code in (*errors, 401, 503):
+        out[str(code)] = {"description": _STATUS_TEXT[code], "content": _json_content(ERROR)}
+    return out
+
+
+def _path(name: str, what: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "description": what,
+            "schema": {"type": "string"}}
+
+
+def _query(name: str, schema: dict[str, Any], what: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": what,
+            "schema": schema}
+
+
+def _op(summary: str, responses: dict[str, Any], *parameters: dict[str, Any],
+        body: dict[str, Any] | None = None, body_required: bool = True) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
+                          "parameters": list(parameters), "responses": responses}
+    if body is not None:
+        op["requestBody"] = {"required": body_required, "content": _json_content(body)}
+    return op
+
+
+def _obj(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+_STRING = {"type": "string"}
+_EXECUTION_ID = _path("execution_id", "The run's execution id")
+_WORKFLOW = _path("name", "A registered workflow's name")
+_KEY_QUERY = _query("idempotency_key", _STRING,
+                    "Exactly-once key (the Idempotency-Key header wins when both are given)")
+_KEY_HEADER = {"name": "Idempotency-Key", "in": "header", "required": False,
+               "description": "Exactly-once key; present but empty is refused",
+               "schema": _STRING}
+_WAIT = _query("wait", {"type": "number", "minimum": 0, "maximum": 600},
+               "Seconds to wait for the update's response (default 30)")
+_PAGE = (_query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Page size"),
+         _query("cursor", _STRING, "The next_cursor of the previous page"))
+_PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": {
+    "items": {"type": "array", "items": {"type": "object"}},
+    "next_cursor": {"type": ["string", "null"]}}}
+_STARTED = _obj(["execution_id", "created"], execution_id=_STRING,
+                created={"type": "boolean"})
+_SIGNALLED = _obj(["ok", "signal_delivered"], ok={"type": "boolean"},
+                  signal_delivered={"type": "boolean"})
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "shardq management API", "version": "1",
+             "description": "Every route is scoped to the tenant of its bearer token. "
+                            "Violation messages echo the caller's input: escape them."},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "paths": {
+        f"{PREFIX}/workflows/{{name}}/start": {"post": _op(
+            "Start a run (201), or find the run of this workflow_id (200)",
+            _responses({200: _STARTED, 201: _STARTED}, 400, 404, 413, 415), _WORKFLOW,
+            body=_obj(["workflow_id"], workflow_id=_STRING, input=ANY_JSON))},
+        f"{PREFIX}/workflows/{{name}}/signal-with-start": {"post": _op(
+            "Signal the run of a workflow key, starting it if it has none",
+            _responses({201: _STARTED, 202: _STARTED}, 400, 404, 409, 413, 415), _WORKFLOW,
+            body=_obj(["workflow_id", "signal"], workflow_id=_STRING, input=ANY_JSON,
+                      signal=_STRING, payload=ANY_JSON, idempotency_key=_STRING))},
+        f"{PREFIX}/workflows/{{name}}/update-with-start": {"post": _op(
+            "Update the run of a workflow key, starting it if it has none",
+            _responses({200: UPDATE_RESULT, 201: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404,
+                       409, 413, 415, 422), _WORKFLOW, _WAIT,
+            body=_obj(["workflow_id", "update"], workflow_id=_STRING, input=ANY_JSON,
+                      update=_STRING, argument=ANY_JSON, idempotency_key=_STRING))},
+        f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {"post": _op(
+            "Deliver a signal; the body is its raw JSON payload (may be empty)",
+            _responses({202: _SIGNALLED}, 400, 404, 409, 413), _EXECUTION_ID,
+            _path("signal_name", "The signal's name"), _KEY_HEADER, _KEY_QUERY,
+            body=ANY_JSON, body_required=False)},
+        f"{PREFIX}/workflows/{{execution_id}}/query/{{name}}": {"post": _op(
+            "Answer a query from the run's committed state; the body is its JSON argument",
+            _responses({200: _obj(["result"], result=ANY_JSON)}, 400, 404, 413, 422),
+            _EXECUTION_ID, _path("name", "The query's name"), body=ANY_JSON,
+            body_required=False)},
+        f"{PREFIX}/workflows/{{execution_id}}/update/{{name}}": {"post": _op(
+            "Ask the run to handle an update; the body is its JSON argument. 200 with the "
+            "response once committed, 202 when not handled within `wait`",
+            _responses({200: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404, 409, 413, 422),
+            _EXECUTION_ID, _path("name", "The update's name"), _KEY_HEADER, _KEY_QUERY,
+            _WAIT, body=ANY_JSON, body_required=False)},
+        f"{PREFIX}/workflows/{{execution_id}}/interrupts/{{name}}/decision": {"post": _op(
+            "Decide an open interrupt",
+            _responses({200: _obj(["accepted", "decision"], accepted={"type": "boolean"},
+                                  decision={"type": "object"})}, 400, 404, 409, 413, 415),
+            _EXECUTION_ID, _path("name", "The interrupt's name"),
+            body=_obj(["action", "decision_id", "actor"],
+                      action={"enum": ["approve", "edit", "reject"]}, payload=ANY_JSON,
+                      decision_id=_STRING, actor=_STRING))},
+        f"{PREFIX}/workflows/{{execution_id}}/cancel": {"post": _op(
+            "Cancel a run", _responses({200: _obj(["execution_id", "state"],
+                                                  execution_id=_STRING, state=_STRING)}, 404),
+            _EXECUTION_ID)},
+        f"{PREFIX}/workflows/{{execution_id}}": {"get": _op(
+            "A run: state, open wait, pending signals", _responses({200: EXECUTION}, 404),
+            _EXECUTION_ID)},
+        f"{PREFIX}/workflows/{{execution_id}}/history": {"get": _op(
+            "A run's history", _responses({200: _obj(["events"], events={"type": "array"})},
+                                          404), _EXECUTION_ID)},
+        f"{PREFIX}/workflows/registered/{{name}}/interface": {"get": _op(
+            "The signals, queries and updates a workflow publishes",
+            _responses({200: _obj(["signals", "queries", "updates"],
+                                  signals={"type": "array"}, queries={"type": "array"},
+                                  updates={"type": "array"})}, 404), _WORKFLOW)},
+        f"{PREFIX}/workflows": {"get": _op(
+            "Runs over every shard, a keyset page", _responses({200: _PAGE_OF}, 400),
+            _query("state", _STRING, "Only runs in this state"),
+            _query("workflow", _STRING, "Only runs of this workflow"), *_PAGE)},
+        f"{PREFIX}/interrupts": {"get": _op(
+            "Open interrupts over every shard, oldest first, a keyset page",
+            _responses({200: _PAGE_OF}, 400),
+            _query("workflow", _STRING, "Only interrupts of this workflow's runs"), *_PAGE)},
+        f"{PREFIX}/healthz": {"get": {
+            "summary": "Per-shard reachability (no token needed)",
+            "responses": {code: {"description": text, "content": _json_content(_obj(
+                ["ok", "shards"], ok={"type": "boolean"}, shards={"type": "object"}))}
+                for code, text in (("200", "Every shard answers"),
+                                   ("503", "A shard does not answer"))}}},
+    },
+}

@@ -364,7 +364,8 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         return JSONResponse({"error": "no such route"}, 404)
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
-        return JSONResponse({"error": "method not allowed"}, 405)
+        allowed = getattr(exc, "headers", None) or {}
+        return JSONResponse({"error": "method not allowed"}, 405, headers=allowed)
 
     routes = [
         route("/workflows/{name}/start", start, "POST"),

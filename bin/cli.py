@@ -45,7 +45,7 @@ from shardq.shards.errors import (
 
 if TYPE_CHECKING:
     from shardq.queue.client import Client
-    from shardq.queue.models import Execution, StaleBounds
+    from shardq.queue.models import Execution, StaleBounds, UpdateResult
     from shardq.queue.registry import Registry
 
 EXIT_CODES: dict[type[ShardqError], int] = {
@@ -61,6 +61,7 @@ ENV_APP = "SHARDQ_APP"
 EXAMPLES_APP = "shardq.bin.examples:registry"
 log = logging.getLogger("shardq.cli")
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class Settings:
@@ -612,6 +613,122 @@ def workflow_signal_with_start(
          "delivered": result.delivered},
         f"{result.execution_id} {_signal_text(result.delivered, result.created)}",
     )
+
+
+@workflow.command("interface")
+@json_option
+@app_option
+@click.argument("name")
+@pass_settings
+def workflow_interface(settings: Settings, app: str | None, name: str) -> None:
+    """The signals, queries and updates workflow NAME publishes, with their JSON Schemas."""
+    with errors_as_exit_codes():
+        published = load_registry(app).get(name).interface()
+    lines = [f"{kind[:-1]} {entry['name']}" + (f": {entry['description']}"
+                                                if "description" in entry else "")
+             for kind, entries in published.items() for entry in entries]
+    emit(settings, published, "\n".join(lines) or f"{name} publishes nothing")
+
+
+argument_option = click.option(
+    "--arg", "argument", callback=_json_value, metavar="JSON|@FILE|-",
+    help="The handler's JSON argument: JSON text, @FILE or - for stdin.")
+wait_option = click.option(
+    "--wait", default=30.0, show_default=True, type=click.FloatRange(0, 600),
+    help="Seconds to wait for the run to handle the update (it stays stored after).")
+
+
+@workflow.command("query")
+@json_option
+@app_option
+@tenant_option
+@execution_id_argument
+@click.argument("name")
+@argument_option
+@pass_settings
+def workflow_query(
+    settings: Settings, app: str | None, tenant: str, execution_id: uuid.UUID, name: str,
+    argument: Any,
+) -> None:
+    """Answer query NAME from the run's committed state (no worker needed)."""
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+    with open_client(settings, registry) as client, errors_as_exit_codes():
+        result = _refusing_payloads(lambda: client.query(execution_id, name, argument,
+                                                          tenant=tenant))
+    emit(settings, {"result": result}, json.dumps(result, indent=2))
+
+
+@workflow.command("update")
+@json_option
+@app_option
+@tenant_option
+@execution_id_argument
+@click.argument("name")
+@argument_option
+@key_option
+@wait_option
+@pass_settings
+def workflow_update(
+    settings: Settings, app: str | None, tenant: str, execution_id: uuid.UUID, name: str,
+    argument: Any, idempotency_key: str | None, wait: float,
+) -> None:
+    """Ask the run to handle update NAME; prints the handler's response once recorded."""
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+    with open_client(settings, registry) as client, errors_as_exit_codes():
+        result = _refusing_payloads(lambda: client.update(
+            execution_id, name, argument, idempotency_key=idempotency_key, tenant=tenant,
+            wait=wait))
+    _emit_update(settings, result)
+
+
+@workflow.command("update-with-start")
+@json_option
+@app_option
+@tenant_option
+@click.argument("name")
+@click.argument("workflow_id")
+@click.argument("update_name")
+@click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
+              help="The input if the run is started: JSON text, @FILE or - for stdin.")
+@argument_option
+@key_option
+@wait_option
+@pass_settings
+def workflow_update_with_start(
+    settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
+    update_name: str, input_value: Any, argument: Any, idempotency_key: str | None,
+    wait: float,
+) -> None:
+    """Update the run of NAME with key WORKFLOW_ID, starting it if it has none."""
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+    with open_client(settings, registry) as client, errors_as_exit_codes():
+        result = _refusing_payloads(lambda: client.update_with_start(
+            name, workflow_id, input_value, update_name, argument,
+            idempotency_key=idempotency_key, tenant=tenant, wait=wait))
+    _emit_update(settings, result)
+
+
+def _refusing_payloads(call: Callable[[], T]) -> T:
+    """`call()`; a payload that breaks its schema exits 7 with the violations (--json)."""
+    from shardq.queue.errors import PayloadInvalid, UpdateTimedOut
+
+    try:
+        return call()
+    except PayloadInvalid as exc:
+        fail(str(exc), EXIT_WORKFLOW, {"violations": exc.violations})
+    except UpdateTimedOut as exc:
+        fail(str(exc), EXIT_WORKFLOW, {"update_id": exc.update_id, "completed": False})
+
+
+def _emit_update(settings: Settings, result: UpdateResult) -> None:
+    emit(settings, {"execution_id": str(result.execution_id), "update_id": result.update_id,
+                    "response": result.response, "accepted": result.accepted,
+                    "created": result.created},
+         json.dumps(result.response, indent=2)
+         + ("" if result.accepted else "\n(already recorded with this key)"))
 
 
 @workflow.command("show")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardq.queue.models import State
+from shardq.queue.names import NAME_PATTERN
+
 PREFIX = "/api/shardq"
 ANY_JSON: dict[str, Any] = {}
 """A JSON Schema that accepts every JSON value."""
@@ -49,14 +52,14 @@ def _json_content(schema: dict[str, Any]) -> dict[str, Any]:
 def _responses(ok: dict[int, dict[str, Any]], *errors: int) -> dict[str, Any]:
     out = {str(code): {"description": _STATUS_TEXT[code], "content": _json_content(schema)}
            for code, schema in ok.items()}
-    for code in (*errors, 401, 503):
+    for code in (*errors, 400, 401, 503):  # any route: a name or a value it refuses
         out[str(code)] = {"description": _STATUS_TEXT[code], "content": _json_content(ERROR)}
     return out
 
 
-def _path(name: str, what: str) -> dict[str, Any]:
+def _path(name: str, what: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "description": what,
-            "schema": {"type": "string"}}
+            "schema": schema or _NAME}
 
 
 def _query(name: str, schema: dict[str, Any], what: str) -> dict[str, Any]:
@@ -64,10 +67,11 @@ def _query(name: str, schema: dict[str, Any], what: str) -> dict[str, Any]:
             "schema": schema}
 
 
-def _op(summary: str, responses: dict[str, Any], *parameters: dict[str, Any],
+def _op(op_id: str, summary: str, responses: dict[str, Any], *parameters: dict[str, Any],
         body: dict[str, Any] | None = None, body_required: bool = True) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
-                          "parameters": list(parameters), "responses": responses}
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary,
+                          "security": [{"bearer": []}], "parameters": list(parameters),
+                          "responses": responses}
     if body is not None:
         op["requestBody"] = {"required": body_required, "content": _json_content(body)}
     return op
@@ -78,22 +82,43 @@ def _obj(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
 
 
 _STRING = {"type": "string"}
-_EXECUTION_ID = _path("execution_id", "The run's execution id")
+_NAME = {"type": "string", "pattern": f"^{NAME_PATTERN}$"}
+_WORKFLOW_ID = {"type": "string", "minLength": 1, "maxLength": 512}
+_KEY = {"type": "string", "pattern": "\\S"}
+"""An idempotency key: present means usable (blank is refused, never read as no key)."""
+_EXECUTION_ID = _path("execution_id", "The run's execution id",
+                      {"type": "string", "format": "uuid"})
 _WORKFLOW = _path("name", "A registered workflow's name")
-_KEY_QUERY = _query("idempotency_key", _STRING,
+_KEY_QUERY = _query("idempotency_key", _KEY,
                     "Exactly-once key (the Idempotency-Key header wins when both are given)")
 _KEY_HEADER = {"name": "Idempotency-Key", "in": "header", "required": False,
                "description": "Exactly-once key; present but empty is refused",
-               "schema": _STRING}
+               "schema": _KEY}
 _WAIT = _query("wait", {"type": "number", "minimum": 0, "maximum": 600},
                "Seconds to wait for the update's response (default 30)")
-_PAGE = (_query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Page size"),
-         _query("cursor", _STRING, "The next_cursor of the previous page"))
+_LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Page size")
 _PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": {
     "items": {"type": "array", "items": {"type": "object"}},
     "next_cursor": {"type": ["string", "null"]}}}
+_AFTER_START = {
+    name: {"operationId": op_id, "parameters": {"execution_id": "$response.body#/execution_id"}}
+    for name, op_id in (("GetRun", "getRun"), ("History", "getHistory"),
+                        ("Signal", "signal"), ("Query", "query"), ("Update", "update"),
+                        ("Cancel", "cancel"))
+}
+"""OpenAPI links: a started run's id feeds the routes about one run (stateful fuzzing)."""
 _STARTED = _obj(["execution_id", "created"], execution_id=_STRING,
                 created={"type": "boolean"})
+
+
+def _started(*codes: int) -> dict[int, dict[str, Any]]:
+    return {code: _STARTED for code in codes}
+
+
+def _linked(responses: dict[str, Any], *codes: int) -> dict[str, Any]:
+    for code in codes:
+        responses[str(code)]["links"] = _AFTER_START
+    return responses
 _SIGNALLED = _obj(["ok", "signal_delivered"], ok={"type": "boolean"},
                   signal_delivered={"type": "boolean"})
 
@@ -105,38 +130,38 @@ OPENAPI: dict[str, Any] = {
     "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     "paths": {
         f"{PREFIX}/workflows/{{name}}/start": {"post": _op(
-            "Start a run (201), or find the run of this workflow_id (200)",
-            _responses({200: _STARTED, 201: _STARTED}, 400, 404, 413, 415), _WORKFLOW,
-            body=_obj(["workflow_id"], workflow_id=_STRING, input=ANY_JSON))},
+            "start", "Start a run (201), or find the run of this workflow_id (200)",
+            _linked(_responses(_started(200, 201), 400, 404, 413, 415), 200, 201), _WORKFLOW,
+            body=_obj(["workflow_id"], workflow_id=_WORKFLOW_ID, input=ANY_JSON))},
         f"{PREFIX}/workflows/{{name}}/signal-with-start": {"post": _op(
-            "Signal the run of a workflow key, starting it if it has none",
-            _responses({201: _STARTED, 202: _STARTED}, 400, 404, 409, 413, 415), _WORKFLOW,
-            body=_obj(["workflow_id", "signal"], workflow_id=_STRING, input=ANY_JSON,
-                      signal=_STRING, payload=ANY_JSON, idempotency_key=_STRING))},
+            "signalWithStart", "Signal the run of a workflow key, starting it if it has none",
+            _responses(_started(201, 202), 400, 404, 409, 413, 415), _WORKFLOW,
+            body=_obj(["workflow_id", "signal"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
+                      signal=_NAME, payload=ANY_JSON, idempotency_key=_KEY))},
         f"{PREFIX}/workflows/{{name}}/update-with-start": {"post": _op(
-            "Update the run of a workflow key, starting it if it has none",
+            "updateWithStart", "Update the run of a workflow key, starting it if it has none",
             _responses({200: UPDATE_RESULT, 201: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404,
                        409, 413, 415, 422), _WORKFLOW, _WAIT,
-            body=_obj(["workflow_id", "update"], workflow_id=_STRING, input=ANY_JSON,
-                      update=_STRING, argument=ANY_JSON, idempotency_key=_STRING))},
+            body=_obj(["workflow_id", "update"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
+                      update=_NAME, argument=ANY_JSON, idempotency_key=_KEY))},
         f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {"post": _op(
-            "Deliver a signal; the body is its raw JSON payload (may be empty)",
+            "signal", "Deliver a signal; the body is its raw JSON payload (may be empty)",
             _responses({202: _SIGNALLED}, 400, 404, 409, 413), _EXECUTION_ID,
             _path("signal_name", "The signal's name"), _KEY_HEADER, _KEY_QUERY,
             body=ANY_JSON, body_required=False)},
         f"{PREFIX}/workflows/{{execution_id}}/query/{{name}}": {"post": _op(
-            "Answer a query from the run's committed state; the body is its JSON argument",
+            "query", "Answer a query from the run's committed state; the body is its JSON argument",
             _responses({200: _obj(["result"], result=ANY_JSON)}, 400, 404, 413, 422),
             _EXECUTION_ID, _path("name", "The query's name"), body=ANY_JSON,
             body_required=False)},
         f"{PREFIX}/workflows/{{execution_id}}/update/{{name}}": {"post": _op(
-            "Ask the run to handle an update; the body is its JSON argument. 200 with the "
-            "response once committed, 202 when not handled within `wait`",
+            "update", "Ask the run to handle an update; the body is its JSON argument. 200 "
+            "with the response once committed, 202 when not handled within `wait`",
             _responses({200: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404, 409, 413, 422),
             _EXECUTION_ID, _path("name", "The update's name"), _KEY_HEADER, _KEY_QUERY,
             _WAIT, body=ANY_JSON, body_required=False)},
         f"{PREFIX}/workflows/{{execution_id}}/interrupts/{{name}}/decision": {"post": _op(
-            "Decide an open interrupt",
+            "decide", "Decide an open interrupt",
             _responses({200: _obj(["accepted", "decision"], accepted={"type": "boolean"},
                                   decision={"type": "object"})}, 400, 404, 409, 413, 415),
             _EXECUTION_ID, _path("name", "The interrupt's name"),
@@ -144,30 +169,35 @@ OPENAPI: dict[str, Any] = {
                       action={"enum": ["approve", "edit", "reject"]}, payload=ANY_JSON,
                       decision_id=_STRING, actor=_STRING))},
         f"{PREFIX}/workflows/{{execution_id}}/cancel": {"post": _op(
-            "Cancel a run", _responses({200: _obj(["execution_id", "state"],
+            "cancel", "Cancel a run", _responses({200: _obj(["execution_id", "state"],
                                                   execution_id=_STRING, state=_STRING)}, 404),
             _EXECUTION_ID)},
         f"{PREFIX}/workflows/{{execution_id}}": {"get": _op(
-            "A run: state, open wait, pending signals", _responses({200: EXECUTION}, 404),
+            "getRun", "A run: state, open wait, pending signals", _responses({200: EXECUTION}, 404),
             _EXECUTION_ID)},
         f"{PREFIX}/workflows/{{execution_id}}/history": {"get": _op(
-            "A run's history", _responses({200: _obj(["events"], events={"type": "array"})},
-                                          404), _EXECUTION_ID)},
+            "getHistory", "A run's history",
+            _responses({200: _obj(["events"], events={"type": "array"})}, 404),
+            _EXECUTION_ID)},
         f"{PREFIX}/workflows/registered/{{name}}/interface": {"get": _op(
-            "The signals, queries and updates a workflow publishes",
+            "getInterface", "The signals, queries and updates a workflow publishes",
             _responses({200: _obj(["signals", "queries", "updates"],
                                   signals={"type": "array"}, queries={"type": "array"},
                                   updates={"type": "array"})}, 404), _WORKFLOW)},
         f"{PREFIX}/workflows": {"get": _op(
-            "Runs over every shard, a keyset page", _responses({200: _PAGE_OF}, 400),
-            _query("state", _STRING, "Only runs in this state"),
-            _query("workflow", _STRING, "Only runs of this workflow"), *_PAGE)},
+            "listRuns", "Runs over every shard, a keyset page", _responses({200: _PAGE_OF}, 400),
+            _query("state", {"enum": [s.value for s in State]}, "Only runs in this state"),
+            _query("workflow", _NAME, "Only runs of this workflow"), _LIMIT,
+            _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
+                   "The next_cursor of the previous page"))},
         f"{PREFIX}/interrupts": {"get": _op(
-            "Open interrupts over every shard, oldest first, a keyset page",
+            "listInterrupts", "Open interrupts over every shard, oldest first, a keyset page",
             _responses({200: _PAGE_OF}, 400),
-            _query("workflow", _STRING, "Only interrupts of this workflow's runs"), *_PAGE)},
+            _query("workflow", _NAME, "Only interrupts of this workflow's runs"), _LIMIT,
+            _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{32}$"},
+                   "The next_cursor of the previous page"))},
         f"{PREFIX}/healthz": {"get": {
-            "summary": "Per-shard reachability (no token needed)",
+            "operationId": "healthz", "summary": "Per-shard reachability (no token needed)",
             "responses": {code: {"description": text, "content": _json_content(_obj(
                 ["ok", "shards"], ok={"type": "boolean"}, shards={"type": "object"}))}
                 for code, text in (("200", "Every shard answers"),

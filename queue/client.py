@@ -217,13 +217,13 @@ class Client:
         if tenant is not None:
             check_name(tenant, "tenant")
         if workflow is not None:
-            check_text(workflow, "workflow filter")
+            check_name(workflow, "workflow")
         query = ListQuery(
             tenant=tenant,
             state=State(state) if state is not None else None,
             workflow=workflow,
             limit=limit,
-            after=Cursor.decode(cursor) if cursor else None,
+            after=Cursor.decode(cursor) if cursor is not None else None,
         )
         pages = [self.store.list_executions(shard, query) for shard in self.map.shards]
         merged = list(heapq.merge(*pages, key=lambda e: e.id))[:limit]
@@ -582,7 +582,7 @@ class Client:
             check_name(workflow, "workflow")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {limit!r}")
-        after = InboxCursor.decode(cursor) if cursor else None
+        after = InboxCursor.decode(cursor) if cursor is not None else None
         position = (after.at, after.id) if after else None
         pages = [self.store.pending_interrupts(shard, tenant=tenant, workflow=workflow,
                                                after=position, limit=limit)

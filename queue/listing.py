@@ -85,6 +85,8 @@ class Cursor:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MIN_MICROS = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+_MAX_MICROS = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ class InboxCursor:
             raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
             if len(raw) != 24:
                 raise ValueError("wrong length")
-            micros = int.from_bytes(raw[:8], "big", signed=True)
+            # A position, not a secret: a forged one outside the calendar is its end.
+            micros = min(max(int.from_bytes(raw[:8], "big", signed=True), _MIN_MICROS),
+                         _MAX_MICROS)
             at = _EPOCH + timedelta(microseconds=micros)
             return cls(at, uuid.UUID(bytes=raw[8:]))
         except (ValueError, TypeError, OverflowError) as exc:

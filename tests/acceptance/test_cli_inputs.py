@@ -65,8 +65,21 @@ UNKNOWN_ID = "01a23b00-a581-8495-a55e-808a42654d6c"
 DECIDE = ("workflow", "decide", "{run}", "manager_review", "--decision-id", "d1",
           "--actor", "ann")
 
+QUERY = ("workflow", "query", "{cart}", "contents")
+UPDATE = ("workflow", "update", "{cart}", "add_item")
+ITEM = '{"sku": "pen", "quantity": 1}'
+
 CASES = [
     # -- usage errors: exit 2 --------------------------------------------------
+    Case("query-bad-id", ("workflow", "query", "nope", "contents", "--app", APP), 2,
+         "not an execution id"),
+    Case("query-bad-arg", (*QUERY, "--arg", "{", "--app", APP), 2, "is not valid JSON"),
+    Case("update-empty-key", (*UPDATE, "--arg", ITEM, "--idempotency-key", "", "--app", APP),
+         2, "is empty"),
+    Case("update-bad-wait", (*UPDATE, "--arg", ITEM, "--wait", "-1", "--app", APP), 2,
+         "range"),
+    Case("update-no-app", (*UPDATE, "--arg", ITEM), 2, "no workflow registry"),
+    Case("interface-no-app", ("workflow", "interface", "cart"), 2, "no workflow registry"),
     Case("deep-input", (*START, "k1", "--input", DEEP, "--app", APP), 2, "nested too deeply"),
     Case("deep-payload-file", (*SIGNAL, "--payload", "@{dir}/deep.json"), 2,
          "nested too deeply"),
@@ -208,6 +221,24 @@ CASES = [
          "workflow name"),
     Case("stale-bad-workflow", ("stale", "--workflow", "bad name!"), 7, "workflow name"),
     Case("api-token-bad-tenant", ("api-token", "a b"), 7, "tenant name"),
+    Case("interface-unknown", ("workflow", "interface", "nope", "--app", APP), 7,
+         "unknown workflow"),
+    Case("query-unknown-handler", (*QUERY[:3], "nope", "--app", APP), 7,
+         "has no query named 'nope'"),
+    Case("query-unknown-run", ("workflow", "query", UNKNOWN_ID, "contents", "--app", APP), 7,
+         "not found"),
+    Case("update-breaks-schema", (*UPDATE, "--arg", '{"sku": ""}', "--app", APP), 7,
+         "does not match its schema"),
+    Case("update-unknown-handler", (*UPDATE[:3], "nope", "--app", APP), 7,
+         "has no update named 'nope'"),
+    Case("update-with-start-bad-input", ("workflow", "update-with-start", "cart", "c9",
+                                         "add_item", "--input", "{}", "--arg", ITEM, "--app",
+                                         APP), 7, "does not match its schema"),
+    Case("signal-breaks-schema", ("workflow", "signal", "{cart}", "payment_captured",
+                                  "--payload", '{"amount": 0}', "--app", APP), 7,
+         "does not match its schema"),
+    Case("start-breaks-input-schema", ("workflow", "start", "cart", "c9", "--input", "{}",
+                                       "--app", APP), 7, "does not match its schema"),
     Case("retry-not-failed", ("outbox", "retry", "--shard", "shard-0", "1", "2"), 7,
          "no failed outbox row 1, 2 on shard-0: nothing re-queued"),
 ]
@@ -236,6 +267,7 @@ def cli_map(pg_server: Server) -> ShardMap:
 def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     with Client(cli_map, registry) as client:
         run = client.start("checkout", "target", {"order_id": 1, "items": []})
+        cart = client.start("cart", "target", {"customer": "ann"})
     env = {"SHARDQ_SHARDS": ",".join(s.url for s in cli_map.shards)}
     folder = tmp_path_factory.mktemp("cli-inputs")
     write_files(folder)
@@ -246,6 +278,7 @@ def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
     def fill(text: str) -> str:
         return (text.replace("{dir}", str(folder)).replace("{run}", str(run.execution_id))
+                .replace("{cart}", str(cart.execution_id))
                 .replace("{busy}", str(busy.getsockname()[1])))
 
     def run_case(case: Case) -> subprocess.CompletedProcess[str]:

@@ -56,7 +56,7 @@ CALLS: list[tuple[str, Call, str]] = [
     ("nul-signal-name", lambda c, run: c.signal(run, "g\x00"), "signal name"),
     ("nul-key", lambda c, run: c.signal(run, "go", idempotency_key="k\x00"),
      "idempotency_key contains a NUL character"),
-    ("nul-list-filter", lambda c, run: c.list_runs(workflow="x\x00"), "workflow filter"),
+    ("nul-list-filter", lambda c, run: c.list_runs(workflow="x\x00"), "workflow name"),
     ("nul-cancel-tenant", lambda c, run: c.cancel(run, tenant="\x00"), "tenant name"),
     ("10-MB-input", lambda c, run: c.start("checkout", "k", "x" * 10_000_000),
      "input of checkout 'k' is 10,000,002 bytes of JSON; at most 1,048,576"),

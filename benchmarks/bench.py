@@ -54,6 +54,7 @@ class Sizes:
     parked_repeats: int = 5
     relay_signals: int = 4_000
     relay_samples: int = 200
+    http_signals: int = 20_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -65,7 +66,7 @@ class Sizes:
         return cls(claim_n=3_000, single_n=200, floor_rows=30_000, floor_seconds=1.0,
                    wake_samples=200, cycle_runs=600, steps3_backlogs=(500, 2_000),
                    steps3_seconds=2.0, parked=100_000, parked_repeats=1,
-                   relay_signals=600, relay_samples=60)
+                   relay_signals=600, relay_samples=60, http_signals=2_000)
 
 
 @dataclass

@@ -68,6 +68,11 @@ def headline(scenarios: dict[str, Result]) -> Result:
             relay_cross_shard_p99_ms=r["cross_shard_latency_ms"].get("p99"),
             relay_p99_ratio=r["cross_over_same_p99"],
         )
+    if "http" in scenarios:
+        h = scenarios["http"]
+        out.update(http_signals_per_s=h["http_signals_per_s"],
+                   client_signals_per_s=h["client_signals_per_s"],
+                   http_over_client=h["http_over_client"])
     return out
 
 

@@ -15,6 +15,7 @@ from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
 from shardq.benchmarks.floor import drain, run_floor
+from shardq.benchmarks.http import http_signals
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.queue.models import SignalRequest
@@ -497,6 +498,7 @@ SCENARIOS: dict[str, Scenario] = {
     "cycle": cycle,
     "parked": parked,
     "relay": relay,
+    "http": http_signals,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

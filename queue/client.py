@@ -307,19 +307,21 @@ class Client:
     def _schema_violations(self, signals: Sequence[CheckedSignal]) -> dict[int, PayloadInvalid]:
         """Which of `signals` break the schema their target's workflow publishes for them.
 
-        Costs a lookup of the targets' workflows per shard, made only when some
-        registered workflow publishes a signal schema. A target whose workflow
+        Costs a lookup of the targets' workflows per shard, made only for names
+        some registered workflow publishes a schema for. A target whose workflow
         this client's registry does not know is not checked here (its contract
         is unknown to this process); the HTTP server and workers load the app.
         """
-        if not self.registry.signal_schemas or not signals:
+        named = self.registry.schema_signals
+        candidates = [(i, s) for i, s in enumerate(signals) if s.name in named]
+        if not candidates:
             return {}
         workflows: dict[uuid.UUID, tuple[str, int]] = {}
-        groups = by_shard(self.map, signals, lambda c: self.map.for_execution(c.target))
+        groups = by_shard(self.map, candidates, lambda c: self.map.for_execution(c[1].target))
         for shard, members in groups.items():
-            workflows.update(self.store.workflows_of(shard, [c.target for _, c in members]))
+            workflows.update(self.store.workflows_of(shard, [c.target for _, (_, c) in members]))
         refused: dict[int, PayloadInvalid] = {}
-        for index, checked in enumerate(signals):
+        for index, checked in candidates:
             spec = self._signal_spec(workflows.get(checked.target), checked.name)
             if spec is not None and spec.schema is not None:
                 try:

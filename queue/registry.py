@@ -121,9 +121,9 @@ class Registry:
 
     def __init__(self) -> None:
         self._defs: dict[tuple[str, int], WorkflowDef] = {}
-        self.signal_schemas = False
-        """Whether any registered workflow publishes a signal schema: senders look their
-        targets' workflows up only then."""
+        self.schema_signals: frozenset[str] = frozenset()
+        """Signal names some registered workflow publishes a schema for: a sender looks
+        its target's workflow up (to validate) only for these names."""
 
     def workflow(
         self, name: str | None = None, *, version: int = 1, **limits: Any
@@ -201,8 +201,7 @@ class Registry:
 
     def _add(self, definition: WorkflowDef) -> None:
         self._defs[(definition.name, definition.version)] = definition
-        if any(s.schema is not None for s in definition.signals):
-            self.signal_schemas = True
+        self.schema_signals |= {s.name for s in definition.signals if s.schema is not None}
 
     def get(self, name: str, version: int | None = None) -> WorkflowDef:
         """The definition of `name` at `version`, or its newest version when None."""

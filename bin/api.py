@@ -45,7 +45,7 @@ from shardq.queue.errors import (
     UpdateTimedOut,
 )
 from shardq.queue.limits import Limits
-from shardq.queue.models import Execution, State, UpdateResult
+from shardq.queue.models import Event, Execution, State, UpdateResult
 from shardq.shards.errors import ConfigError, ShardqError, ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 
@@ -313,6 +313,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         ident = _execution_id(request)
         execution = await run_in_threadpool(client.get, ident, tenant=tenant)
         wait, buffered = await run_in_threadpool(client.waiting, ident, tenant=tenant)
+        events = await run_in_threadpool(client.history, ident, tenant=tenant)
         return JSONResponse({
             **_execution(execution),
             "open_wait": None if wait is None else {
@@ -321,6 +322,10 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
                 "request": wait.request},
             "pending_signals": [{"signal_id": b.id, "name": b.name, "payload": b.payload,
                                  "received_at": b.received_at.isoformat()} for b in buffered],
+            # Every decision attempt on the run's interrupts, accepted or refused: its audit.
+            "decisions": [{"interrupt": e.name, "accepted": e.kind == Event.INTERRUPT_DECIDED,
+                           **e.payload} for e in events
+                          if e.kind in (Event.INTERRUPT_DECIDED, Event.INTERRUPT_REFUSED)],
         })
 
     async def history(request: Request, tenant: str) -> Response:

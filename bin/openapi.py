@@ -31,6 +31,9 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
     "input": ANY_JSON, "output": ANY_JSON, "error": ANY_JSON,
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "string"},
     "finished_at": {"type": ["string", "null"]},
+    "open_wait": {"type": ["object", "null"]},
+    "pending_signals": {"type": "array", "items": {"type": "object"}},
+    "decisions": {"type": "array", "items": {"type": "object"}},
 }}
 UPDATE_RESULT = {"type": "object", "required": ["update_id", "completed"], "properties": {
     "execution_id": {"type": "string"}, "update_id": {"type": "integer"},

@@ -143,6 +143,9 @@ def test_a_decision_over_http(api: Api, start_worker: StartWorker) -> None:
     assert (good.status_code, good.json()["accepted"]) == (200, True)
     late = api.http.post(path, json={"action": "reject", "decision_id": "e", "actor": "bob"})
     assert (late.status_code, late.json()["reason_code"]) == (409, "decided")
+    audit = api.http.get(f"/workflows/{run}").json()["decisions"]
+    assert [(d["actor"], d["accepted"]) for d in audit] == [("ann", True), ("bob", False)]
+    assert audit[0]["action"] == "approve" and audit[0]["interrupt"] == "manager_review"
 
 
 BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [

@@ -11,6 +11,7 @@ paths so drift on a noisy box hits both.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -28,12 +29,10 @@ import httpx
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError
 from shardq.benchmarks.measure import Progress, percentiles
-from shardq.bin.api import hash_token
 
 RUNS = 200
 """Targets the signals are spread over (each buffers at most 1,000 of one name)."""
 ROUNDS = 2
-TOKEN = "sq_bench-token"  # noqa: S105 - the throw-away token of a throw-away server
 Send = Callable[[int, int], None]
 """send(signal index, thread index): one keyed signal, raising on any refusal."""
 
@@ -45,9 +44,9 @@ def http_signals(b: Bench) -> dict[str, Any]:
     runs = [r.execution_id for r in b.client.start_many(
         "park", [(f"http-{i}", None) for i in range(RUNS)])]
     rounds: dict[str, list[dict[str, Any]]] = {"client": [], "http": []}
-    with _server(b) as base:
+    with _server(b) as (base, token):
         sessions = [httpx.Client(base_url=base, timeout=30,
-                                 headers={"Authorization": f"Bearer {TOKEN}"})
+                                 headers={"Authorization": f"Bearer {token}"})
                     for _ in range(threads)]
         try:
             for r in range(ROUNDS):
@@ -119,25 +118,28 @@ def _measure(label: str, n: int, threads: int, send: Send) -> dict[str, Any]:
 
 
 @contextmanager
-def _server(b: Bench) -> Iterator[str]:
-    """A `shardq serve` process over the bench's shards; its API's base URL."""
+def _server(b: Bench) -> Iterator[tuple[str, str]]:
+    """A `shardq serve` process over the bench's shards: its API's base URL and a token."""
+    cli = [sys.executable, "-m", "shardq.bin.cli"]
+    # The bench's runs belong to the default tenant, and so does the token.
+    made = json.loads(subprocess.run([*cli, "api-token", "default", "--json"], check=True,
+                                     capture_output=True, text=True).stdout)
     with tempfile.TemporaryDirectory(prefix="shardq-bench-http-") as folder:
         tokens = Path(folder) / "tokens"
-        # The bench's runs belong to the default tenant, so does the token.
-        tokens.write_text(f"default {hash_token(TOKEN)}\n")
+        tokens.write_text(made["tokens_file_line"] + "\n")
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         log = (Path(folder) / "serve.log").open("w")
         process = subprocess.Popen(
-            [sys.executable, "-m", "shardq.bin.cli", "--shards", ",".join(b.urls), "serve",
+            [*cli, "--shards", ",".join(b.urls), "serve",
              "--app", "shardq.benchmarks.workflows:registry", "--port", str(port),
              "--tokens-file", str(tokens)],
             stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}/api/shardq"
         try:
             _wait_ready(base, process)
-            yield base
+            yield base, made["token"]
         finally:
             process.terminate()
             process.wait(timeout=30)

@@ -28,25 +28,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shardq.bin import rules
+from shardq.bin.inbox import inbox_routes
 from shardq.bin.openapi import OPENAPI, PREFIX
+from shardq.bin.refusals import refusal_body, status_of
 from shardq.queue.client import DEFAULT_UPDATE_WAIT, MAX_WAIT, Client
 from shardq.queue.errors import (
-    DecisionRefused,
-    ExecutionNotFound,
     InvalidArgument,
-    PayloadInvalid,
-    QueryFailed,
     SignalRefused,
-    UnknownHandler,
-    UnknownWorkflow,
-    UpdateFailed,
-    UpdateRefused,
-    UpdateRejected,
-    UpdateTimedOut,
 )
 from shardq.queue.limits import Limits
 from shardq.queue.models import Event, Execution, State, UpdateResult
-from shardq.shards.errors import ConfigError, ShardqError, ShardUnavailable
+from shardq.shards.errors import ConfigError
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 
 log = logging.getLogger(__name__)
@@ -101,16 +93,23 @@ def load_tokens(path: Path) -> list[tuple[str, str]]:
     return found
 
 
+def tenant_for(presented: str, tokens: list[tuple[str, str]]) -> str | None:
+    """The tenant of a presented token, or None; every entry is compared, so the time
+    taken says nothing about which one matched."""
+    digest = hash_token(presented.strip())
+    tenant = None
+    for candidate, stored in tokens:
+        if hmac.compare_digest(digest, stored):
+            tenant = candidate
+    return tenant
+
+
 def _tenant_of(request: Request, tokens: list[tuple[str, str]]) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented:
         raise ApiError(401, "a bearer token is required")
-    digest = hash_token(presented.strip())
-    tenant = None
-    for candidate, stored in tokens:  # every entry compared: the time says nothing
-        if hmac.compare_digest(digest, stored):
-            tenant = candidate
+    tenant = tenant_for(presented, tokens)
     if tenant is None:
         raise ApiError(401, "the token is not valid")
     return tenant
@@ -201,9 +200,9 @@ Handler = Callable[[Request, str], Awaitable[Response]]
 
 
 def create_app(  # noqa: PLR0915 - a closure per route, over one client
-    client: Client, tokens: list[tuple[str, str]]
+    client: Client, tokens: list[tuple[str, str]], *, inbox_stale_after: float = 86400.0
 ) -> Starlette:
-    """The API over `client`, for the tenants in `tokens`."""
+    """The API over `client`, for the tenants in `tokens`, and the review inbox (/inbox)."""
 
     def route(path: str, handler: Handler, method: str) -> Route:
         async def endpoint(request: Request) -> Response:
@@ -389,18 +388,9 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         Route(PREFIX + "/healthz", healthz, methods=["GET"]),
         Route(PREFIX + "/openapi.json", openapi, methods=["GET"]),
     ]
+    routes += inbox_routes(client, lambda token: tenant_for(token, tokens),
+                           stale_after=inbox_stale_after)
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
-
-
-_STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
-    (UpdateTimedOut, 202),
-    ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler), 404),
-    ((UpdateRefused, DecisionRefused, SignalRefused), 409),
-    ((UpdateFailed, UpdateRejected, QueryFailed), 422),
-    (ShardUnavailable, 503),
-    (ShardqError, 400),  # InvalidArgument, PayloadInvalid and every other refusal
-)
-"""The status of each refusal, first match wins (the more special kinds first)."""
 
 
 def _refusal(request: Request, exc: Exception) -> JSONResponse:
@@ -408,32 +398,8 @@ def _refusal(request: Request, exc: Exception) -> JSONResponse:
     that is down, and a bare 500 (logged, never a traceback) for a bug."""
     if isinstance(exc, ApiError):
         return JSONResponse({"error": str(exc), **exc.details}, exc.status)
-    status = next((code for kinds, code in _STATUS if isinstance(exc, kinds)), 500)
+    status = status_of(exc)
     if status == 500:
         log.error("request failed", extra={"path": request.url.path}, exc_info=exc)
         return JSONResponse({"error": "internal error"}, 500)
-    return JSONResponse(_refusal_body(exc), status)
-
-
-def _refusal_body(exc: Exception) -> dict[str, Any]:
-    """What a refusal says: its text and, per kind, what a caller acts on."""
-    if isinstance(exc, PayloadInvalid):
-        return {"error": exc.summary, "violations": exc.violations}
-    if isinstance(exc, ExecutionNotFound | InvalidExecutionId):
-        return {"error": "execution not found"}  # another tenant's run reads the same
-    if isinstance(exc, ShardUnavailable):
-        return {"error": f"a shard is unavailable: {exc}"}
-    body: dict[str, Any] = {"error": str(exc)}
-    if isinstance(exc, UpdateTimedOut):
-        body.update(update_id=exc.update_id, completed=False)
-    elif isinstance(exc, UpdateRefused | SignalRefused):
-        body.update(reason_code=exc.reason_code)
-    elif isinstance(exc, DecisionRefused):
-        body.update(reason_code=exc.reason_code, standing=exc.standing)
-    elif isinstance(exc, UpdateFailed):
-        body.update(reason_code="handler_failed", update_id=exc.update_id, detail=exc.error)
-    elif isinstance(exc, UpdateRejected):
-        body.update(reason_code="rejected")
-    elif isinstance(exc, QueryFailed):
-        body.update(reason_code="query_failed")
-    return body
+    return JSONResponse(refusal_body(exc), status)

@@ -1169,11 +1169,16 @@ def api_token(settings: Settings, tenant: str) -> None:
 @click.option("--tokens-file", required=True, envvar="SHARDQ_TOKENS_FILE",
               type=click.Path(path_type=Path, dir_okay=False),
               help="`TENANT sha256:HEX` per line (shardq api-token) [env SHARDQ_TOKENS_FILE]")
+@click.option("--inbox-stale-after", default=86400.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True, max=1e9),
+              help="Seconds after which the inbox marks an open interrupt stale.")
 @pass_settings
 def serve_command(
-    settings: Settings, app: str | None, host: str, port: int, tokens_file: Path
+    settings: Settings, app: str | None, host: str, port: int, tokens_file: Path,
+    inbox_stale_after: float,
 ) -> None:
-    """Serve the HTTP management API under /api/shardq until SIGTERM."""
+    """Serve the HTTP management API under /api/shardq and the review inbox under /inbox
+    until SIGTERM."""
     import socket
 
     import uvicorn
@@ -1197,7 +1202,8 @@ def serve_command(
     client = Client(shard_map, registry, pools=pools, verify=False)
     click.echo(f"shardq API on http://{host}:{port}/api/shardq", err=True)
     try:
-        uvicorn.run(create_app(client, tokens), host=host, port=port, log_level="warning",
+        uvicorn.run(create_app(client, tokens, inbox_stale_after=inbox_stale_after),
+                    host=host, port=port, log_level="warning",
                     access_log=False, server_header=False)
     finally:
         pools.close()

@@ -62,6 +62,7 @@ MAX_LABEL = 255
 DEFAULT_UPDATE_WAIT = 30.0
 """Seconds Client.update waits for the run to handle an update before UpdateTimedOut."""
 MAX_WAIT = 600.0
+MAX_AGE_FILTER = 10 * 366 * 86400.0
 PARALLEL_START_MIN = 1000
 """From this many runs, `start_many` commits on its shards at once rather than in turn."""
 
@@ -573,23 +574,33 @@ class Client:
         workflow: str | None = None,
         cursor: str | None = None,
         limit: int = DEFAULT_PAGE,
+        newest_first: bool = False,
+        waited_s: float = 0.0,
     ) -> InterruptPage:
-        """One page of open interrupts over every shard, oldest request first.
+        """One page of open interrupts over every shard, oldest request first (or newest).
 
-        Pass `next_cursor` back for the following page; it is a position, so
-        interrupts opened or decided meanwhile never shift or repeat a page.
+        `waited_s`: only interrupts open at least that many seconds. Pass
+        `next_cursor` back (with the same order) for the following page; it is
+        a position, so interrupts opened or decided meanwhile never shift or
+        repeat a page.
         """
         check_name(tenant, "tenant")
         if workflow is not None:
             check_name(workflow, "workflow")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {limit!r}")
+        if isinstance(waited_s, bool) or not isinstance(waited_s, int | float) or not (
+            0 <= waited_s <= MAX_AGE_FILTER
+        ):
+            raise InvalidArgument(f"waited_s must be within 0..{MAX_AGE_FILTER:g} seconds")
         after = InboxCursor.decode(cursor) if cursor is not None else None
         position = (after.at, after.id) if after else None
         pages = [self.store.pending_interrupts(shard, tenant=tenant, workflow=workflow,
-                                               after=position, limit=limit)
+                                               after=position, limit=limit,
+                                               newest_first=newest_first, waited_s=waited_s)
                  for shard in self.map.shards]
-        merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id)))
+        merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id),
+                                  reverse=newest_first))
         merged = merged[:limit]
         last = merged[-1] if len(merged) == limit else None
         return InterruptPage(

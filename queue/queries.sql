@@ -316,8 +316,9 @@ FROM shardq.decide_interrupt(%(tenant)s, %(id)s, %(name)s, %(position)s, %(actio
 
 -- name: pending_interrupts
 -- A page of a shard's open interrupts, oldest first, after the keyset
--- position (started_at, execution_id); the tenant and workflow filters apply
--- to the run (waits_interrupts index).
+-- position (started_at, execution_id); the tenant, workflow and age filters
+-- apply to the run (waits_interrupts index). `waited_s`: only those open at
+-- least that long.
 SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
        w.request->>'prompt' AS prompt, w.request->'actions' AS actions,
        w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline
@@ -327,7 +328,23 @@ WHERE w.kind = 'interrupt'
   AND (w.started_at, w.execution_id) > (%(after_at)s, %(after_id)s)
   AND x.tenant = %(tenant)s
   AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
+  AND w.started_at <= now() - make_interval(secs => %(waited_s)s)
 ORDER BY w.started_at, w.execution_id
+LIMIT %(limit)s
+
+-- name: pending_interrupts_newest
+-- The same, newest first, before the keyset position.
+SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
+       w.request->>'prompt' AS prompt, w.request->'actions' AS actions,
+       w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline
+FROM shardq.waits w
+JOIN shardq.executions x ON x.id = w.execution_id
+WHERE w.kind = 'interrupt'
+  AND (w.started_at, w.execution_id) < (%(after_at)s, %(after_id)s)
+  AND x.tenant = %(tenant)s
+  AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
+  AND w.started_at <= now() - make_interval(secs => %(waited_s)s)
+ORDER BY w.started_at DESC, w.execution_id DESC
 LIMIT %(limit)s
 
 -- name: stale_waits

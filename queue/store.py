@@ -62,6 +62,7 @@ signal it does wait on."""
 MAX_PENDING_SIGNALS_TOTAL = 10_000
 """Unconsumed signals of all names one execution may buffer."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_END = datetime(9999, 12, 31, tzinfo=UTC)
 
 
 class Store:
@@ -505,14 +506,19 @@ class Store:
 
     def pending_interrupts(
         self, shard: Shard, *, tenant: str, workflow: str | None,
-        after: tuple[datetime, uuid.UUID] | None, limit: int,
+        after: tuple[datetime, uuid.UUID] | None, limit: int, newest_first: bool = False,
+        waited_s: float = 0.0,
     ) -> list[PendingInterrupt]:
-        """A page of `shard`'s open interrupts of `tenant`, oldest first, after `after`."""
-        after_at, after_id = after or (_EPOCH, uuid.UUID(int=0))
+        """A page of `shard`'s open interrupts of `tenant`, oldest (or newest) first, past
+        the keyset position `after`; only those open at least `waited_s` seconds."""
+        after_at, after_id = after or (
+            (_END, uuid.UUID(int=(1 << 128) - 1)) if newest_first else (_EPOCH, uuid.UUID(int=0)))
+        statement = SQL["pending_interrupts_newest"] if newest_first else SQL[
+            "pending_interrupts"]
         with self._connection(shard) as conn:
-            found = conn.execute(SQL["pending_interrupts"], {
+            found = conn.execute(statement, {
                 "tenant": tenant, "workflow": workflow, "after_at": after_at,
-                "after_id": after_id, "limit": limit,
+                "after_id": after_id, "limit": limit, "waited_s": waited_s,
             })
             return [
                 PendingInterrupt(**{**r, "actions": tuple(r["actions"] or ())}) for r in found

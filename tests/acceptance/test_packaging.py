@@ -50,6 +50,8 @@ def test_stdlib_queue_wins_in_a_wheel_install(tmp_path: Path) -> None:
     assert not any(n.startswith(("shardq/benchmarks/", "shardq/tests/")) for n in names)
     # The throw-away server ships (the demo uses it); its binaries are the extra's.
     assert "shardq/shards/embedded.py" in names
+    # The inbox's pages and its one script and stylesheet ship with `shardq serve`.
+    assert {"shardq/bin/templates/detail.html", "shardq/bin/static/inbox.js"} <= set(names)
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
     # -S skips site-packages (and the editable install's path entry), so shardq

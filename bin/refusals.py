@@ -1,0 +1,65 @@
+"""How a refused request is answered, whichever front end it came through (API, inbox).
+
+Each refusal kind has one status (first match wins, the more special kinds
+first) and one body: its text and what a caller acts on. Anything that is not
+a refusal is a bug: status 500, logged by the caller, never shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardq.queue.errors import (
+    DecisionRefused,
+    ExecutionNotFound,
+    PayloadInvalid,
+    QueryFailed,
+    SignalRefused,
+    UnknownHandler,
+    UnknownWorkflow,
+    UpdateFailed,
+    UpdateRefused,
+    UpdateRejected,
+    UpdateTimedOut,
+)
+from shardq.shards.errors import ShardqError, ShardUnavailable
+from shardq.shards.routing import InvalidExecutionId
+
+STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    (UpdateTimedOut, 202),
+    ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler), 404),
+    ((UpdateRefused, DecisionRefused, SignalRefused), 409),
+    ((UpdateFailed, UpdateRejected, QueryFailed), 422),
+    (ShardUnavailable, 503),
+    (ShardqError, 400),  # InvalidArgument, PayloadInvalid and every other refusal
+)
+"""The status of each refusal, first match wins (the more special kinds first)."""
+
+
+
+def status_of(exc: BaseException) -> int:
+    return next((code for kinds, code in STATUS if isinstance(exc, kinds)), 500)
+
+
+def refusal_body(exc: Exception) -> dict[str, Any]:
+    """What a refusal says: its text and, per kind, what a caller acts on."""
+    if isinstance(exc, PayloadInvalid):
+        return {"error": exc.summary, "violations": exc.violations}
+    if isinstance(exc, ExecutionNotFound | InvalidExecutionId):
+        return {"error": "execution not found"}  # another tenant's run reads the same
+    if isinstance(exc, ShardUnavailable):
+        return {"error": f"a shard is unavailable: {exc}"}
+    body: dict[str, Any] = {"error": str(exc)}
+    if isinstance(exc, UpdateTimedOut):
+        body.update(update_id=exc.update_id, completed=False)
+    elif isinstance(exc, UpdateRefused | SignalRefused):
+        body.update(reason_code=exc.reason_code)
+    elif isinstance(exc, DecisionRefused):
+        body.update(reason_code=exc.reason_code, standing=exc.standing)
+    elif isinstance(exc, UpdateFailed):
+        body.update(reason_code="handler_failed", update_id=exc.update_id, detail=exc.error)
+    elif isinstance(exc, UpdateRejected):
+        body.update(reason_code="rejected")
+    elif isinstance(exc, QueryFailed):
+        body.update(reason_code="query_failed")
+    return body

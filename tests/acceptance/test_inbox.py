@@ -1,0 +1,217 @@
+"""The review inbox in a real browser: Debian's chromium driven by playwright, against a
+real `shardq serve` process and a real worker."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shardq.bin.api import hash_token
+from shardq.bin.examples import registry
+from shardq.queue.client import Client
+from shardq.queue.models import State
+from shardq.queue.worker import Worker
+from shardq.shards.config import ShardMap
+
+from ..support import Daemon, free_port, wait_until
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason="Debian's chromium is not installed (.ci/run installs it: "
+                              "apt-get install chromium)"),
+]
+ACME, GLOBEX = "sq_inbox-acme", "sq_inbox-globex"
+EVIL = '<script>window.__xss = 1</script>"><img src=x onerror="window.__xss = 2">'
+StartWorker = Callable[..., Worker]
+
+
+@dataclass
+class Site:
+    base: str
+    client: Client
+
+
+@pytest.fixture
+def site(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
+         start_worker: StartWorker) -> Iterator[Site]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"acme {hash_token(ACME)}\nglobex {hash_token(GLOBEX)}\n")
+    port = free_port()
+    daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
+             "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
+             str(tokens), "--inbox-stale-after", "3600"]).wait_for("shardq API on")
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _answers(base), what="the server")
+    start_worker(registry, poll_interval_s=1.0)
+    with Client(shard_map, registry) as client:
+        yield Site(base, client)
+
+
+def _answers(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/api/shardq/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def signed_in(browser: Any, site: Site, token: str, actor: str, **options: Any) -> Any:
+    """A page of a new browser context, signed in as `actor` with `token`."""
+    page = browser.new_context(**options).new_page()
+    page.goto(f"{site.base}/inbox")
+    assert page.url.endswith("/inbox/login")
+    page.fill("input[name=token]", token)
+    page.fill("input[name=actor]", actor)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{site.base}/inbox")
+    return page
+
+
+def review(site: Site, key: str, **input_: Any) -> str:
+    """A proposal_review run parked on its interrupt: its execution id."""
+    run = site.client.start("proposal_review", key, input_, tenant="acme").execution_id
+    wait_until(lambda: site.client.get(run, tenant="acme").state is State.INPUT_REQUIRED,
+               what="the interrupt")
+    return str(run)
+
+
+def detail_url(site: Site, run: str) -> str:
+    return f"{site.base}/inbox/runs/{run}/interrupts/manager_review"
+
+
+def test_a_reviewer_sees_the_item_at_once_and_approving_resumes_the_run(
+    browser: Any, site: Site
+) -> None:
+    page = signed_in(browser, site, ACME, "ann")
+    run = review(site, "p-approve", amount=120, reason="team offsite")
+    parked_at = time.monotonic()
+    page.goto(f"{site.base}/inbox")
+    row = page.locator(f"tr.item[data-execution='{run}']")
+    assert row.count() == 1 and time.monotonic() - parked_at < 1.0
+    assert "Approve, edit or reject: 120 for team offsite" in row.inner_text()
+    row.locator("a.open").click()
+    assert "team offsite" in page.locator("pre.input").inner_text()
+    assert "prepare" in page.locator("dl.steps").inner_text()
+    page.click("button.action-approve")
+    assert "Decided: approve by ann" in page.locator(".outcome").inner_text()
+    done = site.client.wait(run, tenant="acme", timeout=10)
+    assert (done.state, done.output["by"]) == (State.COMPLETED, "ann")
+    page.goto(f"{site.base}/inbox")
+    assert page.locator(f"tr.item[data-execution='{run}']").count() == 0
+    page.goto(f"{site.base}/inbox/runs/{run}")
+    assert "run.completed" in page.locator("table.history").inner_text()
+
+
+def test_an_invalid_edit_shows_beside_its_field_and_decides_nothing(
+    browser: Any, site: Site
+) -> None:
+    run = review(site, "p-edit", amount=5, reason="books")
+    page = signed_in(browser, site, ACME, "ann")
+    page.goto(detail_url(site, run))
+    page.fill("input[name='field:amount']", "-3")
+    page.fill("input[name='field:reason']", "books")
+    page.click("button.action-edit")  # checked in the page: nothing is sent
+    assert page.locator(".violation[data-for='amount']").inner_text().strip() != ""
+    # Without the page's script the server checks it and answers in the same place.
+    bare = signed_in(browser, site, ACME, "bob", java_script_enabled=False)
+    bare.goto(detail_url(site, run))
+    bare.fill("input[name='field:amount']", "-3")
+    bare.fill("input[name='field:reason']", "books")
+    bare.click("button.action-edit")
+    beside = bare.locator(".violation[data-for='amount']").inner_text()
+    assert "less than the minimum of 0" in beside
+    assert bare.locator(".violation[data-for='reason']").inner_text().strip() == ""
+    assert site.client.get(run, tenant="acme").state is State.INPUT_REQUIRED
+    kinds = [e.kind for e in site.client.history(run, tenant="acme")]
+    assert "interrupt.decided" not in kinds
+    # A valid edit goes through and is what the run commits.
+    bare.fill("input[name='field:amount']", "7.5")
+    bare.click("button.action-edit")
+    assert "Decided: edit by bob" in bare.locator(".outcome").inner_text()
+    assert site.client.wait(run, tenant="acme", timeout=10).output["result"] == {
+        "committed": True, "amount": 7.5, "reason": "books"}
+
+
+def test_two_reviewers_at_once_one_wins_and_the_other_sees_the_winner(
+    browser: Any, site: Site
+) -> None:
+    run = review(site, "p-race", amount=50, reason="taxi")
+    ann, bob = (signed_in(browser, site, ACME, who) for who in ("ann", "bob"))
+    for page in (ann, bob):
+        page.goto(detail_url(site, run))
+    # Both forms are submitted before either answer arrives.
+    ann.evaluate("document.querySelector('form.actions').requestSubmit("
+                 "document.querySelector('button.action-approve'))")
+    bob.evaluate("document.querySelector('form.actions').requestSubmit("
+                 "document.querySelector('button.action-reject'))")
+    for page in (ann, bob):
+        page.wait_for_load_state()
+        page.locator(".outcome, .refusal").first.wait_for()
+    refused = [p for p in (ann, bob) if p.locator(".refusal").count()]
+    assert len(refused) == 1
+    loser = refused[0]
+    winner, action = ("bob", "reject") if loser is ann else ("ann", "approve")
+    assert f"{winner} decided {action}" in loser.locator(".refusal").inner_text()
+    decided = [e for e in site.client.history(run, tenant="acme")
+               if e.kind == "interrupt.decided"]
+    assert [(e.payload["actor"], e.payload["action"]) for e in decided] == [(winner, action)]
+    # Every attempt is in the audit trail, the refused one too.
+    loser.goto(detail_url(site, run))
+    audit = loser.locator("table.audit").inner_text()
+    assert "accepted" in audit and "refused: decided" in audit
+
+
+def test_caller_values_render_as_text(browser: Any, site: Site) -> None:
+    run = review(site, "p-evil", amount=1, reason=EVIL)
+    page = signed_in(browser, site, ACME, EVIL)
+    for url in (f"{site.base}/inbox", detail_url(site, run)):
+        page.goto(url)
+        assert EVIL in page.locator(".prompt").first.inner_text()
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("main img").count() == 0
+    assert json.dumps(EVIL) in page.locator("pre.input").inner_text()  # the input, as JSON
+    assert EVIL in page.locator(".signout span").inner_text()
+
+
+def test_another_tenant_never_sees_the_item(browser: Any, site: Site) -> None:
+    run = review(site, "p-private", amount=9, reason="secret")
+    page = signed_in(browser, site, GLOBEX, "eve")
+    assert page.locator(f"tr.item[data-execution='{run}']").count() == 0
+    answer = page.goto(detail_url(site, run))
+    assert answer.status == 404 and "secret" not in page.content()
+
+
+def test_forms_need_their_csrf_token_and_pages_carry_a_csp(site: Site) -> None:
+    with httpx.Client(base_url=site.base) as http:
+        login = http.get("/inbox/login")
+        assert "script-src 'self'" in login.headers["content-security-policy"]
+        forged = http.post("/inbox/login", data={"token": ACME, "actor": "mallory",
+                                                 "csrf": "guess"})
+        assert forged.status_code == 403 and "shardq_token" not in forged.cookies
+        signed = http.post("/inbox/login", data={"token": ACME, "actor": "ann",
+                                                 "csrf": http.cookies["shardq_csrf"]})
+        assert signed.status_code == 303
+        run = review(site, "p-csrf", amount=2, reason="pens")
+        cross = http.post(f"/inbox/runs/{run}/interrupts/manager_review",
+                          data={"action": "approve", "decision_id": "x", "csrf": "nope"})
+        assert cross.status_code == 403
+        assert site.client.get(run, tenant="acme").state is State.INPUT_REQUIRED

@@ -74,6 +74,7 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
     templates.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False)
     templates.filters["when"] = _when
     templates.filters["ago"] = _ago
+    templates.filters["duration"] = _duration
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> Response:
         csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
@@ -320,7 +321,11 @@ def _when(value: datetime | str | None) -> str:
 
 
 def _ago(value: datetime) -> str:
-    seconds = max(0, int((datetime.now(UTC) - value).total_seconds()))
+    return _duration((datetime.now(UTC) - value).total_seconds())
+
+
+def _duration(seconds_: float) -> str:
+    seconds = max(0, int(seconds_))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

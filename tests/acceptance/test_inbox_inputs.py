@@ -1,0 +1,115 @@
+"""Hostile requests to the review inbox: a 4xx page, never a 500 or a traceback, nothing
+stored. (No browser: these are the requests a browser would not send.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shardq.bin.api import hash_token
+from shardq.bin.examples import registry
+from shardq.queue.client import Client
+from shardq.queue.models import State
+from shardq.queue.worker import Worker
+from shardq.shards.config import ShardMap
+
+from ..conftest import TABLES
+from ..support import Daemon, all_rows, free_port, wait_until
+
+pytestmark = pytest.mark.slow
+TOKEN = "sq_inbox-inputs"
+FORM = "application/x-www-form-urlencoded"
+DECIDE = "/inbox/runs/{run}/interrupts/manager_review"
+
+# (id, method, path, form fields or raw body, extra headers, status)
+CASES: list[tuple[str, str, str, dict[str, str] | bytes, dict[str, str], int]] = [
+    ("login-bad-token", "POST", "/inbox/login", {"token": "nope", "actor": "a"}, {}, 401),
+    ("login-no-name", "POST", "/inbox/login", {"token": TOKEN, "actor": " "}, {}, 400),
+    ("login-long-name", "POST", "/inbox/login", {"token": TOKEN, "actor": "a" * 300}, {}, 400),
+    ("login-no-csrf", "POST", "/inbox/login", {"token": TOKEN, "actor": "a", "csrf": ""}, {},
+     403),
+    ("login-json", "POST", "/inbox/login", b'{"token": "x"}',
+     {"content-type": "application/json"}, 415),
+    ("login-not-utf8", "POST", "/inbox/login", b"token=\xff\xfe&actor=a", {}, 400),
+    ("login-huge", "POST", "/inbox/login", b"token=" + b"x" * (300 << 10), {}, 413),
+    ("decide-unknown-action", "POST", DECIDE, {"action": "maybe", "decision_id": "d"}, {}, 400),
+    ("decide-no-decision-id", "POST", DECIDE, {"action": "approve", "decision_id": ""}, {}, 400),
+    ("decide-long-decision-id", "POST", DECIDE, {"action": "approve",
+                                                 "decision_id": "d" * 300}, {}, 400),
+    ("decide-nul-in-id", "POST", DECIDE, {"action": "approve", "decision_id": "a\x00b"}, {},
+     400),
+    ("decide-number-not-a-number", "POST", DECIDE,
+     {"action": "edit", "decision_id": "d", "field:amount": "lots", "field:reason": "r"}, {},
+     400),
+    ("decide-infinite-number", "POST", DECIDE,
+     {"action": "edit", "decision_id": "d", "field:amount": "1e999", "field:reason": "r"}, {},
+     400),
+    ("decide-unknown-interrupt", "POST", "/inbox/runs/{run}/interrupts/nope",
+     {"action": "approve", "decision_id": "d"}, {}, 404),
+    ("decide-bad-run-id", "POST", "/inbox/runs/not-a-run/interrupts/x",
+     {"action": "approve", "decision_id": "d"}, {}, 404),
+    ("show-bad-run-id", "GET", "/inbox/runs/..%2F..%2Fetc", b"", {}, 404),
+    ("show-unknown-run", "GET", "/inbox/runs/01a23b00-a581-8495-a55e-808a42654d6c", b"", {},
+     404),
+    ("list-bad-workflow", "GET", "/inbox?workflow=bad%20name!", b"", {}, 400),
+    ("list-bad-cursor", "GET", "/inbox?cursor=zz", b"", {}, 400),
+    ("static-traversal", "GET", "/inbox/static/..%2Finbox.py", b"", {}, 404),
+]
+
+
+@pytest.fixture
+def http(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
+         start_worker: Callable[..., Worker]) -> Iterator[httpx.Client]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"acme {hash_token(TOKEN)}\n")
+    port = free_port()
+    daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
+             "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
+             str(tokens)]).wait_for("shardq API on")
+    start_worker(registry)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        wait_until(lambda: _answers(client), what="the server")
+        yield client
+
+
+def _answers(client: httpx.Client) -> bool:
+    try:
+        return client.get("/inbox/login").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_hostile_requests_get_a_4xx_page_and_store_nothing(
+    http: httpx.Client, shard_map: ShardMap
+) -> None:
+    with Client(shard_map, registry) as client:
+        run = client.start("proposal_review", "hostile", {"amount": 3}, tenant="acme")
+        wait_until(lambda: client.get(run.execution_id, tenant="acme").state
+                   is State.INPUT_REQUIRED, what="the interrupt")
+    http.get("/inbox/login")  # the CSRF cookie
+    signed = http.post("/inbox/login", data={"token": TOKEN, "actor": "ann",
+                                             "csrf": http.cookies["shardq_csrf"]})
+    assert signed.status_code == 303
+    before = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in TABLES}
+    for case, method, path, body, headers, status in CASES:
+        target = path.replace("{run}", str(run.execution_id))
+        if isinstance(body, dict):
+            fields = {"csrf": http.cookies["shardq_csrf"], **body}
+            answer = http.request(method, target, data=fields, headers=headers)
+        else:
+            answer = http.request(method, target, content=body or None,
+                                  headers={"content-type": FORM, **headers} if body else headers)
+        assert answer.status_code == status, (case, answer.status_code, answer.text[-500:])
+        assert "Traceback" not in answer.text and "internal error" not in answer.text, case
+        if answer.headers["content-type"].startswith("text/html"):  # not a JSON 404
+            assert "script-src 'self'" in answer.headers["content-security-policy"], case
+    after = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in TABLES}
+    # A refused decision attempt is audited (interrupt.refused): the only row it may add.
+    refused = all_rows(shard_map, "SELECT count(*) FROM shardq.history "
+                                  "WHERE kind = 'interrupt.refused'")[0][0]
+    assert after["history"][0][0] - before["history"][0][0] == refused
+    assert {t: v for t, v in after.items() if t != "history"} == {
+        t: v for t, v in before.items() if t != "history"}

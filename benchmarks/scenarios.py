@@ -288,7 +288,7 @@ def wake(b: Bench) -> dict[str, Any]:
         bar.update(i + 1)
     bar.close()
     problems = b.stop_fleet()
-    resumed, stepped, finished, signal_call = [], [], [], []
+    resumed, stepped, finished, signal_call, after_commit = [], [], [], [], []
     slowest: list[tuple[float, float, float]] = []  # (step ms, signal call ms, s into sampling)
     outputs = [r for url in b.urls for r in query(url, "wake_outputs")
                if r["workflow_id"] in sent]
@@ -300,6 +300,7 @@ def wake(b: Bench) -> dict[str, Any]:
         stepped.append(1000 * (out["step_at"] - t0))
         finished.append(1000 * (row["finished"] - t0))
         signal_call.append(1000 * (t_signal - t0))
+        after_commit.append(1000 * (out["step_at"] - t_signal))
         slowest.append((round(stepped[-1], 2), round(signal_call[-1], 2), round(t0 - first, 2)))
     if len(outputs) != samples:
         raise BenchError(f"wake: {len(outputs)} of {samples} probes completed")
@@ -309,6 +310,9 @@ def wake(b: Bench) -> dict[str, Any]:
         "step_ms": step, "resumed_ms": _ms(percentiles(resumed)),
         "completed_ms": _ms(percentiles(finished)),
         "signal_call_ms": _ms(percentiles(signal_call)),
+        # The part after the signal's commit returned: NOTIFY -> claim -> replay -> step.
+        # The signal call is one durable commit, whose tail is the disk's (see README).
+        "after_commit_ms": _ms(percentiles(after_commit)),
         "p50_ms": step["p50"], "p95_ms": step["p95"], "p99_ms": step["p99"],
         # Whether the tail is scattered or one stall: when in the sampling each came.
         "slowest": sorted(slowest, reverse=True)[:10],

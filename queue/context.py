@@ -259,7 +259,7 @@ class WorkflowContext:
         and returns None; a signal sent without payload is still a `Signal`
         (its `.payload` is None), so the two never look alike.
         """
-        check_name(name, "signal")
+        check_signal_name(name)
         _check_timeout(timeout, f"receive {name!r}")
         self._guard()
         position, recorded = self._replay.next("signal", name)
@@ -690,7 +690,7 @@ def _check_condition(
     if not on:
         raise InvalidArgument(f"wait_until {name!r}: `on` must name at least one signal")
     for signal_name, handler in on.items():
-        check_name(signal_name, "signal")
+        check_signal_name(signal_name)
         if not callable(handler):
             raise InvalidArgument(f"wait_until {name!r}: the handler of {signal_name!r} "
                                   "is not callable")

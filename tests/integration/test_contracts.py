@@ -261,3 +261,22 @@ def test_every_entry_point_refuses_a_payload_that_breaks_its_schema(
     assert count(shard_map, "executions") == 1
     with pytest.raises(ExecutionNotFound):
         client.query(run, "status", tenant="other")
+
+
+@registry.workflow("snoop")
+def snoop(ctx: WorkflowContext) -> Any:
+    """Tries to take updates as plain signals: the reserved names are refused in code too."""
+    if ctx.input == "wait_until":
+        return ctx.wait_until(lambda: False, on={"shardq:update:note": lambda s: None})
+    return ctx.receive("shardq:update:note")
+
+
+@pytest.mark.parametrize("how", ["receive", "wait_until"])
+def test_workflow_code_cannot_receive_updates_as_signals(
+    client: Client, start_worker: StartWorker, how: str
+) -> None:
+    start_worker(registry, poll_interval_s=60.0)
+    run = client.start("snoop", f"snoop-{how}", how).execution_id
+    failed = client.wait(run, timeout=10)
+    assert failed.state is State.FAILED
+    assert failed.error is not None and "is reserved" in failed.error["message"]

@@ -424,6 +424,15 @@ def open_client(settings: Settings, registry: Registry | None = None) -> Iterato
             pools.close()
 
 
+@contextmanager
+def app_client(settings: Settings, app: str | None) -> Iterator[Client]:
+    """open_client with the workflows of `--app` (refused in one line if it will not load)."""
+    with errors_as_exit_codes():
+        registry = load_registry(app)
+    with open_client(settings, registry) as client:
+        yield client
+
+
 def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv.
 
@@ -509,6 +518,9 @@ payload_option = click.option(
     "--payload-json", "--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
     help="The signal's JSON payload: JSON text, @FILE or - for stdin (--payload is an alias).",
 )
+start_input_option = click.option(
+    "--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
+    help="The input if the run is started: JSON text, @FILE or - for stdin.")
 key_option = click.option(
     "--idempotency-key", callback=_check_key,
     help="Repeats with this key are delivered once (per run).",
@@ -589,8 +601,7 @@ def workflow_signal(
 @click.argument("name")
 @click.argument("workflow_id")
 @click.argument("signal_name")
-@click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
-              help="The input if the run is started: JSON text, @FILE or - for stdin.")
+@start_input_option
 @payload_option
 @key_option
 @pass_settings
@@ -651,9 +662,7 @@ def workflow_query(
     argument: Any,
 ) -> None:
     """Answer query NAME from the run's committed state (no worker needed)."""
-    with errors_as_exit_codes():
-        registry = load_registry(app)
-    with open_client(settings, registry) as client, errors_as_exit_codes():
+    with app_client(settings, app) as client, errors_as_exit_codes():
         result = _refusing_payloads(lambda: client.query(execution_id, name, argument,
                                                           tenant=tenant))
     emit(settings, {"result": result}, json.dumps(result, indent=2))
@@ -674,9 +683,7 @@ def workflow_update(
     argument: Any, idempotency_key: str | None, wait: float,
 ) -> None:
     """Ask the run to handle update NAME; prints the handler's response once recorded."""
-    with errors_as_exit_codes():
-        registry = load_registry(app)
-    with open_client(settings, registry) as client, errors_as_exit_codes():
+    with app_client(settings, app) as client, errors_as_exit_codes():
         result = _refusing_payloads(lambda: client.update(
             execution_id, name, argument, idempotency_key=idempotency_key, tenant=tenant,
             wait=wait))
@@ -690,8 +697,7 @@ def workflow_update(
 @click.argument("name")
 @click.argument("workflow_id")
 @click.argument("update_name")
-@click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
-              help="The input if the run is started: JSON text, @FILE or - for stdin.")
+@start_input_option
 @argument_option
 @key_option
 @wait_option
@@ -702,9 +708,7 @@ def workflow_update_with_start(
     wait: float,
 ) -> None:
     """Update the run of NAME with key WORKFLOW_ID, starting it if it has none."""
-    with errors_as_exit_codes():
-        registry = load_registry(app)
-    with open_client(settings, registry) as client, errors_as_exit_codes():
+    with app_client(settings, app) as client, errors_as_exit_codes():
         result = _refusing_payloads(lambda: client.update_with_start(
             name, workflow_id, input_value, update_name, argument,
             idempotency_key=idempotency_key, tenant=tenant, wait=wait))

@@ -102,6 +102,35 @@ class Daemon:
             self.proc.wait(10)
 
 
+def start_api(
+    daemons: Callable[..., Daemon], shard_map: ShardMap, folder: Path,
+    tokens: dict[str, str], *extra: str,
+) -> str:
+    """A `shardq serve` process over `shard_map` for `tokens` ({token: tenant}), serving
+    the examples; its base URL (http://127.0.0.1:PORT) once it answers."""
+    from shardq.bin.api import hash_token
+
+    tokens_file = folder / "tokens"
+    tokens_file.write_text("".join(f"{tenant} {hash_token(token)}\n"
+                                   for token, tenant in tokens.items()))
+    port = free_port()
+    daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
+             "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
+             str(tokens_file), *extra]).wait_for("shardq API on")
+    base = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{base}/api/shardq/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(answers, what="the API to answer")
+    return base
+
+
 class TcpProxy:
     """A TCP forwarder to a PostgreSQL server that a test can cut and restore.
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.bin.api import hash_token
 from shardq.queue.models import State
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 
 from ..conftest import TABLES
-from ..support import Daemon, all_rows, free_port, wait_until
+from ..support import Daemon, all_rows, start_api, wait_until
 
 pytestmark = pytest.mark.slow
 ROOT_PATH = "/api/shardq"
@@ -34,28 +33,13 @@ class Api:
 
 @pytest.fixture
 def api(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path) -> Iterator[Api]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"# tenants\nacme {hash_token(TOKEN)}\nglobex {hash_token(OTHER)}\n")
-    port = free_port()
-    urls = ",".join(s.url for s in shard_map.shards)
-    server = daemons(["--shards", urls, "serve", "--app", "shardq.bin.examples:registry",
-                      "--port", str(port), "--tokens-file", str(tokens)])
-    server.wait_for("shardq API on")
-    base = f"http://127.0.0.1:{port}{ROOT_PATH}"
-    wait_until(lambda: _answers(base), what="the API to listen")
+    base = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme", OTHER: "globex"}) + ROOT_PATH
     with (httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
                        timeout=30) as http,
           httpx.Client(base_url=base, headers={"Authorization": f"Bearer {OTHER}"},
                        timeout=30) as other,
           httpx.Client(base_url=base, timeout=30) as anonymous):
         yield Api(http, other, anonymous)
-
-
-def _answers(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code in (200, 503)
-    except httpx.TransportError:
-        return False
 
 
 def start_park(api: Api, key: str) -> str:

@@ -14,14 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from shardq.bin.api import hash_token
 from shardq.bin.examples import registry
 from shardq.queue.client import Client
 from shardq.queue.models import State
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 
-from ..support import Daemon, free_port, wait_until
+from ..support import Daemon, start_api, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
@@ -44,24 +43,11 @@ class Site:
 @pytest.fixture
 def site(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
          start_worker: StartWorker) -> Iterator[Site]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"acme {hash_token(ACME)}\nglobex {hash_token(GLOBEX)}\n")
-    port = free_port()
-    daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
-             "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
-             str(tokens), "--inbox-stale-after", "3600"]).wait_for("shardq API on")
-    base = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _answers(base), what="the server")
+    base = start_api(daemons, shard_map, tmp_path, {ACME: "acme", GLOBEX: "globex"},
+                     "--inbox-stale-after", "3600")
     start_worker(registry, poll_interval_s=1.0)
     with Client(shard_map, registry) as client:
         yield Site(base, client)
-
-
-def _answers(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/api/shardq/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")

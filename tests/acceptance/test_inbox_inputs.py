@@ -9,7 +9,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.bin.api import hash_token
 from shardq.bin.examples import registry
 from shardq.queue.client import Client
 from shardq.queue.models import State
@@ -17,7 +16,7 @@ from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 
 from ..conftest import TABLES
-from ..support import Daemon, all_rows, free_port, wait_until
+from ..support import Daemon, all_rows, start_api, wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "sq_inbox-inputs"
@@ -63,23 +62,10 @@ CASES: list[tuple[str, str, str, dict[str, str] | bytes, dict[str, str], int]] =
 @pytest.fixture
 def http(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
          start_worker: Callable[..., Worker]) -> Iterator[httpx.Client]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"acme {hash_token(TOKEN)}\n")
-    port = free_port()
-    daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
-             "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
-             str(tokens)]).wait_for("shardq API on")
+    base = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"})
     start_worker(registry)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        wait_until(lambda: _answers(client), what="the server")
+    with httpx.Client(base_url=base, timeout=30) as client:
         yield client
-
-
-def _answers(client: httpx.Client) -> bool:
-    try:
-        return client.get("/inbox/login").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def test_hostile_requests_get_a_4xx_page_and_store_nothing(

@@ -19,12 +19,11 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from shardq.bin.api import hash_token
 from shardq.bin.examples import registry
 from shardq.queue.client import Client
 from shardq.shards.config import ShardMap
 
-from ..support import Daemon, all_rows, free_port, run_cli, wait_until
+from ..support import Daemon, all_rows, run_cli, start_api
 
 pytestmark = pytest.mark.slow
 APP = "shardq.bin.examples:registry"
@@ -76,24 +75,10 @@ CASES = [
 @pytest.fixture
 def server(shard_map: ShardMap, daemons: Callable[..., Daemon],
            tmp_path: Path) -> Iterator[httpx.Client]:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{TENANT} {hash_token(TOKEN)}\n")
-    port = free_port()
-    urls = ",".join(s.url for s in shard_map.shards)
-    daemons(["--shards", urls, "serve", "--app", APP, "--port", str(port), "--tokens-file",
-             str(tokens)]).wait_for("shardq API on")
-    base = f"http://127.0.0.1:{port}/api/shardq"
+    base = start_api(daemons, shard_map, tmp_path, {TOKEN: TENANT}) + "/api/shardq"
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
                       timeout=30) as http:
-        wait_until(lambda: _answers(http), what="the API")
         yield http
-
-
-def _answers(http: httpx.Client) -> bool:
-    try:
-        return http.get("/healthz").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def via_cli(shard_map: ShardMap, run: str, send: Send) -> str:

@@ -77,8 +77,11 @@ class Replay:
         recorded = self._recorded.get(position, _NOTHING)
         if not recorded and self._read_only:
             raise ReplayEnd()
-        # An update handled at a wait is recorded at the wait's position, never first.
-        first = next((e for e in recorded if e.kind != Event.UPDATE_COMPLETED), None)
+        first = recorded[0] if recorded else None
+        if first is not None and first.kind == Event.UPDATE_COMPLETED:
+            # An update handled at a wait is recorded at the wait's position: the
+            # wait's own events say which call that is.
+            first = next((e for e in recorded if e.kind != Event.UPDATE_COMPLETED), None)
         if first is not None:
             recorded_call = first.kind.split(".", 1)[0]
             if recorded_call != call or first.name != name:

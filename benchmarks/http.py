@@ -2,7 +2,8 @@
 
 The same runs, the same number of sending threads, the same keyed signals:
 once through the Python client in this process, once as HTTP requests (one
-keep-alive httpx connection per thread) to a `shardq serve` process. No
+keep-alive httpx connection per thread) to a `shardq serve` process, and once
+to a `shardq serve --workers 2` (two processes sharing the port). No
 worker runs, so the runs stay pending and every signal is buffered: what is
 measured is the send path (HTTP parsing, auth, the one rule set, one
 deliver_signals commit per call), not the wake. Rounds alternate the two
@@ -43,25 +44,31 @@ def http_signals(b: Bench) -> dict[str, Any]:
     n, threads = b.sizes.http_signals // ROUNDS, b.sizes.signal_threads
     runs = [r.execution_id for r in b.client.start_many(
         "park", [(f"http-{i}", None) for i in range(RUNS)])]
-    rounds: dict[str, list[dict[str, Any]]] = {"client": [], "http": []}
-    with _server(b) as (base, token):
-        sessions = [httpx.Client(base_url=base, timeout=30,
-                                 headers={"Authorization": f"Bearer {token}"})
-                    for _ in range(threads)]
+    rounds: dict[str, list[dict[str, Any]]] = {"client": [], "http": [], "http_2": []}
+    with _server(b, 1) as one, _server(b, 2) as two:
+        sessions = {path: [httpx.Client(base_url=base, timeout=30,
+                                        headers={"Authorization": f"Bearer {token}"})
+                           for _ in range(threads)]
+                    for path, (base, token) in (("http", one), ("http_2", two))}
         try:
             for r in range(ROUNDS):
                 rounds["client"].append(_measure(
                     f"client round {r + 1}", n, threads, _client_sender(b, runs, r)))
-                rounds["http"].append(_measure(
-                    f"http round {r + 1}", n, threads, _http_sender(sessions, runs, r)))
+                for path, clients in sessions.items():
+                    rounds[path].append(_measure(
+                        f"{path} round {r + 1}", n, threads,
+                        _http_sender(clients, runs, f"{path}-{r}")))
         finally:
-            for session in sessions:
-                session.close()
+            for clients in sessions.values():
+                for session in clients:
+                    session.close()
     best = {path: max(m["signals_per_s"] for m in found) for path, found in rounds.items()}
     return {
         "signals_per_round": n, "threads": threads, "runs": RUNS, "rounds": rounds,
         "client_signals_per_s": best["client"], "http_signals_per_s": best["http"],
+        "http_2_processes_signals_per_s": best["http_2"],
         "http_over_client": round(best["http"] / best["client"], 3),
+        "http_2_processes_over_client": round(best["http_2"] / best["client"], 3),
     }
 
 
@@ -75,7 +82,7 @@ def _client_sender(b: Bench, runs: list[uuid.UUID], round_: int) -> Send:
     return send
 
 
-def _http_sender(sessions: list[httpx.Client], runs: list[uuid.UUID], round_: int) -> Send:
+def _http_sender(sessions: list[httpx.Client], runs: list[uuid.UUID], round_: str) -> Send:
     def send(i: int, thread: int) -> None:
         answer = sessions[thread].post(
             f"/workflows/{runs[i % RUNS]}/signal/go", content=b'{"n": %d}' % i,
@@ -118,8 +125,9 @@ def _measure(label: str, n: int, threads: int, send: Send) -> dict[str, Any]:
 
 
 @contextmanager
-def _server(b: Bench) -> Iterator[tuple[str, str]]:
-    """A `shardq serve` process over the bench's shards: its API's base URL and a token."""
+def _server(b: Bench, processes: int) -> Iterator[tuple[str, str]]:
+    """`shardq serve` over the bench's shards (`processes` of them sharing the port): its
+    API's base URL and a token."""
     cli = [sys.executable, "-m", "shardq.bin.cli"]
     # The bench's runs belong to the default tenant, and so does the token.
     made = json.loads(subprocess.run([*cli, "api-token", "default", "--json"], check=True,
@@ -134,7 +142,7 @@ def _server(b: Bench) -> Iterator[tuple[str, str]]:
         process = subprocess.Popen(
             [*cli, "--shards", ",".join(b.urls), "serve",
              "--app", "shardq.benchmarks.workflows:registry", "--port", str(port),
-             "--tokens-file", str(tokens)],
+             "--tokens-file", str(tokens), "--workers", str(processes)],
             stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}/api/shardq"
         try:

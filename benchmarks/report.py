@@ -76,7 +76,8 @@ def headline(scenarios: dict[str, Result]) -> Result:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],
                    client_signals_per_s=h["client_signals_per_s"],
-                   http_over_client=h["http_over_client"])
+                   http_over_client=h["http_over_client"],
+                   http_2_processes_over_client=h.get("http_2_processes_over_client"))
     return out
 
 

@@ -18,6 +18,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +201,8 @@ Handler = Callable[[Request, str], Awaitable[Response]]
 
 
 def create_app(  # noqa: PLR0915 - a closure per route, over one client
-    client: Client, tokens: list[tuple[str, str]], *, inbox_stale_after: float = 86400.0
+    client: Client, tokens: list[tuple[str, str]], *, inbox_stale_after: float = 86400.0,
+    lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
     """The API over `client`, for the tenants in `tokens`, and the review inbox (/inbox)."""
 
@@ -390,7 +392,8 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
     ]
     routes += inbox_routes(client, lambda token: tenant_for(token, tokens),
                            stale_after=inbox_stale_after)
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed},
+                     lifespan=lifespan)
 
 
 def _refusal(request: Request, exc: Exception) -> JSONResponse:

@@ -76,6 +76,14 @@ class Settings:
         self.verbose = verbose
         self.log_format = "logfmt"
 
+    @property
+    def shards(self) -> str | None:
+        return self._shards
+
+    @property
+    def shards_file(self) -> Path | None:
+        return self._shards_file
+
     def shard_map(self) -> ShardMap:
         if self._shards_file is not None:
             return load_shard_map(self._shards_file)
@@ -1176,41 +1184,44 @@ def api_token(settings: Settings, tenant: str) -> None:
 @click.option("--inbox-stale-after", default=86400.0, show_default=True,
               type=click.FloatRange(min=0, min_open=True, max=1e9),
               help="Seconds after which the inbox marks an open interrupt stale.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Server processes sharing the port, each with its own pools.")
 @pass_settings
 def serve_command(
     settings: Settings, app: str | None, host: str, port: int, tokens_file: Path,
-    inbox_stale_after: float,
+    inbox_stale_after: float, workers: int,
 ) -> None:
     """Serve the HTTP management API under /api/shardq and the review inbox under /inbox
     until SIGTERM."""
+    import os
     import socket
 
     import uvicorn
 
-    from shardq.bin.api import create_app, load_tokens
-    from shardq.queue.client import Client
-    from shardq.shards.migrations import verify_shards
-    from shardq.shards.pools import ShardPools
+    from shardq.bin.serving import ENV_CONFIG, ServeConfig, build_app, checked
 
+    config = ServeConfig(app, str(tokens_file), settings.shards,
+                         str(settings.shards_file) if settings.shards_file else None,
+                         inbox_stale_after)
     with errors_as_exit_codes():
-        registry = load_registry(app)
-        tokens = load_tokens(tokens_file)
-        shard_map = settings.shard_map()
-        verify_shards(shard_map)
+        # Every process would refuse the same way: checked once, here, in one line.
+        checked(config)
         try:  # refused here, in one line, rather than by uvicorn's own logging
             with socket.create_server((host, port)):
                 pass
         except OSError as exc:
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    pools = ShardPools(shard_map, application_name="shardq-api").open()
-    client = Client(shard_map, registry, pools=pools, verify=False)
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": "warning",
+                               "access_log": False, "server_header": False}
     click.echo(f"shardq API on http://{host}:{port}/api/shardq", err=True)
-    try:
-        uvicorn.run(create_app(client, tokens, inbox_stale_after=inbox_stale_after),
-                    host=host, port=port, log_level="warning",
-                    access_log=False, server_header=False)
-    finally:
-        pools.close()
+    if workers == 1:
+        with errors_as_exit_codes():
+            application = build_app(config)
+        uvicorn.run(application, **options)
+    else:
+        os.environ[ENV_CONFIG] = config.to_env()
+        uvicorn.run("shardq.bin.serving:app_from_environment", factory=True, workers=workers,
+                    **options)
 
 
 @cli.command("metrics")

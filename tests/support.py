@@ -105,18 +105,19 @@ class Daemon:
 def start_api(
     daemons: Callable[..., Daemon], shard_map: ShardMap, folder: Path,
     tokens: dict[str, str], *extra: str,
-) -> str:
+) -> tuple[str, Daemon]:
     """A `shardq serve` process over `shard_map` for `tokens` ({token: tenant}), serving
-    the examples; its base URL (http://127.0.0.1:PORT) once it answers."""
+    the examples: its base URL (http://127.0.0.1:PORT) once it answers, and the process."""
     from shardq.bin.api import hash_token
 
     tokens_file = folder / "tokens"
     tokens_file.write_text("".join(f"{tenant} {hash_token(token)}\n"
                                    for token, tenant in tokens.items()))
     port = free_port()
-    daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
-             "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
-             str(tokens_file), *extra]).wait_for("shardq API on")
+    server = daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
+                      "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
+                      str(tokens_file), *extra])
+    server.wait_for("shardq API on")
     base = f"http://127.0.0.1:{port}"
 
     def answers() -> bool:
@@ -128,7 +129,7 @@ def start_api(
             return False
 
     wait_until(answers, what="the API to answer")
-    return base
+    return base, server
 
 
 class TcpProxy:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +35,8 @@ class Api:
 
 @pytest.fixture
 def api(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path) -> Iterator[Api]:
-    base = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme", OTHER: "globex"}) + ROOT_PATH
+    base, _ = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme", OTHER: "globex"})
+    base += ROOT_PATH
     with (httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
                        timeout=30) as http,
           httpx.Client(base_url=base, headers={"Authorization": f"Bearer {OTHER}"},
@@ -278,3 +281,26 @@ def test_published_contracts_over_http(api: Api, start_worker: StartWorker) -> N
     assert (late.status_code, late.json()["reason_code"]) == (409, "run_finished")
     theirs = api.other.post(f"/workflows/{cart}/query/contents")
     assert (theirs.status_code, theirs.json()) == (404, {"error": "execution not found"})
+
+
+def test_several_server_processes_share_the_port_and_stop_together(
+    shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    base, server = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"}, "--workers", "2")
+    children = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True,
+                              text=True, check=False).stdout.split()
+    assert len(children) >= 2  # uvicorn's supervisor and its worker processes
+    with httpx.Client(base_url=base + ROOT_PATH, timeout=30,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        made = [http.post("/workflows/park/start", json={"workflow_id": f"w-{i}"})
+                for i in range(20)]
+        assert {m.status_code for m in made} == {201}
+        run = made[0].json()["execution_id"]
+        sent = http.post(f"/workflows/{run}/signal/go", content=b"1",
+                         headers={"Idempotency-Key": "k"})
+        assert sent.json() == {"ok": True, "signal_delivered": True}
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(30) == 0
+    for pid in children:  # no worker process outlives the server
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+            f"/proc/{pid}/status").read_text().lower(), pid

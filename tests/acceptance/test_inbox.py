@@ -43,8 +43,8 @@ class Site:
 @pytest.fixture
 def site(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
          start_worker: StartWorker) -> Iterator[Site]:
-    base = start_api(daemons, shard_map, tmp_path, {ACME: "acme", GLOBEX: "globex"},
-                     "--inbox-stale-after", "3600")
+    base, _ = start_api(daemons, shard_map, tmp_path, {ACME: "acme", GLOBEX: "globex"},
+                        "--inbox-stale-after", "3600")
     start_worker(registry, poll_interval_s=1.0)
     with Client(shard_map, registry) as client:
         yield Site(base, client)

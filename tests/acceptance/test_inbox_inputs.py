@@ -62,7 +62,7 @@ CASES: list[tuple[str, str, str, dict[str, str] | bytes, dict[str, str], int]] =
 @pytest.fixture
 def http(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
          start_worker: Callable[..., Worker]) -> Iterator[httpx.Client]:
-    base = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"})
+    base = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"})[0]
     start_worker(registry)
     with httpx.Client(base_url=base, timeout=30) as client:
         yield client

@@ -23,7 +23,7 @@ TOKEN = "sq_fuzz-token"
 def test_the_served_document_validates_and_fuzzing_finds_nothing(
     shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path
 ) -> None:
-    url = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"}) + "/api/shardq/openapi.json"
+    url = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"})[0] + "/api/shardq/openapi.json"
     answer = httpx.get(url, timeout=10)
     assert answer.status_code == 200
     validate(answer.json())

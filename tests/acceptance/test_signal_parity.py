@@ -75,7 +75,7 @@ CASES = [
 @pytest.fixture
 def server(shard_map: ShardMap, daemons: Callable[..., Daemon],
            tmp_path: Path) -> Iterator[httpx.Client]:
-    base = start_api(daemons, shard_map, tmp_path, {TOKEN: TENANT}) + "/api/shardq"
+    base = start_api(daemons, shard_map, tmp_path, {TOKEN: TENANT})[0] + "/api/shardq"
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"},
                       timeout=30) as http:
         yield http

@@ -1,0 +1,88 @@
+"""`shardq serve`'s application, built in one process or in each of several.
+
+With `--workers N` (N > 1) uvicorn runs N processes that share the listening
+socket; each builds its own application here, with its own pools, from the
+configuration the parent checked and left in the environment
+(SHARDQ_SERVE_CONFIG). An HTTP request costs the server about three times the
+CPU of the same `Client` call (Starlette's middleware, anyio's thread hop, one
+GIL), so processes are the way to more requests per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+
+from shardq.shards.config import ShardMap
+
+ENV_CONFIG = "SHARDQ_SERVE_CONFIG"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    app: str | None
+    tokens_file: str
+    shards: str | None
+    """The `--shards` URLs, when given."""
+    shards_file: str | None
+    inbox_stale_after: float
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> ServeConfig:
+        return cls(**json.loads(os.environ[ENV_CONFIG]))
+
+    def shard_map(self) -> ShardMap:
+        from shardq.bin.cli import Settings
+
+        shards_file = Path(self.shards_file) if self.shards_file else None
+        return Settings(self.shards, shards_file, as_json=False, verbose=0).shard_map()
+
+
+def checked(config: ServeConfig) -> tuple[Any, list[tuple[str, str]], ShardMap]:
+    """(registry, tokens, shard map) of `config`, every shard verified; raises the
+    errors the command reports in one line (ConfigError, MapMismatch, ...)."""
+    from shardq.bin.api import load_tokens
+    from shardq.bin.cli import load_registry
+    from shardq.shards.migrations import verify_shards
+
+    registry = load_registry(config.app)
+    tokens = load_tokens(Path(config.tokens_file))
+    shard_map = config.shard_map()
+    verify_shards(shard_map)
+    return registry, tokens, shard_map
+
+
+def build_app(config: ServeConfig) -> Starlette:
+    """The application with its own pools, which it closes when the server stops."""
+    from shardq.bin.api import create_app
+    from shardq.queue.client import Client
+    from shardq.shards.pools import ShardPools
+
+    registry, tokens, shard_map = checked(config)
+    pools = ShardPools(shard_map, application_name="shardq-api").open()
+    client = Client(shard_map, registry, pools=pools, verify=False)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            pools.close()
+
+    return create_app(client, tokens, inbox_stale_after=config.inbox_stale_after,
+                      lifespan=lifespan)
+
+
+def app_from_environment() -> Starlette:
+    """uvicorn's factory in each worker process (`--workers N`)."""
+    return build_app(ServeConfig.from_env())

@@ -46,6 +46,8 @@ PAYMENT = {"type": "object", "required": ["amount"], "properties": {
 def cart_is_open(cart: Cart, item: dict[str, Any]) -> None:
     if cart.status != "open":
         raise ValueError(f"the cart is {cart.status}: no more items")
+    if any(i["sku"] == item["sku"] for i in cart.items):
+        raise ValueError(f"{item['sku']} is already in the cart: change its quantity instead")
 
 
 @registry.workflow_class("cart", input_schema=CART_INPUT, signals=[
@@ -79,6 +81,11 @@ class Cart:
            response_schema={"type": "object", "required": ["status", "items"]})
     def contents(self, argument: Any) -> dict[str, Any]:
         return {"customer": self.customer, "status": self.status, "items": self.items}
+
+    @query("item", schema={"type": "integer", "minimum": 0},
+           description="The SKU of the item at this index")
+    def item(self, index: int) -> str:
+        return str(self.items[index]["sku"])
 
     @update("add_item", schema=CART_ITEM, response_schema={"type": "integer"},
             validator=cart_is_open, description="Add an item; answers the number of items")

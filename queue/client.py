@@ -487,10 +487,14 @@ class Client:
         payload_json, key = self._update_payload(spec, argument, idempotency_key)
         bucket = bucket_for(tenant, definition.name, workflow_id)
         shard = self.map.for_bucket(bucket)
+        found = self.store.find_run(shard, tenant=tenant, workflow_name=definition.name,
+                                    workflow_id=workflow_id)
+        if found is not None and key is not None:
+            earlier = self.store.signal_by_key(found, key)
+            if earlier is not None:  # a keyed repeat: the recorded answer, nothing checked
+                return self._await_update(found, spec, *earlier, wait=wait, accepted=False)
 
         def state() -> Any:
-            found = self.store.find_run(shard, tenant=tenant, workflow_name=definition.name,
-                                        workflow_id=workflow_id)
             if found is None:  # the state a new run starts its code with
                 return rebuild_state(definition, Execution(
                     uuid.UUID(int=0), tenant, definition.name, definition.version, workflow_id,

@@ -254,6 +254,13 @@ def test_published_contracts_over_http(api: Api, start_worker: StartWorker) -> N
     assert done.status_code == 200, done.text
     assert (done.json()["response"], done.json()["update_id"], done.json()["accepted"]) == (
         1, pending.json()["update_id"], False)
+    twice = api.http.post(f"/workflows/{cart}/update/add_item", json=pen)
+    assert (twice.status_code, twice.json()["reason_code"]) == (422, "rejected")
+    assert "pen is already in the cart" in twice.json()["error"]
+    missing = api.http.post(f"/workflows/{cart}/query/item", content=b"7")
+    assert (missing.status_code, missing.json()["reason_code"]) == (422, "query_failed")
+    assert api.http.post(f"/workflows/{cart}/query/item", content=b"0").json() == {
+        "result": "pen"}
     bad = api.http.post(f"/workflows/{cart}/update/add_item", json={"sku": "ink"})
     assert (bad.status_code, bad.json()["error"]) == (400, "update payload validation failed")
     assert bad.json()["violations"] == [{"message": "'quantity' is a required property",

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from shardq.bin import rules
 from shardq.bin.inbox import inbox_routes
-from shardq.bin.openapi import OPENAPI, PREFIX
+from shardq.bin.openapi import PREFIX, document
 from shardq.bin.refusals import refusal_body, status_of
 from shardq.queue.client import DEFAULT_UPDATE_WAIT, MAX_WAIT, Client
 from shardq.queue.errors import (
@@ -154,10 +154,12 @@ def _field(body: dict[str, Any], name: str, kind: type, *, required: bool = True
 def _idempotency_key(request: Request) -> str | None:
     """The header wins over `?idempotency_key=`; either, when present, must be usable."""
     raw = [v for k, v in request.headers.raw if k.lower() == IDEMPOTENCY_HEADER]
+    # Both are read by the rules, so a blank one is refused even where the other wins.
+    query = rules.idempotency_key(request.query_params.get("idempotency_key"),
+                                  "idempotency_key")
     if raw:
         return rules.idempotency_key(raw[0], "the Idempotency-Key header")
-    return rules.idempotency_key(request.query_params.get("idempotency_key"),
-                                 "idempotency_key")
+    return query
 
 
 def _execution_id(request: Request) -> Any:
@@ -205,6 +207,8 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
     """The API over `client`, for the tenants in `tokens`, and the review inbox (/inbox)."""
+
+    served_document = document(client.registry.names())
 
     def route(path: str, handler: Handler, method: str) -> Route:
         async def endpoint(request: Request) -> Response:
@@ -364,7 +368,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
                             200 if all(shards.values()) else 503)
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(OPENAPI)
+        return JSONResponse(served_document)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return JSONResponse({"error": "no such route"}, 404)

@@ -8,6 +8,7 @@ route with schemathesis against a real `shardq serve`: no input yields a 500.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from shardq.queue.models import State
@@ -88,6 +89,9 @@ _STRING = {"type": "string"}
 _NAME = {"type": "string", "pattern": f"^{NAME_PATTERN}$"}
 _WORKFLOW_ID = {"type": "string", "minLength": 1, "maxLength": 512}
 _KEY = {"type": "string", "pattern": "\\S"}
+_BODY_KEY = {"anyOf": [_KEY, {"type": "null"}]}
+"""A body's idempotency key: a usable string, or null (or left out) for none."""
+_LABEL = {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "\\S"}
 """An idempotency key: present means usable (blank is refused, never read as no key)."""
 _EXECUTION_ID = _path("execution_id", "The run's execution id",
                       {"type": "string", "format": "uuid"})
@@ -140,13 +144,13 @@ OPENAPI: dict[str, Any] = {
             "signalWithStart", "Signal the run of a workflow key, starting it if it has none",
             _responses(_started(201, 202), 400, 404, 409, 413, 415), _WORKFLOW,
             body=_obj(["workflow_id", "signal"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
-                      signal=_NAME, payload=ANY_JSON, idempotency_key=_KEY))},
+                      signal=_NAME, payload=ANY_JSON, idempotency_key=_BODY_KEY))},
         f"{PREFIX}/workflows/{{name}}/update-with-start": {"post": _op(
             "updateWithStart", "Update the run of a workflow key, starting it if it has none",
             _responses({200: UPDATE_RESULT, 201: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404,
                        409, 413, 415, 422), _WORKFLOW, _WAIT,
             body=_obj(["workflow_id", "update"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
-                      update=_NAME, argument=ANY_JSON, idempotency_key=_KEY))},
+                      update=_NAME, argument=ANY_JSON, idempotency_key=_BODY_KEY))},
         f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {"post": _op(
             "signal", "Deliver a signal; the body is its raw JSON payload (may be empty)",
             _responses({202: _SIGNALLED}, 400, 404, 409, 413), _EXECUTION_ID,
@@ -170,7 +174,7 @@ OPENAPI: dict[str, Any] = {
             _EXECUTION_ID, _path("name", "The interrupt's name"),
             body=_obj(["action", "decision_id", "actor"],
                       action={"enum": ["approve", "edit", "reject"]}, payload=ANY_JSON,
-                      decision_id=_STRING, actor=_STRING))},
+                      decision_id=_LABEL, actor=_LABEL))},
         f"{PREFIX}/workflows/{{execution_id}}/cancel": {"post": _op(
             "cancel", "Cancel a run", _responses({200: _obj(["execution_id", "state"],
                                                   execution_id=_STRING, state=_STRING)}, 404),
@@ -207,3 +211,20 @@ OPENAPI: dict[str, Any] = {
                                    ("503", "A shard does not answer"))}}},
     },
 }
+
+
+def document(workflows: list[str]) -> dict[str, Any]:
+    """OPENAPI for a server whose app registers `workflows`: the routes that name a
+    registered workflow list the names, so a caller (or a fuzzer) can start real runs
+    and follow the links into the routes about one run."""
+    served = copy.deepcopy(OPENAPI)
+    if not workflows:
+        return served
+    for path, operations in served["paths"].items():
+        if "{name}" not in path or "{execution_id}" in path:
+            continue
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "name" and parameter["in"] == "path":
+                    parameter["schema"] = {**parameter["schema"], "enum": sorted(workflows)}
+    return served

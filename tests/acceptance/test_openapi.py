@@ -27,17 +27,21 @@ def test_the_served_document_validates_and_fuzzing_finds_nothing(
     answer = httpx.get(url, timeout=10)
     assert answer.status_code == 200
     validate(answer.json())
-    # Every check schemathesis has: no 5xx, only documented statuses, content types and
-    # bodies that match the document, schema-valid requests accepted and invalid ones
-    # refused, 405s that name the allowed methods; then links from a start into the
-    # routes about one run (the stateful phase). A fixed seed keeps CI repeatable. One
+    # Every check schemathesis has but one: no 5xx, only documented statuses, content
+    # types and bodies that match the document, invalid requests refused, 405s that name
+    # the allowed methods; then runs started under the app's real workflow names and
+    # the links from a start into the routes about one run (the stateful phase). Left
+    # out: "schema-valid requests accepted", because a workflow's input and handler
+    # schemas are its own (published per workflow by the interface route), not the
+    # generic document's. A fixed seed keeps CI repeatable. One
     # worker: with two, hypothesis' lambda descriptions call ast.parse from two threads,
     # which CPython 3.11 can fail ("AST constructor recursion depth mismatch").
     schemathesis = Path(sys.executable).parent / "schemathesis"
     done = subprocess.run(
         [str(schemathesis), "run", url, "-H", f"Authorization: Bearer {TOKEN}",
          "--max-examples", "15", "--seed", "20261203", "--workers", "1",
-         "--request-timeout", "30", "--report-dir", str(tmp_path / "report")],
+         "--request-timeout", "30", "--exclude-checks", "positive_data_acceptance",
+         "--report-dir", str(tmp_path / "report")],
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "NO_COLOR": "1"},
     )

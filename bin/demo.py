@@ -23,7 +23,7 @@ import click
 from shardq.bin.examples import registry
 from shardq.outbox.relay import Relay
 from shardq.queue.client import Client
-from shardq.queue.errors import SignalRefused
+from shardq.queue.errors import PayloadInvalid, SignalRefused, UpdateRejected
 from shardq.queue.models import HistoryEvent, State
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ENV_SHARDS, ShardMap
@@ -123,6 +123,7 @@ def run_demo(shard_count: int) -> None:
             if final.state is not State.COMPLETED:
                 raise SystemExit(f"demo failed: the run ended {final.state.value}")
             quorum_demo(client, run)
+            contract_demo(client, run)
             fan_out_demo(client, run)
             review_demo(client, run)
         finally:
@@ -150,6 +151,42 @@ def quorum_demo(client: Client, run: str) -> None:
     timeline.mark(f"bob approved -> {final.state.value}: {json.dumps(final.output)}")
     if final.state is not State.COMPLETED or final.output["outcome"] != "approved":
         raise SystemExit(f"demo failed: the quorum ended {final.state.value}")
+
+
+def contract_demo(client: Client, run: str) -> None:
+    """A cart's published contract: updates answered once recorded, a query with no worker
+    needed, and a payload refused by its schema before anything is stored."""
+    key = f"cart-9-{run}"
+    click.echo(f"\ntimeline of cart {key} (a class-based workflow with a contract):")
+    timeline = Timeline()
+    interface = client.interface("cart")
+    timeline.mark("interface: " + "; ".join(
+        f"{kind} {', '.join(e['name'] for e in entries)}" for kind, entries in interface.items()
+        if entries))
+    first = client.update_with_start("cart", key, {"customer": "ann"}, "add_item",
+                                     {"sku": "tea", "quantity": 2}, idempotency_key=f"tea-{run}")
+    cart = first.execution_id
+    timeline.mark(f"update-with-start add_item tea: run created={first.created}, "
+                  f"answer {first.response}")
+    second = client.update(cart, "add_item", {"sku": "cups", "quantity": 6})
+    timeline.mark(f"update add_item cups: answer {second.response} (recorded in history)")
+    try:
+        client.update(cart, "add_item", {"sku": "tea", "quantity": 1})
+    except UpdateRejected as exc:
+        timeline.mark(f"update add_item tea again: rejected by the validator ({exc})")
+    try:
+        client.signal(cart, "payment_captured", {"amount": -5})
+    except PayloadInvalid as exc:
+        timeline.mark(f"payment with amount -5 refused, nothing stored: "
+                      f"{exc.violations[0]['field_path']} {exc.violations[0]['message']}")
+    contents = client.query(cart, "contents")
+    timeline.mark(f"query contents (replayed from history): {contents['status']}, "
+                  f"{[i['sku'] for i in contents['items']]}")
+    client.signal(cart, "payment_captured", {"amount": 23.0})
+    final = client.wait(cart, timeout=30)
+    timeline.mark(f"paid -> {final.state.value}: shipped {final.output['shipped']}")
+    if final.state is not State.COMPLETED:
+        raise SystemExit(f"demo failed: the cart ended {final.state.value}")
 
 
 def fan_out_demo(client: Client, run: str) -> None:

@@ -87,7 +87,7 @@ class Store:
                 raise StoreConflict(f"{shard.name}: {exc.sqlstate}: {exc}") from exc
 
     @contextmanager
-    def transaction(self, shard: Shard) -> Iterator[DictConnection]:
+    def _transaction(self, shard: Shard) -> Iterator[DictConnection]:
         """One transaction on `shard`, for operations of several statements."""
         with self._connection(shard) as conn, conn.transaction():
             yield conn
@@ -197,7 +197,7 @@ class Store:
         if not leases:
             return set()
         params = {"ids": [i for i, _ in leases], "tokens": [t for _, t in leases], **extra}
-        with self.transaction(shard) as conn:
+        with self._transaction(shard) as conn:
             done = {r["execution_id"] for r in conn.execute(statement, params)}
             if notify and done:
                 conn.execute(SQL["notify_wake"])
@@ -313,7 +313,7 @@ class Store:
         transaction. A block that raises settles nothing: the rows are due
         again at once, their attempts untouched.
         """
-        with self.transaction(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
+        with self._transaction(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
             rows = [OutboxRow(*r) for r in cur.execute(SQL["claim_outbox"], {"limit": limit})]
             settlement = OutboxSettlement()
             yield rows, settlement
@@ -373,7 +373,7 @@ class Store:
     ) -> ShardHealth:
         """Every family the store exporter reports for `shard`, each one indexed query,
         in one read-only transaction whose statements stop after `timeout_s`."""
-        with self.transaction(shard) as conn:
+        with self._transaction(shard) as conn:
             conn.execute(SQL["local_statement_timeout"], {"ms": str(int(timeout_s * 1000))})
             waits = [(r["kind"], r["workflow_name"], r["n"])
                      for r in conn.execute(SQL["open_waits_by_workflow"])]
@@ -394,7 +394,7 @@ class Store:
         """Delete up to `limit` finished runs past `retention_s` (of `workflows` when
         `listed`, of every other workflow when not) in one short transaction; how many, or
         None when another purger holds this shard."""
-        with self.transaction(shard) as conn:
+        with self._transaction(shard) as conn:
             held = conn.execute(SQL["purge_lock"]).fetchone()
             if held is None or not held["held"]:
                 return None
@@ -532,7 +532,7 @@ class Store:
         finished in, when the cancel came too late.
         """
         shard = self.map.for_execution(execution_id)
-        with self.transaction(shard) as conn:
+        with self._transaction(shard) as conn:
             lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
             target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
             if target is None or target["tenant"] != tenant:

@@ -60,3 +60,34 @@ def test_signal_with_start_show_and_signal_from_the_command_line(
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.count("\n") == 1 and "is empty" in refused.stderr
     assert all_rows(shard_map, "SELECT name FROM shardq.signals") == [("early",)]
+
+
+def test_interface_query_and_updates_from_the_command_line(
+    shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
+) -> None:
+    from shardq.bin.examples import registry
+
+    env = _env(shard_map)
+    shown = run_cli("workflow", "interface", "cart", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    with Client(shard_map, registry, pools=pools) as client:
+        assert json.loads(shown.stdout) == client.interface("cart")
+    tea = '{"sku": "tea", "quantity": 2}'
+    late = run_cli("--json", "workflow", "update-with-start", "cart", "c-cli", "add_item",
+                   "--input", '{"customer": "ann"}', "--arg", tea, "--idempotency-key",
+                   "tea-1", "--wait", "0.2", env=env)
+    assert late.returncode == 7 and json.loads(late.stderr)["completed"] is False, late.stderr
+    start_worker(registry)
+    done = run_cli("--json", "workflow", "update-with-start", "cart", "c-cli", "add_item",
+                   "--input", '{"customer": "ann"}', "--arg", tea, "--idempotency-key",
+                   "tea-1", env=env)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert (answer["response"], answer["accepted"]) == (1, False)
+    run = answer["execution_id"]
+    more = run_cli("workflow", "update", run, "add_item", "--arg",
+                   '{"sku": "cups", "quantity": 6}', env=env)
+    assert (more.returncode, more.stdout.strip()) == (0, "2"), more.stderr
+    contents = run_cli("--json", "workflow", "query", run, "contents", env=env)
+    assert contents.returncode == 0, contents.stderr
+    assert [i["sku"] for i in json.loads(contents.stdout)["result"]["items"]] == ["tea", "cups"]

@@ -1,8 +1,10 @@
 // Checks an edit form in the page before it is sent: each field's own constraints
 // (required, min, max, length, pattern) and JSON text areas, with the message
 // shown next to its field. The server checks the payload against the schema
-// again and shows its violations in the same places. No inline handlers: the
-// page's Content-Security-Policy allows this file only.
+// again and shows its violations in the same places. Keeps the list of open
+// interrupts current: every second, while the tab is visible, it fetches the
+// same page and swaps in its list. No inline handlers: the page's
+// Content-Security-Policy allows this file only.
 "use strict";
 
 function showViolation(form, name, message) {
@@ -26,7 +28,26 @@ function checkForm(form) {
   return ok;
 }
 
+async function refreshList(region) {
+  if (document.hidden) return;
+  try {
+    const answer = await fetch(location.href, {credentials: "same-origin", cache: "no-store"});
+    if (!answer.ok) return;
+    const page = new DOMParser().parseFromString(await answer.text(), "text/html");
+    const fresh = page.querySelector("[data-live]");
+    if (fresh) region.replaceWith(document.adoptNode(fresh));
+  } catch (e) {
+    // The next tick tries again: a restarting server is not the reviewer's problem.
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  if (document.querySelector("[data-live]")) {
+    setInterval(() => {
+      const region = document.querySelector("[data-live]");
+      if (region) refreshList(region);
+    }, 1000);
+  }
   for (const form of document.querySelectorAll("form[data-validate]")) {
     form.addEventListener("submit", (event) => {
       if (!checkForm(form)) event.preventDefault();

@@ -93,6 +93,9 @@ def test_a_reviewer_sees_the_item_at_once_and_approving_resumes_the_run(
     page.goto(f"{site.base}/inbox")
     row = page.locator(f"tr.item[data-execution='{run}']")
     assert row.count() == 1 and time.monotonic() - parked_at < 1.0
+    # An open list keeps itself current: a run that parks later appears without a reload.
+    later = review(site, "p-later", amount=3, reason="stamps")
+    page.locator(f"tr.item[data-execution='{later}']").wait_for(timeout=5000)
     assert "Approve, edit or reject: 120 for team offsite" in row.inner_text()
     row.locator("a.open").click()
     assert "team offsite" in page.locator("pre.input").inner_text()

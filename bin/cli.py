@@ -1255,13 +1255,19 @@ def metrics_command(
     with errors_as_exit_codes():
         shard_map = settings.shard_map()
         bounds = _bounds(stale_after, deadline_grace)
+        registry = CollectorRegistry(auto_describe=False)
         pools = ShardPools(shard_map, timeout=scrape_timeout,
                            application_name="shardq-metrics").open()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(StoreCollector(
-            Store(pools), shard_map, bounds=bounds, overdue_grace_s=overdue_grace,
-            cache_s=cache_seconds, timeout_s=scrape_timeout))
-        server = serve(registry, host, port)
+        try:
+            registry.register(StoreCollector(
+                Store(pools), shard_map, bounds=bounds, overdue_grace_s=overdue_grace,
+                cache_s=cache_seconds, timeout_s=scrape_timeout))
+            server = serve(registry, host, port)
+        except BaseException:
+            # Closed here, not by the interpreter's exit: a pool left to its finalizer
+            # may print a traceback after the one line that says what went wrong.
+            pools.close()
+            raise
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -204,11 +204,10 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
         q = request.query_params
         runs = await run_in_threadpool(lambda: client.list_runs(
             tenant=tenant, state=State.WAITING, limit=PAGE, cursor=q.get("cursor") or None))
-        waits = [await run_in_threadpool(client.waiting, r.id, tenant=tenant)
-                 for r in runs.items]
+        waits = await run_in_threadpool(client.waiting_on_page, runs)
         more = f"/inbox/parked?{urlencode({'cursor': runs.next_cursor})}" if (
             runs.next_cursor) else None
-        return render(request, "parked.html", runs=list(zip(runs.items, waits, strict=True)),
+        return render(request, "parked.html", runs=[(r, waits[r.id]) for r in runs.items],
                       more=more)
 
     async def run_history(request: Request, tenant: str) -> Response:

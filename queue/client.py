@@ -199,7 +199,19 @@ class Client:
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
     ) -> tuple[WaitInfo | None, list[BufferedSignal]]:
         """The run's open wait (None when it waits for nothing) and its buffered signals."""
-        return self.store.waits_and_signals(self.get(execution_id, tenant=tenant).id)
+        ident = self.get(execution_id, tenant=tenant).id
+        return self.store.waits_and_signals(self.map.for_execution(ident), [ident])[ident]
+
+    def waiting_on_page(
+        self, page: Page
+    ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
+        """`waiting` for every run of a `list_runs` page (already the caller's tenant's):
+        two statements per shard, not per run."""
+        groups = by_shard(self.map, page.items, lambda e: self.map.for_execution(e.id))
+        found: dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]] = {}
+        for shard, members in groups.items():
+            found.update(self.store.waits_and_signals(shard, [e.id for _, e in members]))
+        return found
 
     def list_runs(
         self,

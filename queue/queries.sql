@@ -159,13 +159,14 @@ FROM shardq.signal_with_start_v2(
 )
 
 -- name: open_wait
-SELECT kind, name, started_at, deadline, request FROM shardq.waits
-WHERE execution_id = %(id)s
+-- The open wait of each of these runs that has one.
+SELECT execution_id, kind, name, started_at, deadline, request FROM shardq.waits
+WHERE execution_id = ANY(%(ids)b::uuid[])
 
 -- name: pending_signals
--- Signals buffered for a run, oldest first (at most the pending bound).
-SELECT id, name, payload, idempotency_key, received_at FROM shardq.signals
-WHERE execution_id = %(id)s AND consumed_at IS NULL
+-- Signals buffered for these runs, oldest first (at most the pending bound each).
+SELECT execution_id, id, name, payload, idempotency_key, received_at FROM shardq.signals
+WHERE execution_id = ANY(%(ids)b::uuid[]) AND consumed_at IS NULL
 ORDER BY id
 
 -- name: cancel_now

@@ -415,17 +415,19 @@ class Store:
         return 0 if row is None else int(row["n"])
 
     def waits_and_signals(
-        self, execution_id: uuid.UUID
-    ) -> tuple[WaitInfo | None, list[BufferedSignal]]:
-        """A run's open wait and the signals buffered for it, oldest first."""
-        shard = self.map.for_execution(execution_id)
+        self, shard: Shard, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
+        """Each of these runs of `shard`: its open wait and the signals buffered for it,
+        oldest first. Two statements however many runs."""
+        found: dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]] = {
+            i: (None, []) for i in ids}
         with self._connection(shard) as conn:
-            wait = conn.execute(SQL["open_wait"], {"id": execution_id}).fetchone()
-            pending = conn.execute(SQL["pending_signals"], {"id": execution_id}).fetchall()
-        return (
-            WaitInfo(**wait) if wait else None,
-            [BufferedSignal(**row) for row in pending],
-        )
+            for row in conn.execute(SQL["open_wait"], {"ids": list(ids)}):
+                run = row.pop("execution_id")
+                found[run] = (WaitInfo(**row), found[run][1])
+            for row in conn.execute(SQL["pending_signals"], {"ids": list(ids)}):
+                found[row.pop("execution_id")][1].append(BufferedSignal(**row))
+        return found
 
     # -- contracts: updates and signal schemas -------------------------------------
 

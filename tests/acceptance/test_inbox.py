@@ -204,3 +204,22 @@ def test_forms_need_their_csrf_token_and_pages_carry_a_csp(site: Site) -> None:
                           data={"action": "approve", "decision_id": "x", "csrf": "nope"})
         assert cross.status_code == 403
         assert site.client.get(run, tenant="acme").state is State.INPUT_REQUIRED
+
+
+def test_parked_runs_show_their_wait_and_buffered_signals(browser: Any, site: Site) -> None:
+    runs = [site.client.start("park", f"parked-{i}", tenant="acme").execution_id
+            for i in range(3)]
+    wait_until(lambda: all(site.client.get(r, tenant="acme").state is State.WAITING
+                           for r in runs), what="parked")
+    site.client.signal(runs[1], "other", {"n": 1}, tenant="acme")  # buffered: waits on go
+    page = signed_in(browser, site, ACME, "ann")
+    page.goto(f"{site.base}/inbox/parked")
+    rows = {run: page.locator(f"tr.parked[data-execution='{run}']").inner_text()
+            for run in runs}
+    assert all("signal go" in text for text in rows.values())
+    assert 'other {"n": 1}' in rows[runs[1]] and "none" in rows[runs[0]]
+    page.locator(f"tr.parked[data-execution='{runs[1]}'] a").click()
+    assert "signal.received" in page.locator("table.history").inner_text()
+    other = signed_in(browser, site, GLOBEX, "eve")
+    other.goto(f"{site.base}/inbox/parked")
+    assert other.locator("tr.parked").count() == 0

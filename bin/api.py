@@ -316,9 +316,9 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
 
     async def show(request: Request, tenant: str) -> Response:
         ident = _execution_id(request)
-        execution = await run_in_threadpool(client.get, ident, tenant=tenant)
-        wait, buffered = await run_in_threadpool(client.waiting, ident, tenant=tenant)
-        events = await run_in_threadpool(client.history, ident, tenant=tenant)
+        view = await run_in_threadpool(lambda: client.describe(ident, tenant=tenant))
+        execution, wait, buffered, events = (view.execution, view.wait, view.pending,
+                                             view.history)
         return JSONResponse({
             **_execution(execution),
             "open_wait": None if wait is None else {

@@ -755,9 +755,8 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
     from datetime import UTC, datetime
 
     with open_client(settings) as client, errors_as_exit_codes():
-        execution = client.get(execution_id, tenant=tenant)
-        wait, buffered = client.waiting(execution.id, tenant=tenant)
-        events = client.history(execution.id, tenant=tenant) if history else []
+        view = client.describe(execution_id, tenant=tenant, history=history)
+    execution, wait, buffered, events = view.execution, view.wait, view.pending, view.history
     now = datetime.now(UTC)
     lines = [
         f"{execution.id}  {execution.workflow_name} v{execution.workflow_version}  "

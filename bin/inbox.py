@@ -159,8 +159,8 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
                       **extra: Any) -> Response:
         ident = _execution_id(request)
         name = request.path_params["name"]
-        execution = await run_in_threadpool(client.get, ident, tenant=tenant)
-        events = await run_in_threadpool(client.history, ident, tenant=tenant)
+        view = await run_in_threadpool(lambda: client.describe(ident, tenant=tenant))
+        execution, events = view.execution, view.history
         asked = _interrupt(events, name)
         if asked is None:
             raise Refused(404, f"this run has asked for no interrupt named {name!r}")
@@ -212,9 +212,8 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
 
     async def run_history(request: Request, tenant: str) -> Response:
         ident = _execution_id(request)
-        execution = await run_in_threadpool(client.get, ident, tenant=tenant)
-        events = await run_in_threadpool(client.history, ident, tenant=tenant)
-        return render(request, "run.html", execution=execution, events=events)
+        view = await run_in_threadpool(lambda: client.describe(ident, tenant=tenant))
+        return render(request, "run.html", execution=view.execution, events=view.history)
 
     async def static(request: Request) -> Response:
         name = request.path_params["file"]

@@ -37,6 +37,7 @@ from shardq.queue.models import (
     HistoryEvent,
     InterruptPage,
     Page,
+    RunView,
     SignalRequest,
     SignalResult,
     SignalWithStartResult,
@@ -199,8 +200,21 @@ class Client:
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
     ) -> tuple[WaitInfo | None, list[BufferedSignal]]:
         """The run's open wait (None when it waits for nothing) and its buffered signals."""
-        ident = self.get(execution_id, tenant=tenant).id
-        return self.store.waits_and_signals(self.map.for_execution(ident), [ident])[ident]
+        view = self.describe(execution_id, tenant=tenant, history=False)
+        return view.wait, view.pending
+
+    def describe(
+        self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT,
+        history: bool = True,
+    ) -> RunView:
+        """The run, its open wait, its buffered signals and (unless `history=False`) its
+        history: the tenant checked once, four statements."""
+        execution = self.get(execution_id, tenant=tenant)
+        ident = execution.id
+        wait, pending = self.store.waits_and_signals(self.map.for_execution(ident),
+                                                     [ident])[ident]
+        events = self.store.read_history(ident) if history else []
+        return RunView(execution, wait, pending, events)
 
     def waiting_on_page(
         self, page: Page

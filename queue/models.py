@@ -143,6 +143,18 @@ class SignalRequest:
 
 
 @dataclass(frozen=True)
+class RunView:
+    """One run as `shardq workflow show`, `GET /workflows/{id}` and the inbox show it."""
+
+    execution: Execution
+    wait: WaitInfo | None
+    """The open wait; None when the run waits for nothing."""
+    pending: list[BufferedSignal]
+    """Signals buffered for it, oldest first."""
+    history: list[HistoryEvent]
+
+
+@dataclass(frozen=True)
 class UpdateResult:
     """What Client.update returns: the handler's response, once committed."""
 

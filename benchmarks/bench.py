@@ -83,7 +83,8 @@ class Bench:
 
     def __post_init__(self) -> None:
         pool_max = max(10, self.sizes.signal_threads + 4)
-        self.client = Client(ShardMap.from_urls(self.shards.urls, pool_max=pool_max), registry)
+        self.client = Client.connect(ShardMap.from_urls(self.shards.urls, pool_max=pool_max),
+                                     registry)
 
     @property
     def urls(self) -> list[str]:

@@ -373,6 +373,7 @@ def worker(
     import signal
     import threading
 
+    from shardq.queue.store import Store
     from shardq.queue.worker import Worker, WorkerConfig, tune_gc_for_worker
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
@@ -400,7 +401,7 @@ def worker(
         signal.signal(signum, lambda *_: stop.set())
     tune_gc_for_worker()  # the application's modules are imported by now
     pools = ShardPools(shard_map).open()
-    running = Worker(pools, registry, shards=served, config=config).start()
+    running = Worker(Store(pools), registry, shards=served, config=config).start()
     click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
     stop.wait()
     released = running.stop()
@@ -419,15 +420,17 @@ def open_client(settings: Settings, registry: Registry | None = None) -> Iterato
     with the shard's cause (refused, no database, bad password), not after a pool timeout."""
     from shardq.queue.client import Client
     from shardq.queue.registry import Registry
+    from shardq.queue.store import Store
+    from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()
+        verify_shards(shard_map)
         pools = ShardPools(shard_map, probe=True).open()
         try:
             # Commands that start nothing need no workflow definitions.
-            with Client(shard_map, registry or Registry(), pools=pools) as client:
-                yield client
+            yield Client(Store(pools), registry or Registry())
         finally:
             pools.close()
 
@@ -914,6 +917,7 @@ def outbox_relay(
     import threading
 
     from shardq.outbox.relay import Relay, RelayConfig
+    from shardq.queue.store import Store
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
 
@@ -939,7 +943,7 @@ def outbox_relay(
     # round little; the server ends a transaction a stalled relay left open.
     pools = ShardPools(shard_map, timeout=2.0, application_name="shardq-relay",
                        options="-c idle_in_transaction_session_timeout=60s").open()
-    relay = Relay(pools, sources=sources, config=config).start()
+    relay = Relay(Store(pools), sources=sources, config=config).start()
     click.echo(f"outbox relay serving {', '.join(s.name for s in sources)}", err=True)
     stop.wait()
     relay.stop()

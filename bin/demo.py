@@ -25,6 +25,7 @@ from shardq.outbox.relay import Relay
 from shardq.queue.client import Client
 from shardq.queue.errors import PayloadInvalid, SignalRefused, UpdateRejected
 from shardq.queue.models import HistoryEvent, State
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ENV_SHARDS, ShardMap
 from shardq.shards.errors import ShardqError
@@ -88,9 +89,10 @@ def run_demo(shard_count: int) -> None:
         run = secrets.token_hex(3)
         key, webhook = f"order-1001-{run}", f"psp-evt-{run}"
         pools = ShardPools(shard_map).open()
-        worker = Worker(pools, registry, config=WorkerConfig(poll_interval_s=30)).start()
-        relay = Relay(pools).start()
-        client = Client(shard_map, registry, pools=pools)
+        store = Store(pools)
+        worker = Worker(store, registry, config=WorkerConfig(poll_interval_s=30)).start()
+        relay = Relay(store).start()
+        client = Client(store, registry)
         try:
             order = {"order_id": 1001, "items": [{"sku": "tea", "qty": 2}]}
             click.echo(f"\ntimeline of checkout {key}:")

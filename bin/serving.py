@@ -66,11 +66,12 @@ def build_app(config: ServeConfig) -> Starlette:
     """The application with its own pools, which it closes when the server stops."""
     from shardq.bin.api import create_app
     from shardq.queue.client import Client
+    from shardq.queue.store import Store
     from shardq.shards.pools import ShardPools
 
     registry, tokens, shard_map = checked(config)
     pools = ShardPools(shard_map, application_name="shardq-api").open()
-    client = Client(shard_map, registry, pools=pools, verify=False)
+    client = Client(Store(pools), registry)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -55,11 +55,12 @@ from shardq.queue.errors import (
 from shardq.queue.instruments import RELAY_DELIVERY_SECONDS, RELAY_ROUND_SECONDS, RELAY_ROWS
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import OutboxRow, OutboxSettlement, SignalResult
-from shardq.queue.signaling import CheckedSignal, by_shard, deliver
+from shardq.queue.params import SignalDelivery
+from shardq.queue.signaling import deliver
 from shardq.queue.store import Store, listen_for_outbox
 from shardq.queue.worker import MIN_POLL_S
 from shardq.shards.config import Shard
-from shardq.shards.pools import ShardPools
+from shardq.shards.fanout import by_shard
 
 log = logging.getLogger(__name__)
 
@@ -164,14 +165,14 @@ class Relay:
 
     def __init__(
         self,
-        pools: ShardPools,
+        store: Store,
         *,
         sources: Sequence[Shard] | None = None,
         config: RelayConfig | None = None,
     ) -> None:
         self.config = config or RelayConfig()
-        self.store = Store(pools)
-        self.map = pools.map
+        self.store = store
+        self.map = store.map
         self.sources = list(sources) if sources is not None else list(self.map.shards)
         self._backoff = Backoff(self.config)
         self.health = TargetHealth(self._backoff)
@@ -251,7 +252,7 @@ class Relay:
         with self.store.claim_outbox(source, limit=self.config.batch_size) as (rows, settlement):
             if not rows:
                 return 0
-            groups = by_shard(self.map, rows, lambda r: self.map.for_bucket(r.target_bucket))
+            groups = by_shard(self.map, rows, lambda r: r.target_bucket)
             if len(groups) == 1:
                 ((target, members),) = groups.items()
                 outcomes = [self._deliver_to(target, [row for _, row in members])]
@@ -354,8 +355,9 @@ def _permanent_reason(error: BaseException | None) -> str | None:
     return None
 
 
-def _checked(row: OutboxRow) -> CheckedSignal:
-    return CheckedSignal(row.target, row.name, row.payload_json, row.idempotency_key, row.origin)
+def _checked(row: OutboxRow) -> SignalDelivery:
+    return SignalDelivery(row.target, row.name, row.payload_json, row.idempotency_key,
+                          row.origin)
 
 
 def _line(error: BaseException | None) -> str:

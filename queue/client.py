@@ -7,7 +7,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,15 +46,23 @@ from shardq.queue.models import (
     WaitInfo,
 )
 from shardq.queue.names import check_name, check_text
+from shardq.queue.params import (
+    InterruptDecision,
+    NewRun,
+    SignalDelivery,
+    StartBatch,
+    StartSignalled,
+)
 from shardq.queue.rebuild import call_handler, rebuild_state
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.schemas import validate
-from shardq.queue.signaling import CheckedSignal, by_shard, check_signal, deliver
+from shardq.queue.signaling import check_signal, deliver
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.fanout import by_shard, fan_out
 from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
+from shardq.shards.routing import bucket_for, bucket_of, new_execution_id, parse_execution_id
 
 DEFAULT_TENANT = "default"
 MAX_LABEL = 255
@@ -76,29 +83,42 @@ class Client:
     """
 
     def __init__(
-        self,
-        shard_map: ShardMap,
-        registry: Registry,
-        *,
-        pools: ShardPools | None = None,
-        verify: bool = True,
-        limits: Limits | None = None,
+        self, store: Store, registry: Registry, *, limits: Limits | None = None
     ) -> None:
-        """`verify` checks every reachable shard's recorded map and schema first and raises
-        MapMismatch or SchemaBehind, so a misconfigured process refuses to start.
-        `limits` bounds inputs, payloads and idempotency keys (see `Limits`)."""
-        if verify:
-            verify_shards(shard_map)
+        """A client over `store`, whose pools its owner opens and closes (no I/O here).
+
+        `limits` bounds inputs, payloads and idempotency keys (see `Limits`).
+        `Client.connect` opens a store of its own for a process that has none.
+        """
         self.registry = registry
         self.limits = limits or Limits()
-        self._own_pools = pools is None
-        self.pools = pools or ShardPools(shard_map).open()
-        self.store = Store(self.pools)
-        self.map = shard_map
+        self.store = store
+        self.map = store.map
+        self._owned: ShardPools | None = None
+
+    @classmethod
+    def connect(
+        cls, shard_map: ShardMap, registry: Registry, *, verify: bool = True,
+        limits: Limits | None = None,
+    ) -> Client:
+        """A client with pools of its own, closed by `close()` (or the `with` block).
+
+        `verify` checks every reachable shard's recorded map and schema first
+        and raises MapMismatch or SchemaBehind, so a misconfigured process
+        refuses to start.
+        """
+        if verify:
+            verify_shards(shard_map)
+        pools = ShardPools(shard_map).open()
+        client = cls(Store(pools), registry, limits=limits)
+        client._owned = pools
+        return client
 
     def close(self) -> None:
-        if self._own_pools:
-            self.pools.close()
+        """Close the pools `connect` opened; a store passed in stays open."""
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
 
     def __enter__(self) -> Client:
         return self
@@ -130,35 +150,29 @@ class Client:
         definition = self._definition(workflow)
         check_name(tenant, "tenant")
         seen: set[str] = set()
-        rows: list[tuple[int, uuid.UUID, str, str]] = []
+        runs: list[NewRun] = []
         for workflow_id, value in items:
-            self._check_workflow_id(workflow_id)
             if workflow_id in seen:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
             seen.add(workflow_id)
-            bucket = bucket_for(tenant, definition.name, workflow_id)
-            encoded = self._checked_input(definition, workflow_id, value)
-            rows.append((bucket, new_execution_id(bucket), workflow_id, encoded))
-        groups = by_shard(self.map, rows, lambda r: self.map.for_bucket(r[0]))
+            runs.append(self._new_run(definition, tenant, workflow_id, value))
 
-        def insert(shard: Shard) -> list[StartResult]:
-            return self.store.start_executions(
-                shard, tenant=tenant, workflow_name=definition.name,
-                workflow_version=definition.version,
-                items=[(i, w, v) for _, (_, i, w, v) in groups[shard]], gates=definition.gates,
-            )
+        def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
+            return self.store.start_executions(shard, StartBatch(
+                tenant, definition.name, definition.version, members, definition.gates))
 
-        if len(groups) > 1 and len(items) >= PARALLEL_START_MIN:
-            # Big batches: the shards' commits overlap instead of queueing.
-            with ThreadPoolExecutor(len(groups), thread_name_prefix="shardq-start") as pool:
-                started = dict(zip(groups, pool.map(insert, groups), strict=True))
-        else:
-            started = {shard: insert(shard) for shard in groups}
-        results: list[StartResult | None] = [None] * len(items)
-        for shard, members in groups.items():
-            for (index, _), result in zip(members, started[shard], strict=True):
-                results[index] = result
-        return [r for r in results if r is not None]
+        # Big batches: the shards' commits overlap instead of queueing.
+        return fan_out(self.map, runs, lambda r: r.bucket, insert,
+                       parallel=len(runs) >= PARALLEL_START_MIN)
+
+    def _new_run(
+        self, definition: WorkflowDef, tenant: str, workflow_id: str, value: Any
+    ) -> NewRun:
+        """A run of this key with its input checked, under a fresh id of the key's bucket."""
+        self._check_workflow_id(workflow_id)
+        bucket = bucket_for(tenant, definition.name, workflow_id)
+        encoded = self._checked_input(definition, workflow_id, value)
+        return NewRun(new_execution_id(bucket), workflow_id, encoded, bucket)
 
     def _checked_input(self, definition: WorkflowDef, workflow_id: str, value: Any) -> str:
         """A run's input as JSON, within the bound and matching the workflow's input schema."""
@@ -185,7 +199,7 @@ class Client:
     def get(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> Execution:
         """The run, or ExecutionNotFound (also for another tenant's run)."""
         ident = parse_execution_id(execution_id)
-        found = self.store.get_execution(ident)
+        found = self.store.get_execution(self.map.for_execution(ident), ident)
         if found is None or found.tenant != tenant:
             raise ExecutionNotFound(f"execution {ident} not found")
         return found
@@ -194,7 +208,10 @@ class Client:
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
     ) -> list[HistoryEvent]:
         ident = self.get(execution_id, tenant=tenant).id
-        return self.store.read_history(ident)
+        return self._history(ident)
+
+    def _history(self, ident: uuid.UUID) -> list[HistoryEvent]:
+        return self.store.read_history(self.map.for_execution(ident), ident)
 
     def waiting(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
@@ -213,7 +230,7 @@ class Client:
         ident = execution.id
         wait, pending = self.store.waits_and_signals(self.map.for_execution(ident),
                                                      [ident])[ident]
-        events = self.store.read_history(ident) if history else []
+        events = self._history(ident) if history else []
         return RunView(execution, wait, pending, events)
 
     def waiting_on_page(
@@ -221,9 +238,8 @@ class Client:
     ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
         """`waiting` for every run of a `list_runs` page (already the caller's tenant's):
         two statements per shard, not per run."""
-        groups = by_shard(self.map, page.items, lambda e: self.map.for_execution(e.id))
         found: dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]] = {}
-        for shard, members in groups.items():
+        for shard, members in by_shard(self.map, page.items, lambda e: bucket_of(e.id)).items():
             found.update(self.store.waits_and_signals(shard, [e.id for _, e in members]))
         return found
 
@@ -311,7 +327,7 @@ class Client:
         """
         check_name(tenant, "tenant")
         results: list[SignalResult | None] = [None] * len(signals)
-        checked: list[tuple[int, CheckedSignal]] = []
+        checked: list[tuple[int, SignalDelivery]] = []
         for index, request in enumerate(signals):
             ident = parse_execution_id(request.execution_id)
             try:
@@ -321,7 +337,7 @@ class Client:
             except InvalidArgument as exc:
                 results[index] = SignalResult(ident, None, delivered=False, error=exc)
                 continue
-            checked.append((index, CheckedSignal(ident, *values)))
+            checked.append((index, SignalDelivery(ident, *values)))
         for index, error in self._schema_violations([c for _, c in checked]).items():
             results[checked[index][0]] = SignalResult(checked[index][1].target, None,
                                                       delivered=False, error=error)
@@ -331,7 +347,9 @@ class Client:
             results[index] = result
         return [r for r in results if r is not None]
 
-    def _schema_violations(self, signals: Sequence[CheckedSignal]) -> dict[int, PayloadInvalid]:
+    def _schema_violations(
+        self, signals: Sequence[SignalDelivery]
+    ) -> dict[int, PayloadInvalid]:
         """Which of `signals` break the schema their target's workflow publishes for them.
 
         Costs a lookup of the targets' workflows per shard, made only for names
@@ -344,7 +362,7 @@ class Client:
         if not candidates:
             return {}
         workflows: dict[uuid.UUID, tuple[str, int]] = {}
-        groups = by_shard(self.map, candidates, lambda c: self.map.for_execution(c[1].target))
+        groups = by_shard(self.map, candidates, lambda c: bucket_of(c[1].target))
         for shard, members in groups.items():
             workflows.update(self.store.workflows_of(shard, [c.target for _, (_, c) in members]))
         refused: dict[int, PayloadInvalid] = {}
@@ -387,20 +405,16 @@ class Client:
         """
         definition = self._definition(workflow)
         check_name(tenant, "tenant")
-        self._check_workflow_id(workflow_id)
-        input_json = self._checked_input(definition, workflow_id, input)
+        run = self._new_run(definition, tenant, workflow_id, input)
         name, payload_json, key = check_signal(signal_name, payload, idempotency_key, self.limits)
         spec = definition.signal(name)
         if spec is not None and spec.schema is not None:
             validate(json.loads(payload_json), spec.schema, f"payload of signal {name!r}",
                      "signal payload validation failed")
-        bucket = bucket_for(tenant, definition.name, workflow_id)
-        return self.store.signal_with_start(
-            self.map.for_bucket(bucket), tenant=tenant, workflow_name=definition.name,
-            workflow_version=definition.version, workflow_id=workflow_id,
-            new_id=new_execution_id(bucket), input_json=input_json,
-            signal=(name, payload_json, key), gates=definition.gates,
-        )
+        return self.store.signal_with_start(self.map.for_bucket(run.bucket), StartSignalled(
+            StartBatch(tenant, definition.name, definition.version, (run,), definition.gates),
+            name, payload_json, key,
+        ))
 
     def cancel(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT,
@@ -415,7 +429,8 @@ class Client:
         ident = parse_execution_id(execution_id)
         if actor is not None:
             _check_label(actor, "actor")
-        return self.store.cancel(ident, tenant=check_name(tenant, "tenant"), actor=actor)
+        return self.store.cancel(self.map.for_execution(ident), ident,
+                                 tenant=check_name(tenant, "tenant"), actor=actor)
 
     # -- published contracts: interface, queries, updates ---------------------------
 
@@ -442,7 +457,7 @@ class Client:
         what = f"argument of query {name!r}"
         argument = json.loads(self.limits.check_payload(to_json(argument, what), what))
         validate(argument, spec.schema, what, "query argument validation failed")
-        state = rebuild_state(definition, execution, self.store.read_history(ident))
+        state = rebuild_state(definition, execution, self._history(ident))
         try:
             response = call_handler(f"query {name!r}", spec.handler, state, argument)
             return json.loads(to_json(response, f"the response of query {name!r}"))
@@ -473,7 +488,7 @@ class Client:
         _check_wait(wait)
         payload_json, key = self._update_payload(spec, argument, idempotency_key)
         if key is not None:
-            earlier = self.store.signal_by_key(ident, key)
+            earlier = self.store.signal_by_key(self.map.for_execution(ident), ident, key)
             if earlier is not None:
                 return self._await_update(ident, spec, *earlier, wait=wait, accepted=False)
         if execution.state.terminal:
@@ -481,9 +496,9 @@ class Client:
                                 "run_finished")
         self._validate_update(spec, json.loads(payload_json),
                               lambda: rebuild_state(definition, execution,
-                                                    self.store.read_history(ident)))
+                                                    self._history(ident)))
         (result,) = deliver(self.store, tenant, [
-            CheckedSignal(ident, spec.signal_name, payload_json, key)])
+            SignalDelivery(ident, spec.signal_name, payload_json, key)])
         if isinstance(result.error, SignalRefused) and result.error.reason_code == (
             "target_finished"
         ):
@@ -506,17 +521,15 @@ class Client:
         """
         definition = self._definition(workflow)
         check_name(tenant, "tenant")
-        self._check_workflow_id(workflow_id)
         spec = definition.update(check_name(name, "update"))
         _check_wait(wait)
-        input_json = self._checked_input(definition, workflow_id, input)
+        run = self._new_run(definition, tenant, workflow_id, input)
         payload_json, key = self._update_payload(spec, argument, idempotency_key)
-        bucket = bucket_for(tenant, definition.name, workflow_id)
-        shard = self.map.for_bucket(bucket)
+        shard = self.map.for_bucket(run.bucket)
         found = self.store.find_run(shard, tenant=tenant, workflow_name=definition.name,
                                     workflow_id=workflow_id)
         if found is not None and key is not None:
-            earlier = self.store.signal_by_key(found, key)
+            earlier = self.store.signal_by_key(shard, found, key)
             if earlier is not None:  # a keyed repeat: the recorded answer, nothing checked
                 return self._await_update(found, spec, *earlier, wait=wait, accepted=False)
 
@@ -524,19 +537,18 @@ class Client:
             if found is None:  # the state a new run starts its code with
                 return rebuild_state(definition, Execution(
                     uuid.UUID(int=0), tenant, definition.name, definition.version, workflow_id,
-                    State.PENDING, json.loads(input_json), None, None, False,
+                    State.PENDING, json.loads(run.input_json), None, None, False,
                     datetime.now(UTC), None), ())
             execution = self.get(found, tenant=tenant)
-            return rebuild_state(definition, execution, self.store.read_history(found))
+            return rebuild_state(definition, execution, self._history(found))
 
         self._validate_update(spec, json.loads(payload_json), state)
         try:
-            started = self.store.signal_with_start(
-                shard, tenant=tenant, workflow_name=definition.name,
-                workflow_version=definition.version, workflow_id=workflow_id,
-                new_id=new_execution_id(bucket), input_json=input_json,
-                signal=(spec.signal_name, payload_json, key), gates=definition.gates,
-            )
+            started = self.store.signal_with_start(shard, StartSignalled(
+                StartBatch(tenant, definition.name, definition.version, (run,),
+                           definition.gates),
+                spec.signal_name, payload_json, key,
+            ))
         except SignalRefused as exc:
             if exc.reason_code == "target_finished":
                 raise UpdateRefused(str(exc), "run_finished") from None
@@ -577,10 +589,11 @@ class Client:
         if stored_name != spec.signal_name:
             raise InvalidArgument(f"the idempotency key already landed on this run as "
                                   f"{stored_name!r}, not as update {spec.name!r}")
+        shard = self.map.for_execution(ident)
         deadline = time.monotonic() + wait
         pause = 0.002
         while True:
-            outcome, state = self.store.update_outcome(ident, update_id)
+            outcome, state = self.store.update_outcome(shard, ident, update_id)
             if outcome is not None:
                 if "error" in outcome:
                     error = outcome["error"]
@@ -669,17 +682,16 @@ class Client:
         _check_label(actor, "actor")
         what = f"payload of the {action} decision on interrupt {interrupt!r}"
         payload_json = self.limits.check_payload(to_json(payload, what), what)
-        found = self.store.open_interrupt(ident, interrupt)
+        shard = self.map.for_execution(ident)
+        found = self.store.open_interrupt(shard, ident, interrupt)
         if found is None or found[0] != tenant:
             raise ExecutionNotFound(f"execution {ident} not found")
         _, position, request = found
         if request is not None and action == "edit":
             validate(json.loads(payload_json), request.get("schema"), what,
                      "decision payload validation failed")
-        outcome, decision, detail = self.store.decide_interrupt(
-            ident, tenant=tenant, name=interrupt, position=position, action=action,
-            payload_json=payload_json, decision_id=decision_id, actor=actor,
-        )
+        outcome, decision, detail = self.store.decide_interrupt(shard, InterruptDecision(
+            ident, tenant, interrupt, position, action, payload_json, decision_id, actor))
         if outcome == "not_found":
             raise ExecutionNotFound(f"execution {ident} not found")
         if outcome in ("accepted", "repeated"):

@@ -117,6 +117,23 @@ FROM held
 WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
 
+-- name: get_execution
+-- One run with its derived state and outcome: the columns queue/listing.py's
+-- pages read, for one id (a fixed statement: the hot reads of a run by id need
+-- no query builder). The outcome kinds are the history_outcome index's.
+SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input,
+       x.created_at, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
+       o.payload->'error' AS error, o.recorded_at AS finished_at,
+       coalesce(t.cancel_requested, false) AS cancel_requested
+FROM shardq.executions x
+LEFT JOIN LATERAL (
+    SELECT h.payload, h.recorded_at FROM shardq.history h
+    WHERE h.execution_id = x.id
+      AND h.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
+) o ON true
+LEFT JOIN shardq.tasks t ON t.execution_id = x.id
+WHERE x.id = %(id)s
+
 -- name: read_history
 SELECT seq, position, kind, name, payload, recorded_at
 FROM shardq.history

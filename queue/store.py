@@ -46,6 +46,7 @@ from shardq.queue.models import (
     TurnCommit,
     WaitInfo,
 )
+from shardq.queue.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
 from shardq.shards.config import Shard
 from shardq.shards.pools import DictConnection, ShardPools
 from shardq.shards.sqlfile import load_queries
@@ -94,54 +95,39 @@ class Store:
 
     # -- starting and reading ------------------------------------------------
 
-    def start_executions(
-        self,
-        shard: Shard,
-        *,
-        tenant: str,
-        workflow_name: str,
-        workflow_version: int,
-        items: Sequence[tuple[uuid.UUID, str, str]],
-        gates: Sequence[str] = (),
-    ) -> list[StartResult]:
-        """Insert (id, workflow_id, input JSON) runs that do not exist yet, in one commit.
+    def start_executions(self, shard: Shard, batch: StartBatch) -> list[StartResult]:
+        """Insert the batch's runs whose workflow key has none yet, in one commit.
 
-        Results come back in `items` order; an existing workflow_id returns its
-        execution with `created=False`. `gates`: the signal names each new run
-        takes once (a declarative workflow's).
+        Results come back in `batch.runs` order; an existing workflow_id returns
+        its execution with `created=False`.
         """
+        runs = batch.runs
         params = {
-            "ids": [i[0] for i in items],
-            "workflow_ids": [i[1] for i in items],
-            "inputs": [i[2] for i in items],
-            "tenant": tenant,
-            "workflow_name": workflow_name,
-            "workflow_version": workflow_version,
-            "gates": list(gates) or None,
+            "ids": [r.execution_id for r in runs],
+            "workflow_ids": [r.workflow_id for r in runs],
+            "inputs": [r.input_json for r in runs],
+            **_workflow_params(batch),
         }
         with self._connection(shard) as conn:
             # One statement: one round trip, its own transaction.
             rows = {r["workflow_id"]: r for r in conn.execute(SQL["start_executions"], params)}
-            missing = [wf for _, wf, _ in items if wf not in rows]
+            missing = [r.workflow_id for r in runs if r.workflow_id not in rows]
             if missing:
                 # Already there, possibly committed by a concurrent start after
                 # our statement's snapshot: a new statement sees it.
                 found = conn.execute(SQL["find_executions"], {**params, "workflow_ids": missing})
                 rows.update({r["workflow_id"]: r for r in found})
         return [
-            StartResult(rows[wf]["id"], rows[wf]["created"], _STATES[rows[wf]["state"]])
-            for _, wf, _ in items
+            StartResult(row["id"], row["created"], _STATES[row["state"]])
+            for row in (rows[r.workflow_id] for r in runs)
         ]
 
-    def get_execution(self, execution_id: uuid.UUID) -> Execution | None:
-        shard = self.map.for_execution(execution_id)
-        statement, params = listing.compile_get(execution_id)
+    def get_execution(self, shard: Shard, execution_id: uuid.UUID) -> Execution | None:
         with self._connection(shard) as conn:
-            row = conn.execute(statement, params).fetchone()
+            row = conn.execute(SQL["get_execution"], {"id": execution_id}).fetchone()
         return _execution(row) if row else None
 
-    def read_history(self, execution_id: uuid.UUID) -> list[HistoryEvent]:
-        shard = self.map.for_execution(execution_id)
+    def read_history(self, shard: Shard, execution_id: uuid.UUID) -> list[HistoryEvent]:
         with self._connection(shard) as conn:
             rows = conn.execute(SQL["read_history"], {"id": execution_id}).fetchall()
         return [
@@ -174,14 +160,12 @@ class Store:
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(
-        self, shard: Shard, leases: Sequence[tuple[uuid.UUID, uuid.UUID]], lease_s: float
+        self, shard: Shard, leases: Sequence[Lease], lease_s: float
     ) -> set[uuid.UUID]:
         """Push back the expiry of leases still held; returns the ids that were extended."""
         return self._lease_update(shard, SQL["extend_leases"], leases, {"lease_s": lease_s})
 
-    def release_leases(
-        self, shard: Shard, leases: Sequence[tuple[uuid.UUID, uuid.UUID]]
-    ) -> set[uuid.UUID]:
+    def release_leases(self, shard: Shard, leases: Sequence[Lease]) -> set[uuid.UUID]:
         """Make leased tasks due now (shutdown); returns the ids released."""
         return self._lease_update(shard, SQL["release_leases"], leases, {}, notify=True)
 
@@ -189,14 +173,15 @@ class Store:
         self,
         shard: Shard,
         statement: str,
-        leases: Sequence[tuple[uuid.UUID, uuid.UUID]],
+        leases: Sequence[Lease],
         extra: dict[str, Any],
         *,
         notify: bool = False,
     ) -> set[uuid.UUID]:
         if not leases:
             return set()
-        params = {"ids": [i for i, _ in leases], "tokens": [t for _, t in leases], **extra}
+        params = {"ids": [x.execution_id for x in leases], "tokens": [x.token for x in leases],
+                  **extra}
         with self._transaction(shard) as conn:
             done = {r["execution_id"] for r in conn.execute(statement, params)}
             if notify and done:
@@ -230,14 +215,9 @@ class Store:
     # -- signals and cancellation ----------------------------------------------
 
     def deliver_signals(
-        self,
-        shard: Shard,
-        *,
-        tenant: str,
-        signals: Sequence[tuple[uuid.UUID, str, str, str | None]],
-        origins: Sequence[str | None] | None = None,
+        self, shard: Shard, tenant: str, signals: Sequence[SignalDelivery]
     ) -> list[SignalResult]:
-        """Deliver (execution id, name, payload JSON, idempotency key) signals in one commit.
+        """Deliver one tenant's signals to runs of `shard` in one commit.
 
         Each is stored, recorded in its run's history and wakes the run if it
         waits on that name. Results come back in input order; a refused signal
@@ -245,56 +225,43 @@ class Store:
         others land. One statement: shardq.deliver_signals().
         It locks every target run before inserting, so one run's signals commit
         in id order: replay relies on that to consume the same one again.
-        `origins` (the outbox relay's) name each signal's outbox row: a repeat
-        of one is collapsed like a repeated idempotency key.
         """
+        relayed = any(s.origin is not None for s in signals)
         params = {
-            "origins": origins,
+            "origins": [s.origin for s in signals] if relayed else None,
             "tenant": tenant,
-            "ids": [s[0] for s in signals],
-            "names": [s[1] for s in signals],
-            "payloads": [s[2] for s in signals],
-            "keys": [s[3] for s in signals],
+            "ids": [s.target for s in signals],
+            "names": [s.name for s in signals],
+            "payloads": [s.payload_json for s in signals],
+            "keys": [s.idempotency_key for s in signals],
             "max_pending": MAX_PENDING_SIGNALS,
             "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
         }
         with self._connection(shard) as conn:
             rows = conn.execute(SQL["deliver_signals"], params).fetchall()
         return [
-            _signal_result(s[0], tenant, s[1], row) for s, row in zip(signals, rows, strict=True)
+            _signal_result(s.target, tenant, s.name, row)
+            for s, row in zip(signals, rows, strict=True)
         ]
 
-    def signal_with_start(
-        self,
-        shard: Shard,
-        *,
-        tenant: str,
-        workflow_name: str,
-        workflow_version: int,
-        workflow_id: str,
-        new_id: uuid.UUID,
-        input_json: str,
-        signal: tuple[str, str, str | None],
-        gates: Sequence[str] = (),
-    ) -> SignalWithStartResult:
-        """Start the key's run unless it exists, then deliver (name, payload JSON, key) to it.
+    def signal_with_start(self, shard: Shard, request: StartSignalled) -> SignalWithStartResult:
+        """Start the key's run unless it exists, then deliver the signal to it.
 
         One statement: shardq.signal_with_start(). A refused signal raises
         (SignalRefused); only an existing run can refuse (a new one has the
         caller's tenant, no signals and no outcome), so nothing was created then.
         """
-        name, payload_json, key = signal
+        (run,) = request.start.runs
         params = {
-            "tenant": tenant, "workflow_name": workflow_name,
-            "workflow_version": workflow_version, "workflow_id": workflow_id,
-            "new_id": new_id, "input": input_json, "name": name, "payload": payload_json,
-            "key": key, "max_pending": MAX_PENDING_SIGNALS,
-            "max_pending_total": MAX_PENDING_SIGNALS_TOTAL, "gates": list(gates) or None,
+            **_workflow_params(request.start), "workflow_id": run.workflow_id,
+            "new_id": run.execution_id, "input": run.input_json, "name": request.name,
+            "payload": request.payload_json, "key": request.idempotency_key,
+            "max_pending": MAX_PENDING_SIGNALS, "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
         }
         with self._connection(shard) as conn:
             row = conn.execute(SQL["signal_with_start"], params).fetchone()
         assert row is not None
-        result = _signal_result(row["execution_id"], tenant, name, row)
+        result = _signal_result(row["execution_id"], request.start.tenant, request.name, row)
         if result.error is not None:
             raise result.error
         return SignalWithStartResult(row["execution_id"], row["created"], result.delivered,
@@ -432,10 +399,9 @@ class Store:
     # -- contracts: updates and signal schemas -------------------------------------
 
     def update_outcome(
-        self, execution_id: uuid.UUID, update_id: int
+        self, shard: Shard, execution_id: uuid.UUID, update_id: int
     ) -> tuple[dict[str, Any] | None, State | None]:
         """(the update's recorded outcome or None, the run's state; None: no run)."""
-        shard = self.map.for_execution(execution_id)
         with self._connection(shard) as conn:
             row = conn.execute(SQL["update_outcome"], {"id": execution_id,
                                                        "update_id": update_id}).fetchone()
@@ -452,9 +418,10 @@ class Store:
             }).fetchone()
         return None if row is None else row["id"]
 
-    def signal_by_key(self, execution_id: uuid.UUID, key: str) -> tuple[int, str] | None:
+    def signal_by_key(
+        self, shard: Shard, execution_id: uuid.UUID, key: str
+    ) -> tuple[int, str] | None:
         """(id, name) of the signal `key` landed as on this run, if it did."""
-        shard = self.map.for_execution(execution_id)
         with self._connection(shard) as conn:
             row = conn.execute(SQL["signal_by_key"], {"id": execution_id, "key": key}
                                ).fetchone()
@@ -471,37 +438,27 @@ class Store:
     # -- interrupts --------------------------------------------------------------
 
     def open_interrupt(
-        self, execution_id: uuid.UUID, name: str
+        self, shard: Shard, execution_id: uuid.UUID, name: str
     ) -> tuple[str, int | None, dict[str, Any] | None] | None:
         """(the run's tenant, position, request) of its open interrupt `name`; None: no run.
 
         Position and request are None when the run waits for no such interrupt.
         """
-        shard = self.map.for_execution(execution_id)
         with self._connection(shard) as conn:
             row = conn.execute(SQL["open_interrupt"], {"id": execution_id, "name": name}
                                ).fetchone()
         return None if row is None else (row["tenant"], row["position"], row["request"])
 
     def decide_interrupt(
-        self,
-        execution_id: uuid.UUID,
-        *,
-        tenant: str,
-        name: str,
-        position: int | None,
-        action: str,
-        payload_json: str,
-        decision_id: str,
-        actor: str,
+        self, shard: Shard, decision: InterruptDecision
     ) -> tuple[str, dict[str, Any] | None, str | None]:
         """(outcome, decision, detail): one statement, shardq.decide_interrupt()."""
-        shard = self.map.for_execution(execution_id)
+        d = decision
         with self._connection(shard) as conn:
             row = conn.execute(SQL["decide_interrupt"], {
-                "tenant": tenant, "id": execution_id, "name": name, "position": position,
-                "action": action, "payload": payload_json, "decision_id": decision_id,
-                "actor": actor,
+                "tenant": d.tenant, "id": d.execution_id, "name": d.name, "position": d.position,
+                "action": d.action, "payload": d.payload_json, "decision_id": d.decision_id,
+                "actor": d.actor,
             }).fetchone()
         assert row is not None
         return row["outcome"], row["decision"], row["detail"]
@@ -526,14 +483,15 @@ class Store:
                 PendingInterrupt(**{**r, "actions": tuple(r["actions"] or ())}) for r in found
             ]
 
-    def cancel(self, execution_id: uuid.UUID, *, tenant: str, actor: str | None = None) -> State:
+    def cancel(
+        self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, actor: str | None = None
+    ) -> State:
         """Cancel now if no worker holds the run, else have it end cancelled at its next commit.
 
         Returns `cancelled` when it ended here, `running` when its worker ends it
         (always `cancelled`: see request_cancel), or the state it had already
         finished in, when the cancel came too late.
         """
-        shard = self.map.for_execution(execution_id)
         with self._transaction(shard) as conn:
             lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
             target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
@@ -564,6 +522,11 @@ def _listen(conn: DictConnection, query: str) -> None:
     statement = conn.execute(query, {}).fetchone()
     assert statement is not None
     conn.execute(statement["statement"])
+
+
+def _workflow_params(batch: StartBatch) -> dict[str, Any]:
+    return {"tenant": batch.tenant, "workflow_name": batch.workflow_name,
+            "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None}
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:

@@ -36,12 +36,12 @@ from shardq.queue.instruments import (
 from shardq.queue.listener import WakeSource
 from shardq.queue.logcontext import about_run
 from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
+from shardq.queue.params import Lease
 from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
 from shardq.queue.retention import RetentionPlan, purge
 from shardq.queue.store import Store
 from shardq.queue.turn import failing_commit, run_turn
 from shardq.shards.config import Shard
-from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_of
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class Worker:
 
     def __init__(
         self,
-        pools: ShardPools,
+        store: Store,
         registry: Registry,
         *,
         shards: list[Shard] | None = None,
@@ -167,8 +167,8 @@ class Worker:
     ) -> None:
         self.config = config or WorkerConfig()
         self.registry = registry
-        self.store = Store(pools)
-        self.shards = shards or list(pools.map.shards)
+        self.store = store
+        self.shards = shards or list(store.map.shards)
         self._stopping = threading.Event()
         # Heartbeats go on until the drain is over: a turn finishing during the
         # drain must not lose its lease to another worker.
@@ -240,7 +240,7 @@ class Worker:
         self._drained.set()
         released = 0
         for shard in self.shards:
-            leases = [(f.execution_id, f.token) for f in leftover if f.shard == shard]
+            leases = [Lease(f.execution_id, f.token) for f in leftover if f.shard == shard]
             if leases:
                 try:
                     released += len(self.store.release_leases(shard, leases))
@@ -523,7 +523,7 @@ class Worker:
             with self._lock:
                 entries = list(self._inflight.values())
             for shard in self.shards:
-                leases = [(e.execution_id, e.token) for e in entries if e.shard == shard]
+                leases = [Lease(e.execution_id, e.token) for e in entries if e.shard == shard]
                 if not leases:
                     continue
                 try:
@@ -531,10 +531,10 @@ class Worker:
                 except ShardUnavailable as exc:
                     log.warning("heartbeat failed", extra={"shard": shard.name, "error": str(exc)})
                     continue
-                for execution_id, _ in leases:
-                    if execution_id not in kept:
+                for lease in leases:
+                    if lease.execution_id not in kept:
                         log.debug("lease not extended (finished or lost)",
-                                  extra={"execution_id": str(execution_id)})
+                                  extra={"execution_id": str(lease.execution_id)})
 
 
 _Item = tuple[Shard, Claim] | None

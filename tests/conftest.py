@@ -26,6 +26,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
@@ -150,7 +151,7 @@ def start_worker(pools: ShardPools) -> Iterator[Callable[..., Worker]]:
 
     def start(registry: Registry, **config: Any) -> Worker:
         settings = {"poll_interval_s": 30.0, "lease_s": 5.0, "drain_timeout_s": 2.0, **config}
-        worker = Worker(pools, registry, config=WorkerConfig(**settings)).start()
+        worker = Worker(Store(pools), registry, config=WorkerConfig(**settings)).start()
         started.append(worker)
         return worker
 

@@ -21,6 +21,7 @@ from shardq.benchmarks.parked import INPUT, insert_parked, parked_run
 from shardq.benchmarks.report import table
 from shardq.benchmarks.workflows import registry
 from shardq.queue.client import Client
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -103,7 +104,7 @@ def test_the_durable_floor_writes_what_a_noop_turn_writes(
     shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
 ) -> None:
     """Else shardq / durable floor would compare the worker with less (or more) work."""
-    client = Client(shard_map, registry, pools=pools)
+    client = Client(Store(pools), registry)
     by_engine = client.start("noop", "by-engine").execution_id
     worker = start_worker(registry)
     client.wait(str(by_engine), timeout=15)
@@ -211,7 +212,7 @@ def test_the_parked_fixture_writes_what_the_engine_writes(
     same runs, table by table and shard by shard, or the scenario measures the
     drain beside something no real system holds: when the engine changes what it
     writes, this fails until queries.sql's insert_parked follows."""
-    client = Client(shard_map, registry, pools=pools)
+    client = Client(Store(pools), registry)
     runs = [parked_run(i) for i in range(PARKED)]
     for name in ("park", "nap"):
         client.start_many(name, [(key, INPUT) for n, key in runs if n == name])

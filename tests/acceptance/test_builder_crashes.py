@@ -70,7 +70,7 @@ def kill(worker: Daemon) -> None:
 def test_killing_every_worker_between_the_approval_s_waits_changes_nothing(
     shard_map: ShardMap, workers: Callable[..., Daemon]
 ) -> None:
-    with Client(shard_map, registry) as client:
+    with Client.connect(shard_map, registry) as client:
         run = client.start("approval", "crash-1", {"amount": 400}).execution_id
         worker = workers()
         wait_until(lambda: client.get(run).state is State.WAITING, timeout=20,
@@ -105,7 +105,7 @@ def test_unwinding_killed_mid_way_completes_each_compensation_once(
     app = "unwindapp:registry"
     stub = Registry()  # the client needs only the name (the worker has the code)
     stub.register_definition(WorkflowDef("unwinding", 1, lambda ctx: None))
-    with Client(shard_map, stub) as client:
+    with Client.connect(shard_map, stub) as client:
         run = client.start("unwinding", "u-1").execution_id
         worker = workers(app, **env)
         wait_until(lambda: client.get(run).state is State.INPUT_REQUIRED, timeout=20,

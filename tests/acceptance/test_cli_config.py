@@ -42,7 +42,7 @@ def test_a_line_about_a_run_names_its_execution_shard_and_workflow(
 ) -> None:
     elsewhere = Registry()
     elsewhere.register(lambda ctx: None, name="not_in_this_app")
-    with Client(shard_map, elsewhere) as client:
+    with Client.connect(shard_map, elsewhere) as client:
         run = client.start("not_in_this_app", "k").execution_id
     urls = ",".join(s.url for s in shard_map.shards)
     worker = Daemon("worker", ["--shards", urls, "--log-format", "json", "worker", "--app",

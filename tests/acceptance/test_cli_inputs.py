@@ -270,7 +270,7 @@ def cli_map(pg_server: Server) -> ShardMap:
 
 @pytest.fixture(scope="module")
 def outcome(cli_map: ShardMap, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
-    with Client(cli_map, registry) as client:
+    with Client.connect(cli_map, registry) as client:
         run = client.start("checkout", "target", {"order_id": 1, "items": []})
         cart = client.start("cart", "target", {"customer": "ann"})
     env = {"SHARDQ_SHARDS": ",".join(s.url for s in cli_map.shards)}
@@ -338,7 +338,7 @@ def test_input_from_a_file_and_from_stdin(cli_map: ShardMap, tmp_path: Path) -> 
                         f"@{tmp_path / 'order.json'}", "--json", env=env)
     from_stdin = run_cli("workflow", "start", "checkout", "from-stdin", "--input", "-",
                          "--json", env=env, stdin=json.dumps({"order_id": 8, "items": []}))
-    with Client(cli_map, registry) as client:
+    with Client.connect(cli_map, registry) as client:
         for result, expected in ((from_file, big), (from_stdin, {"order_id": 8, "items": []})):
             assert result.returncode == 0, result.stderr
             started = json.loads(result.stdout)["execution_id"]

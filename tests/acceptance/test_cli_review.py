@@ -8,6 +8,7 @@ from collections.abc import Callable
 from shardq.bin.examples import registry
 from shardq.queue.client import Client
 from shardq.queue.models import State
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -22,7 +23,7 @@ def test_a_reviewer_lists_decides_and_repeats_a_decision_from_the_command_line(
 ) -> None:
     env = {"SHARDQ_SHARDS": ",".join(s.url for s in shard_map.shards), "SHARDQ_APP": APP}
     start_worker(registry)
-    client = Client(shard_map, registry, pools=pools)
+    client = Client(Store(pools), registry)
     run = str(client.start("proposal_review", "p-1", {"amount": 120}).execution_id)
     wait_until(lambda: client.get(run).state is State.INPUT_REQUIRED, what="input_required")
 

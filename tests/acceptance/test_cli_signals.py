@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from shardq.queue.client import Client
 from shardq.queue.models import State
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -39,7 +40,7 @@ def test_signal_with_start_show_and_signal_from_the_command_line(
     assert again.stdout.strip() == f"{run} {duplicate}"
 
     worker = start_worker(registry)
-    client = Client(shard_map, registry, pools=pools)
+    client = Client(Store(pools), registry)
     wait_until(lambda: client.get(run).state is State.WAITING, what="parked on go")
     worker.stop()
     shown = run_cli("--json", "workflow", "show", run, env=env)
@@ -70,7 +71,7 @@ def test_interface_query_and_updates_from_the_command_line(
     env = _env(shard_map)
     shown = run_cli("workflow", "interface", "cart", "--json", env=env)
     assert shown.returncode == 0, shown.stderr
-    with Client(shard_map, registry, pools=pools) as client:
+    with Client(Store(pools), registry) as client:
         assert json.loads(shown.stdout) == client.interface("cart")
     tea = '{"sku": "tea", "quantity": 2}'
     late = run_cli("--json", "workflow", "update-with-start", "cart", "c-cli", "add_item",

@@ -66,7 +66,7 @@ def test_dev_server_demo_twice_and_a_worker_for_my_module(tmp_path: Path) -> Non
         )
         assert started.returncode == 0, started.stderr
         run = json.loads(started.stdout)["execution_id"]
-        with Client(ShardMap.from_env(env), Registry()) as client:
+        with Client.connect(ShardMap.from_env(env), Registry()) as client:
             wait_until(lambda: client.get(run).state.terminal, timeout=30,
                        what="the greet run to finish")
             done = client.get(run)

@@ -46,7 +46,7 @@ def site(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
     base, _ = start_api(daemons, shard_map, tmp_path, {ACME: "acme", GLOBEX: "globex"},
                         "--inbox-stale-after", "3600")
     start_worker(registry, poll_interval_s=1.0)
-    with Client(shard_map, registry) as client:
+    with Client.connect(shard_map, registry) as client:
         yield Site(base, client)
 
 

@@ -71,7 +71,7 @@ def http(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
 def test_hostile_requests_get_a_4xx_page_and_store_nothing(
     http: httpx.Client, shard_map: ShardMap
 ) -> None:
-    with Client(shard_map, registry) as client:
+    with Client.connect(shard_map, registry) as client:
         run = client.start("proposal_review", "hostile", {"amount": 3}, tenant="acme")
         wait_until(lambda: client.get(run.execution_id, tenant="acme").state
                    is State.INPUT_REQUIRED, what="the interrupt")

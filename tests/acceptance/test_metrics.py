@@ -42,7 +42,7 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
     exporter = spawn(urls(shard_map), "metrics", "--port", str(port), "--cache-seconds", "0",
                      "--stale-after", "signal=1", "--overdue-grace", "0.5")
     exporter.wait_for("store exporter on")
-    with Client(shard_map, registry) as client:
+    with Client.connect(shard_map, registry) as client:
         # No worker yet: the started runs become overdue.
         runs = [client.start("checkout", f"o-{i}", {"order_id": i, "items": []}).execution_id
                 for i in range(3)]

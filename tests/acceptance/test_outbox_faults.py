@@ -21,6 +21,7 @@ from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
@@ -78,14 +79,14 @@ def shards(three_shards: ShardMap) -> ShardMap:
 
 @pytest.fixture
 def client(shards: ShardMap) -> Iterator[Client]:
-    with Client(shards, registry) as opened:
+    with Client.connect(shards, registry) as opened:
         yield opened
 
 
 @pytest.fixture
 def worker(shards: ShardMap) -> Iterator[Worker]:
     with ShardPools(shards) as pools:
-        running = Worker(pools, registry, config=WorkerConfig(
+        running = Worker(Store(pools), registry, config=WorkerConfig(
             concurrency=40, batch_size=20, poll_interval_s=1.0, lease_s=10.0,
         )).start()
         yield running
@@ -273,8 +274,8 @@ def test_the_tenant_cancel_example_fans_out_over_three_shards(
     from shardq.bin.examples import registry as examples
 
     relay = spawn(urls(shards))
-    with ShardPools(shards) as pools, Client(shards, examples, pools=pools) as client:
-        running = Worker(pools, examples, config=WorkerConfig(poll_interval_s=1.0)).start()
+    with ShardPools(shards) as pools, Client(Store(pools), examples) as client:
+        running = Worker(Store(pools), examples, config=WorkerConfig(poll_interval_s=1.0)).start()
         try:
             users = [client.start("onboarding", key).execution_id
                      for i in range(3) for key in keys_on(client, i, "onboarding", f"u{i}", 2)]

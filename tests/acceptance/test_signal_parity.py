@@ -122,7 +122,7 @@ def via_http(http: httpx.Client, run: str, send: Send) -> str:
 def test_the_command_line_and_the_http_api_decide_every_send_alike(
     shard_map: ShardMap, server: httpx.Client
 ) -> None:
-    with Client(shard_map, registry) as client:
+    with Client.connect(shard_map, registry) as client:
         runs = {(case.id, channel): (
             str(uuid.UUID("01a23b00-a581-8495-a55e-808a42654d6c")) if case.unknown else
             str(client.start("cart", f"{case.id}-{channel}", {"customer": "c"},

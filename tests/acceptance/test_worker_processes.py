@@ -117,7 +117,7 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
 
 @pytest.fixture
 def client(shard_map: ShardMap) -> Iterator[Client]:
-    with Client(shard_map, registry) as opened:
+    with Client.connect(shard_map, registry) as opened:
         yield opened
 
 
@@ -561,7 +561,7 @@ def test_worker_serves_the_reachable_shard_and_picks_up_one_that_returns(
         worker.wait_ready()
         assert "shard unreachable at start" in worker.stderr()
         assert "shard=shard-1" in worker.stderr()
-        with Client(shard_map, registry) as client:
+        with Client.connect(shard_map, registry) as client:
             run = client.start("noop", routed_to(shard_map, good, "noop", "good"))
             assert client.wait(run.execution_id, timeout=20).state is State.COMPLETED
         # Let the claim loop fail on the missing shard, so it is retrying with backoff.
@@ -575,7 +575,7 @@ def test_worker_serves_the_reachable_shard_and_picks_up_one_that_returns(
         if renamed:
             _rename_database(admin, away, name)
 
-    with Client(shard_map, registry) as client:
+    with Client.connect(shard_map, registry) as client:
         run = client.start("noop", routed_to(shard_map, returning, "noop", "returning"))
         assert shard_map.for_execution(run.execution_id) == returning
         finished = client.wait(run.execution_id, timeout=45)

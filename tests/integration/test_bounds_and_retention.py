@@ -15,6 +15,7 @@ from shardq.queue.errors import InvalidArgument
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
 from shardq.queue.retention import RetentionPlan, purge, purgeable
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -56,7 +57,7 @@ def parked(ctx: WorkflowContext) -> Any:
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 def test_a_runaway_run_fails_at_its_history_bound_with_a_clear_error(
@@ -148,7 +149,7 @@ def test_a_worker_purges_on_its_own_schedule(
     client: Client, pools: ShardPools, shard_map: ShardMap
 ) -> None:
     run = client.start("quick", "housekept").execution_id
-    worker = Worker(pools, registry, config=WorkerConfig(
+    worker = Worker(Store(pools), registry, config=WorkerConfig(
         poll_interval_s=1.0, housekeeping_interval_s=0.2, default_retention_s=3600)).start()
     try:
         client.wait(run, timeout=10)

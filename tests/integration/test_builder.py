@@ -13,6 +13,7 @@ from shardq.queue.client import Client
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -59,7 +60,7 @@ def test_a_bad_definition_is_refused_when_it_is_built(
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 def test_gates_keep_an_early_signal_and_take_only_the_first_of_each_event(
@@ -112,7 +113,7 @@ def test_a_gate_that_times_out_unwinds_and_ends_timed_out(
         .build()
     )
     start_worker(local)
-    run = Client(client.map, local, pools=client.pools).start("short_gate", "g").execution_id
+    run = Client(client.store, local).start("short_gate", "g").execution_id
     done = client.wait(run, timeout=10)
     assert done.state is State.TIMED_OUT
     assert done.error is not None and "gate 'go' timed out" in done.error["message"]
@@ -132,7 +133,7 @@ def test_one_attempt_is_believed_and_an_optional_gate_reports_its_timeout(
         .build()
     )
     start_worker(local)
-    run = Client(client.map, local, pools=client.pools).start("once", "o").execution_id
+    run = Client(client.store, local).start("once", "o").execution_id
     done = client.wait(run, timeout=10)
     assert done.state is State.FAILED
     history = client.history(run)

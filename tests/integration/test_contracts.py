@@ -24,6 +24,7 @@ from shardq.queue.errors import (
 )
 from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -112,7 +113,7 @@ class Napper:
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 def count(shard_map: ShardMap, table: str) -> int:

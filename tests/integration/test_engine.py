@@ -16,6 +16,7 @@ from shardq.queue.errors import InvalidArgument, NotSerializable, StepFailed, Un
 from shardq.queue.models import Execution, StartResult, State
 from shardq.queue.registry import Registry
 from shardq.queue.retry import RetryPolicy
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -42,7 +43,7 @@ def _reset_calls() -> None:
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 def finish(client: Client, execution_id: object, timeout: float = 15) -> Execution:
@@ -414,7 +415,7 @@ def test_a_claim_never_asks_for_a_negative_batch(pools: ShardPools) -> None:
     # Turns claimed while commits were settling can take the unsettled commits
     # past commit_batch; the free slots are then negative, and a claim of
     # LIMIT -n made the database refuse it and ended the claim loop.
-    worker = Worker(pools, registry, config=WorkerConfig(concurrency=10, commit_batch=20))
+    worker = Worker(Store(pools), registry, config=WorkerConfig(concurrency=10, commit_batch=20))
     shard = pools.map.shards[0]
     worker._settling = 25
     assert worker._reserve(shard, None) == (0, None)

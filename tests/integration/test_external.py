@@ -13,6 +13,7 @@ from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExternalSignalFailed
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -27,7 +28,7 @@ keys = itertools.count()
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 @registry.workflow("receiver")

@@ -19,6 +19,7 @@ from shardq.queue.errors import (
 )
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -48,7 +49,7 @@ def review(ctx: WorkflowContext) -> dict[str, Any]:
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 def parked(client: Client, key: str, **settings: Any) -> str:

@@ -13,7 +13,9 @@ from shardq.outbox.relay import Relay, RelayConfig
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.models import State
+from shardq.queue.params import SignalDelivery
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -47,7 +49,7 @@ def sender(ctx: WorkflowContext) -> list[Any]:
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 @pytest.fixture
@@ -57,7 +59,7 @@ def relay(pools: ShardPools) -> Iterator[Callable[..., Relay]]:
     def start(**config: Any) -> Relay:
         settings = {"poll_interval_s": 0.5, "initial_backoff_s": 0.05, "max_backoff_s": 0.2,
                     **config}
-        running = Relay(pools, config=RelayConfig(**settings)).start()
+        running = Relay(Store(pools), config=RelayConfig(**settings)).start()
         started.append(running)
         return running
 
@@ -181,8 +183,8 @@ def test_a_relayed_signal_delivered_twice_lands_once_by_its_origin(client: Clien
     shard = client.map.shards[1]
     for attempt in range(2):
         (result,) = client.store.deliver_signals(
-            shard, tenant="default", signals=[(target.execution_id, "item", "1", None)],
-            origins=["some-sender/0"],
+            shard, "default", [SignalDelivery(target.execution_id, "item", "1", None,
+                                              origin="some-sender/0")],
         )
         assert result.delivered is (attempt == 0)
     assert rows(shard.url, "SELECT count(*) FROM shardq.signals") == [(1,)]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from shardq.queue.client import Client
 from shardq.queue.models import State
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -17,7 +18,7 @@ from ..unit.test_turn import ran, registry
 def test_a_refused_checkpoint_fails_the_run_with_the_reason(
     shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
 ) -> None:
-    client = Client(shard_map, registry, pools=pools)
+    client = Client(Store(pools), registry)
     start_worker(registry)
     run = client.start("refused_midway", "r-1")
     done = client.wait(run.execution_id, timeout=15)

@@ -14,6 +14,7 @@ from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
 from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -29,7 +30,7 @@ release = threading.Event()
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
     release.clear()
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 @registry.workflow("two_payments")
@@ -317,7 +318,7 @@ def test_changed_code_between_park_and_resume_is_a_nondeterminism_error(
         return ctx.wait_for_signal("paid")
 
     first = start_worker(original)
-    starter = Client(client.map, original, pools=client.pools)
+    starter = Client(client.store, original)
     run = starter.start("order", "o-9")
     wait_until(lambda: state_of(client, run.execution_id) is State.WAITING, what="parked")
     first.stop()

@@ -15,6 +15,7 @@ from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import SignalRefused, SignalTimedOut
 from shardq.queue.models import Signal, State
 from shardq.queue.registry import Registry
+from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
@@ -27,7 +28,7 @@ registry = Registry()
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 @registry.workflow("gate")

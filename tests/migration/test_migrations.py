@@ -319,7 +319,7 @@ def test_runs_written_before_state_moved_to_narrow_rows_read_the_same(
                      "(%s, now(), 0, NULL, NULL), (%s, now(), 0, NULL, NULL)",
                      (ids["busy"], uuid.uuid4(), ids["queued"], ids["woken"]))
     migrate(shard_map)
-    with Client(shard_map, Registry()) as client:
+    with Client.connect(shard_map, Registry()) as client:
         runs = {name: client.get(ident) for name, ident in ids.items()}
     assert {n: r.state.value for n, r in runs.items()} == {
         "done": "completed", "broke": "failed", "stopped": "cancelled", "parked": "waiting",

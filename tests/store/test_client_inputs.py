@@ -27,7 +27,7 @@ def nested(depth: int) -> Any:
 
 @pytest.fixture
 def client(shard_map: ShardMap) -> Iterator[Client]:
-    with Client(shard_map, registry) as opened:
+    with Client.connect(shard_map, registry) as opened:
         yield opened
 
 
@@ -87,7 +87,7 @@ def test_nesting_json_can_hold_still_goes_through(client: Client) -> None:
 
 def test_limits_are_the_application_s_to_set(shard_map: ShardMap) -> None:
     small = Limits(max_input_bytes=20, max_payload_bytes=10, max_idempotency_key=3)
-    with Client(shard_map, registry, limits=small) as client:
+    with Client.connect(shard_map, registry, limits=small) as client:
         run = client.start("park", "small", {"n": 1})  # 8 bytes of JSON
         before = _counts(shard_map)
         with pytest.raises(InvalidArgument, match="at most 20"):

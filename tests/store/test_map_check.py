@@ -14,4 +14,4 @@ def test_client_refuses_a_map_the_shards_were_not_migrated_with(shard_map: Shard
 
     swapped = ShardMap.from_urls([s.url for s in reversed(shard_map.shards)])
     with pytest.raises(MapMismatch, match="recorded as shard-1, this map calls it shard-0"):
-        Client(swapped, registry)
+        Client.connect(swapped, registry)

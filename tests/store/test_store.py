@@ -14,6 +14,7 @@ import pytest
 from shardq.queue.client import Client, iter_all
 from shardq.queue.context import WorkflowContext
 from shardq.queue.models import Event, NewEvent, OpenWait, State, TaskAction, TurnCommit
+from shardq.queue.params import Lease
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
@@ -33,7 +34,7 @@ def job(ctx: WorkflowContext) -> Any:
 
 @pytest.fixture
 def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(shard_map, registry, pools=pools)
+    return Client(Store(pools), registry)
 
 
 @pytest.fixture
@@ -98,10 +99,10 @@ def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
                       state=State.COMPLETED, output_json='"a"', task=TaskAction.DELETE)
     outcome = store.commit_turns(shard, [late], lease_s=30)
     assert outcome[run.execution_id].landed is False
-    assert store.read_history(run.execution_id) == []
+    assert store.read_history(shard, run.execution_id) == []
     assert client.get(run.execution_id).state is State.RUNNING  # b holds it
-    assert store.extend_leases(shard, [(run.execution_id, first.lease_token)], 30) == set()
-    assert store.extend_leases(shard, [(run.execution_id, second.lease_token)], 30) == {
+    assert store.extend_leases(shard, [Lease(run.execution_id, first.lease_token)], 30) == set()
+    assert store.extend_leases(shard, [Lease(run.execution_id, second.lease_token)], 30) == {
         run.execution_id
     }
 
@@ -135,12 +136,12 @@ def test_a_batch_writes_the_commits_that_hold_their_lease_and_nothing_of_the_oth
     )
     assert [outcome[i].landed for i in (held, lost, parked)] == [True, False, True]
     assert client.get(held).output == 1 and client.get(held).state is State.COMPLETED
-    assert client.get(lost).state is State.RUNNING and store.read_history(lost) == []
+    assert client.get(lost).state is State.RUNNING and store.read_history(shard, lost) == []
     assert rows(shard.url, "SELECT lease_token FROM shardq.tasks WHERE execution_id = %s",
                 lost) == [(stolen,)]
     assert client.get(parked).state is State.WAITING
     assert rows(shard.url, "SELECT execution_id, name FROM shardq.waits") == [(parked, "go")]
-    assert [e.kind for e in store.read_history(parked)] == ["signal.waiting"]
+    assert [e.kind for e in store.read_history(shard, parked)] == ["signal.waiting"]
 
 
 def test_a_commit_that_landed_is_recognised_and_never_applied_twice(
@@ -167,7 +168,7 @@ def test_a_commit_that_landed_is_recognised_and_never_applied_twice(
     assert store.landed_commits(shard, [final]) == set()
     assert store.commit_turns(shard, [final], lease_s=30)[run.execution_id].landed
     assert store.landed_commits(shard, [final]) == {run.execution_id}
-    assert [(e.position, e.kind) for e in store.read_history(run.execution_id)] == [
+    assert [(e.position, e.kind) for e in store.read_history(shard, run.execution_id)] == [
         (0, "step.completed"), (None, "run.completed")
     ]
     assert client.get(run.execution_id).output == 1
@@ -267,6 +268,40 @@ def test_list_pages_are_stable_under_concurrent_inserts(client: Client) -> None:
     assert waiting.items == [] and waiting.next_cursor is None
 
 
+def test_a_run_read_by_id_is_the_run_its_page_lists_in_every_state(
+    client: Client, store: Store
+) -> None:
+    """`get` is a fixed statement and a page is built per filter: they must agree."""
+    leased = ("running", "waiting", "completed", "asked")
+    runs = {state: client.start("job", f"agree-{state}", {"n": 1}).execution_id
+            for state in leased}
+    claims = {c.execution_id: c for shard in client.map.shards
+              for c in store.claim(shard, owner="t", limit=10, lease_s=30)[0]}
+    assert set(claims) == set(runs.values())
+    runs.update((state, client.start("job", f"agree-{state}").execution_id)
+                for state in ("pending", "cancelled"))
+    for state, commit in (
+        ("waiting", _park_on_go(runs["waiting"], claims[runs["waiting"]].lease_token)),
+        ("completed", TurnCommit(runs["completed"], claims[runs["completed"]].lease_token,
+                                 events=[], state=State.COMPLETED, output_json='{"ok": 1}',
+                                 task=TaskAction.DELETE)),
+    ):
+        shard = client.map.for_execution(runs[state])
+        assert store.commit_turns(shard, [commit], lease_s=30)[runs[state]].landed
+    assert client.cancel(runs["cancelled"]) is State.CANCELLED
+    assert client.cancel(runs["asked"]) is State.RUNNING  # leased: cancel requested
+    seen = 0
+    for state in State:
+        for listed in iter_all(client, state=state):
+            if listed.id in runs.values():
+                assert client.get(listed.id) == listed
+                seen += 1
+    assert seen == len(runs)
+    assert client.get(runs["completed"]).output == {"ok": 1}
+    assert client.get(runs["asked"]).cancel_requested is True
+    assert client.get(runs["cancelled"]).finished_at is not None
+
+
 def test_connection_dropped_mid_turn_duplicates_nothing(
     client: Client, shard_map: ShardMap
 ) -> None:
@@ -290,7 +325,7 @@ def test_connection_dropped_mid_turn_duplicates_nothing(
         return [a, b]
 
     with ShardPools(shard_map, application_name="shardq-test-worker") as worker_pools:
-        worker = Worker(worker_pools, dropper, config=WorkerConfig(lease_s=5)).start()
+        worker = Worker(Store(worker_pools), dropper, config=WorkerConfig(lease_s=5)).start()
         try:
             run = client.start("job", "drop-1")
             done = client.wait(run.execution_id, timeout=30)

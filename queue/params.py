@@ -1,0 +1,86 @@
+"""What the store is asked to write: the parameter objects of `Store`'s methods.
+
+Each is frozen and already checked (names, bounds, payload JSON) by whoever
+built it: the client, the relay or a workflow's turn. The store trusts them
+and only translates them into one statement's parameters. Values that travel
+through several layers (a run being started, a signal on its way, a lease from
+claim to heartbeat) get a named object here rather than a positional tuple, so
+a reader of any layer sees the same field names the SQL uses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run to insert unless its workflow key already has one."""
+
+    execution_id: uuid.UUID
+    workflow_id: str
+    input_json: str
+    bucket: int
+    """The bucket `execution_id` was minted for: it routes the run to its shard."""
+
+
+@dataclass(frozen=True)
+class StartBatch:
+    """Runs of one workflow and tenant to start in one commit on one shard."""
+
+    tenant: str
+    workflow_name: str
+    workflow_version: int
+    runs: Sequence[NewRun]
+    gates: Sequence[str] = ()
+    """The signal names each new run takes once (a declarative workflow's gates)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claimed run and the token that fences its writes."""
+
+    execution_id: uuid.UUID
+    token: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class SignalDelivery:
+    """A signal whose name, payload and key passed the checks; ready to deliver."""
+
+    target: uuid.UUID
+    name: str
+    payload_json: str
+    idempotency_key: str | None
+    origin: str | None = None
+    """The outbox row a relayed signal is delivered under: a repeat of one is
+    collapsed like a repeated idempotency key."""
+
+
+@dataclass(frozen=True)
+class StartSignalled:
+    """signal_with_start's request: start `run` unless its key has a run, then signal it."""
+
+    start: StartBatch
+    """Exactly one run."""
+    name: str
+    payload_json: str
+    idempotency_key: str | None
+
+
+@dataclass(frozen=True)
+class InterruptDecision:
+    """A person's answer to a run's open interrupt, as the store records it."""
+
+    execution_id: uuid.UUID
+    tenant: str
+    name: str
+    position: int | None
+    """The interrupt's position in the run's history, as read just before: the
+    decision lands only on that very wait."""
+    action: str
+    payload_json: str
+    decision_id: str
+    actor: str

@@ -1,0 +1,58 @@
+"""A batch routed by bucket: one call per shard, the answers back in input order.
+
+The client's starts and signals, the relay's deliveries and the parked-runs page
+all split a batch this way; this is the one place that does it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar, cast
+
+from shardq.shards.config import Shard, ShardMap
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def by_shard(
+    shard_map: ShardMap, items: Sequence[T], bucket: Callable[[T], int]
+) -> dict[Shard, list[tuple[int, T]]]:
+    """`items` grouped by the shard owning each one's bucket, each with its index in `items`."""
+    groups: dict[Shard, list[tuple[int, T]]] = defaultdict(list)
+    for index, item in enumerate(items):
+        groups[shard_map.for_bucket(bucket(item))].append((index, item))
+    return groups
+
+
+def fan_out(
+    shard_map: ShardMap,
+    items: Sequence[T],
+    bucket: Callable[[T], int],
+    call: Callable[[Shard, list[T]], Sequence[R]],
+    *,
+    parallel: bool = False,
+) -> list[R]:
+    """`call(shard, its items)` once per shard touched; one answer per item, in `items` order.
+
+    `parallel`: the shards' calls overlap on threads (big batches, where each
+    shard's commit takes long enough to be worth it) instead of running in
+    turn. A call that raises raises here, after the calls before it returned.
+    """
+    groups = by_shard(shard_map, items, bucket)
+
+    def one(shard: Shard) -> Sequence[R]:
+        return call(shard, [item for _, item in groups[shard]])
+
+    if parallel and len(groups) > 1:
+        with ThreadPoolExecutor(len(groups), thread_name_prefix="shardq-fan-out") as pool:
+            answers = dict(zip(groups, pool.map(one, groups), strict=True))
+    else:
+        answers = {shard: one(shard) for shard in groups}
+    results: list[R | None] = [None] * len(items)
+    for shard, members in groups.items():
+        for (index, _), answer in zip(members, answers[shard], strict=True):
+            results[index] = answer
+    return cast(list[R], results)  # every index was filled: each item is in one group

@@ -362,11 +362,11 @@ def test_paused_worker_cannot_commit_after_another_worker_took_the_run_over(
     # A wakes up inside step 0, finishes its side effect, then tries to checkpoint it.
     wait_for(lambda: traced(trace, wid).count(0) == 2, 15, "A to finish its late step 0",
              a.stderr)
-    time.sleep(1.5)  # ample for A's commit attempt (milliseconds) and anything after it
+    # A's checkpoint of it is refused: wait for A to say so, not for a guessed while.
+    wait_for(lambda: "lease lost" in a.stderr(), 15, "A's refused checkpoint", a.stderr)
     assert history(shard_map, run.execution_id) == completed_after(3)
     assert client.get(run.execution_id) == finished  # state, output, finished_at untouched
     assert task(shard_map, run.execution_id) is None
-    assert "lease lost" in a.stderr()
 
     a.send(signal.SIGTERM)
     b.send(signal.SIGTERM)

@@ -64,10 +64,23 @@ SELECT format('LISTEN %%I', shardq.outbox_channel()) AS statement
 SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 
 -- name: commit_turns
--- A batch of turn commits, fenced by lease tokens, as one JSON document.
--- Body and the document's layout: schema/functions/commit_turns.sql.
+-- A batch of turn commits, fenced by lease tokens, as parallel arrays (all in
+-- binary: no array literal is written or parsed; jsonb values travel as text).
+-- Body and the arrays' layout: schema/functions/commit_turns_v2.sql.
 SELECT commit_ord, cancel_requested, externals
-FROM shardq.commit_turns(%(lease_s)s, %(batch)s::jsonb)
+FROM shardq.commit_turns_v2(
+    %(lease_s)s,
+    %(c_ids)b::uuid[], %(c_tokens)b::uuid[], %(c_next)b::uuid[], %(c_states)b::text[],
+    %(c_outputs)b::text[]::jsonb[], %(c_errors)b::text[]::jsonb[], %(c_actions)b::text[],
+    %(c_delays)b::float8[], %(c_close_wait)b::boolean[],
+    %(e_ids)b::uuid[], %(e_positions)b::integer[], %(e_kinds)b::text[], %(e_names)b::text[],
+    %(e_payloads)b::text[]::jsonb[], %(e_wake_ins)b::float8[],
+    %(w_ids)b::uuid[], %(w_positions)b::integer[], %(w_kinds)b::text[], %(w_names)b::text[],
+    %(w_deadline_ins)b::float8[], %(w_requests)b::text[]::jsonb[],
+    %(s_ids)b::bigint[], %(s_positions)b::integer[],
+    %(p_ids)b::uuid[], %(p_names)b::text[],
+    %(rare)s::jsonb
+)
 
 -- name: landed_commits
 -- After a lost connection: which commits of the failed attempt had landed.

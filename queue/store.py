@@ -537,56 +537,78 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
 def _commit_turns(
     conn: DictConnection, commits: Sequence[TurnCommit], lease_s: float
 ) -> dict[uuid.UUID, CommitOutcome]:
-    """The whole batch as one statement: shardq.commit_turns().
+    """The whole batch as one statement: shardq.commit_turns_v2().
 
     At most one commit per execution, so the writes, grouped by table, keep
-    each execution's own order. The batch goes as one JSON document (its
-    layout is documented with the function); ids go as hex, which PostgreSQL
-    reads as uuid and Python writes fastest.
+    each execution's own order. The batch goes as parallel arrays, one per
+    column of each kind of write (the function documents them); only the
+    rare signals to other runs go as a JSON document.
     """
     ids = {c.execution_id for c in commits}
     if len(ids) != len(commits):
         raise ValueError("commit_turns takes at most one commit per execution")
-    rows: list[list[Any]] = []
-    events: list[list[Any]] = []
-    waits: list[list[Any]] = []
-    consumed: list[tuple[int, int]] = []
-    parking: list[list[str]] = []
+    cols: dict[str, list[Any]] = {k: [] for k in _COMMIT_COLUMNS}
     externals: list[list[Any]] = []
     outbox: list[list[Any]] = []
-    for c in commits:
-        cid = c.execution_id.hex
-        rows.append([
-            cid, c.lease_token.hex, c.next_token.hex, c.state, c.output_json,
-            c.error, c.task, c.delay, c.close_wait and c.open_wait is None,
-        ])
-        events.extend([cid, e.position, e.kind, e.name, e.payload, e.wake_in] for e in c.events)
-        if c.open_wait is not None:
-            w = c.open_wait
-            waits.append([cid, w.position, w.kind, w.name, w.deadline_in, w.request])
-        consumed.extend(c.consumed_signals)
-        parking.extend([cid, name] for name in c.wake_on_signals)
+    for commit in commits:
+        run = commit.execution_id
+        cols["c_ids"].append(run)
+        cols["c_tokens"].append(commit.lease_token)
+        cols["c_next"].append(commit.next_token)
+        cols["c_states"].append(commit.state)
+        cols["c_outputs"].append(commit.output_json)
+        cols["c_errors"].append(None if commit.error is None else json.dumps(commit.error))
+        cols["c_actions"].append(commit.task)
+        cols["c_delays"].append(float(commit.delay))
+        cols["c_close_wait"].append(commit.close_wait and commit.open_wait is None)
+        for e in commit.events:
+            cols["e_ids"].append(run)
+            cols["e_positions"].append(e.position)
+            cols["e_kinds"].append(e.kind)
+            cols["e_names"].append(e.name)
+            cols["e_payloads"].append(json.dumps(e.payload))
+            cols["e_wake_ins"].append(None if e.wake_in is None else float(e.wake_in))
+        w = commit.open_wait
+        if w is not None:
+            cols["w_ids"].append(run)
+            cols["w_positions"].append(w.position)
+            cols["w_kinds"].append(w.kind)
+            cols["w_names"].append(w.name)
+            cols["w_deadline_ins"].append(None if w.deadline_in is None else float(w.deadline_in))
+            cols["w_requests"].append(None if w.request is None else json.dumps(w.request))
+        for signal_id, position in commit.consumed_signals:
+            cols["s_ids"].append(signal_id)
+            cols["s_positions"].append(position)
+        for name in commit.wake_on_signals:
+            cols["p_ids"].append(run)
+            cols["p_names"].append(name)
         externals.extend(
-            [cid, x.position, x.target.hex, x.name, json.loads(x.payload_json), x.idempotency_key,
-             MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
-            for x in c.externals
+            [run.hex, x.position, x.target.hex, x.name, json.loads(x.payload_json),
+             x.idempotency_key, MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
+            for x in commit.externals
         )
         outbox.extend(
-            [cid, o.position, o.target.hex, o.target_bucket, o.name, json.loads(o.payload_json),
-             o.idempotency_key]
-            for o in c.outbox
+            [run.hex, o.position, o.target.hex, o.target_bucket, o.name,
+             json.loads(o.payload_json), o.idempotency_key]
+            for o in commit.outbox
         )
-    parts = {"c": rows, "e": events, "w": waits, "s": consumed, "p": parking, "x": externals,
-             "o": outbox}
-    batch = json.dumps({k: v for k, v in parts.items() if v or k == "c"})
+    rare = {k: v for k, v in (("x", externals), ("o", outbox)) if v}
     with conn.cursor(row_factory=tuple_row) as cur:
         # (position in the batch from 1, cancel requested, signals' outcomes) of each
         # commit that landed
         landed: dict[int, tuple[bool, list[dict[str, Any]] | None]] = {
-            ord_: (cancel, sent) for ord_, cancel, sent in
-            cur.execute(SQL["commit_turns"], {"lease_s": lease_s, "batch": batch})
+            ord_: (cancel, sent) for ord_, cancel, sent in cur.execute(SQL["commit_turns"], {
+                "lease_s": lease_s, **cols, "rare": json.dumps(rare) if rare else None})
         }
     return {c.execution_id: _outcome(landed.get(i)) for i, c in enumerate(commits, 1)}
+
+
+_COMMIT_COLUMNS = (
+    "c_ids", "c_tokens", "c_next", "c_states", "c_outputs", "c_errors", "c_actions", "c_delays",
+    "c_close_wait", "e_ids", "e_positions", "e_kinds", "e_names", "e_payloads", "e_wake_ins",
+    "w_ids", "w_positions", "w_kinds", "w_names", "w_deadline_ins", "w_requests", "s_ids",
+    "s_positions", "p_ids", "p_names",
+)
 
 
 def _outcome(landed: tuple[bool, list[dict[str, Any]] | None] | None) -> CommitOutcome:

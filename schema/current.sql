@@ -136,6 +136,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.commit_turns(lease_s double precision, batch jsonb)
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb)
+--   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
+--   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.decide_interrupt(p_tenant text, p_id uuid, p_name text, p_position integer, p_action text, p_payload jsonb, p_decision_id text, p_actor text)
 --   RETURNS TABLE(outcome text, decision jsonb, detail text)
 --   LANGUAGE plpgsql VOLATILE

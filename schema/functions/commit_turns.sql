@@ -1,48 +1,15 @@
--- A batch of turn commits as one statement: the worker's group commit.
---
--- Why a function: sent as a psycopg pipeline (a fence statement and a
--- handful of writes), the client-side pipeline machinery cost more than the
--- statements. As a function the batch is one round trip, while each statement
--- inside still takes a fresh snapshot (READ COMMITTED, volatile function):
--- the writes after the fence see what a signal sender committed while the
--- fence waited for its locks, which is what keeps a parking run from missing
--- a signal.
---
--- The batch travels as one jsonb document, not as arrays: the driver spent
--- more CPU dumping arrays element by element than the server spent applying
--- them. It holds one array of rows per kind of write; every key but `c` is
+-- The releases before commit_turns_v2 call this name with the whole batch as
+-- one jsonb document; kept, as a wrapper that unpacks the document into v2's
+-- arrays, while a rolling deploy may run them (README, "Storage"). The
+-- document holds one array of rows per kind of write; every key but `c` is
 -- left out when it would be empty:
 --   c: [id, token, next, state, output, error, action, delay, close_wait]
---      output: the output's JSON text (a string), or null when the commit
---      sets none (a workflow may return null, hence the text)
+--      output: the output's JSON text (a string), or null when none is set
 --   e: [execution_id, position, kind, name, payload, wake_in]
 --   w: [execution_id, position, kind, name, deadline_in, request]
 --   s: [signal_id, position]
---   p: [execution_id, signal_name], a row per name the parking run waits on
---   x: [sender_id, position, target_id, signal_name, payload, key, max_pending,
---       max_pending_total]: a signal to a run of this shard (ctx.signal_external)
---   o: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
---      a signal to a run of another shard, written to the outbox for the relay;
---      the call's history event comes in `e`. Added after `x` as an optional
---      key, so callers that never send it are served unchanged.
--- The answer is one row per commit that held its lease: its position in `c`
--- (from 1), whether cancellation was requested meanwhile, and the outcomes of
--- its signals to other runs (null when it sent none). Only a commit
--- that finishes the run writes its outcome (a `run.<state>` event); running,
--- waiting and pending are where the run's task and wait rows are, which the
--- commit writes anyway, so the wide executions row is never rewritten.
---
--- Measured with auto_explain on batches of 100 (these shaped the body):
--- - Rows are found with `= ANY(array)` (index probes), never by joining
---   unnest() to a table: the planner ran such joins as nested loops over the
---   whole array (the task DELETE took 7.8 of 13 ms; the signal consumption
---   ~25 us per run), or hash-joined them over a sequential scan. Per-row
---   values come from array_position() instead.
--- - Per-row `= ANY(fenced)` filters are skipped when every commit held its
---   lease, and writes whose arrays are empty are skipped.
--- - Its statements find rows by primary key, which a generic plan serves as
---   well as a custom one; custom planning of all of them cost ~0.5 ms per
---   call, so it plans once per connection.
+--   p: [execution_id, signal_name]
+--   x, o: as commit_turns_v2's `rare` document.
 CREATE OR REPLACE FUNCTION shardq.commit_turns(lease_s float8, batch jsonb)
 RETURNS TABLE (commit_ord integer, cancel_requested boolean, externals jsonb)
 LANGUAGE plpgsql VOLATILE
@@ -75,21 +42,6 @@ DECLARE
     s_positions     integer[];
     p_ids           uuid[] := '{}';
     p_names         text[];
-    fenced          uuid[];
-    fenced_ords     integer[];
-    all_fenced      boolean;
-    cancels         boolean[];
-    deleting        uuid[];
-    keeping         uuid[];
-    scheduling      uuid[];
-    cancelling      uuid[] := '{}';
-    i               integer;
-    x               jsonb;
-    x_targets       uuid[] := '{}';
-    sender_tenant   text;
-    d               record;
-    outcome         jsonb;
-    sent            jsonb := '{}';
 BEGIN
     SELECT coalesce(array_agg((r->>0)::uuid ORDER BY o), '{}'),
            array_agg((r->>1)::uuid ORDER BY o),
@@ -140,220 +92,12 @@ BEGIN
         FROM jsonb_array_elements(batch->'p') WITH ORDINALITY AS x(r, o);
     END IF;
 
-    -- Signals to other runs of this shard: their task rows are locked with the
-    -- senders', all in id order, before the fence (the workers' and the
-    -- senders' lock order: task rows, then executions rows).
-    IF batch ? 'x' THEN
-        SELECT coalesce(array_agg(DISTINCT (r->>2)::uuid), '{}') INTO x_targets
-        FROM jsonb_array_elements(batch->'x') AS r;
-        PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets)
-        ORDER BY t.execution_id FOR UPDATE;
-    END IF;
-
-    -- Lock the task rows still leased with each commit's token, in id order so
-    -- two batches never deadlock. The wide executions row is not touched: a
-    -- run's state is where its rows are (see schema/0005's header).
-    WITH req AS (
-        SELECT * FROM unnest(c_ids, c_tokens) WITH ORDINALITY AS r(id, token, ord)
-    ), locked AS (
-        SELECT t.execution_id, t.cancel_requested
-        FROM shardq.tasks t
-        WHERE t.execution_id = ANY(c_ids)
-          AND (t.execution_id, t.lease_token) IN (SELECT r.id, r.token FROM req r)
-        ORDER BY t.execution_id
-        FOR UPDATE OF t
-    )
-    SELECT coalesce(array_agg(r.id ORDER BY r.ord), '{}'),
-           coalesce(array_agg(r.ord::integer ORDER BY r.ord), '{}'),
-           coalesce(array_agg(l.cancel_requested ORDER BY r.ord), '{}')
-    INTO fenced, fenced_ords, cancels
-    FROM req r JOIN locked l ON l.execution_id = r.id;
-
-    IF cardinality(fenced) = 0 THEN
-        RETURN;
-    END IF;
-    -- Usually every lease held: the per-row `= ANY(fenced)` filters below,
-    -- a scan of the whole array per row, are then skipped.
-    all_fenced := cardinality(fenced) = cardinality(c_ids);
-
-    -- A run whose cancellation was asked while it was leased ends cancelled at
-    -- its first commit that is not a mid-turn checkpoint, whatever that commit
-    -- would have done: its events (a step's result) are kept, its output, wait
-    -- and parking are not. A checkpoint learns of it from the answer instead.
-    IF true = ANY(cancels) THEN
-        SELECT coalesce(array_agg(f.id), '{}') INTO cancelling
-        FROM unnest(fenced, cancels) AS f(id, cancel)
-        WHERE f.cancel AND c_actions[array_position(c_ids, f.id)] <> 'keep';
-        IF cardinality(cancelling) > 0 THEN
-            all_fenced := false;
-            FOR i IN 1 .. cardinality(c_ids) LOOP
-                IF c_ids[i] = ANY(cancelling) THEN
-                    c_states[i] := 'cancelled';
-                    c_outputs[i] := NULL;
-                    c_actions[i] := 'delete';
-                    c_close_wait[i] := true;
-                END IF;
-            END LOOP;
-        END IF;
-    END IF;
-
-    IF cardinality(e_ids) > 0 THEN
-        INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-        SELECT e.execution_id, e.position, e.kind, e.name,
-               CASE WHEN e.wake_in IS NULL THEN e.payload
-                    ELSE e.payload
-                         || jsonb_build_object('wake_at', now() + make_interval(secs => e.wake_in))
-               END
-        FROM unnest(e_ids, e_positions, e_kinds, e_names, e_payloads, e_wake_ins)
-             WITH ORDINALITY AS e(execution_id, position, kind, name, payload, wake_in, ord)
-        WHERE (all_fenced OR e.execution_id = ANY(fenced))
-        ORDER BY e.ord;
-    END IF;
-
-    -- A finished run's last event says how it ended and carries its output or
-    -- error: the only write of its outcome.
-    IF c_states && ARRAY['completed', 'failed', 'cancelled', 'timed_out'] THEN
-        INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-        SELECT c.id, NULL, 'run.' || c.state, 'run',
-               CASE WHEN c.state = 'completed' THEN jsonb_build_object('output', c.output)
-                    WHEN c.error IS NOT NULL THEN jsonb_build_object('error', c.error)
-                    ELSE '{}'::jsonb END
-        FROM unnest(c_ids, c_states, c_outputs, c_errors) AS c(id, state, output, error)
-        WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
-          AND (all_fenced OR c.id = ANY(fenced));
-    END IF;
-
-    IF true = ANY(c_close_wait) THEN
-        DELETE FROM shardq.waits w
-        USING unnest(c_ids, c_close_wait) AS c(id, close)
-        WHERE w.execution_id = ANY(fenced) AND w.execution_id = c.id AND c.close
-          AND NOT (w.execution_id = ANY(w_ids) AND NOT w.execution_id = ANY(cancelling));
-    END IF;
-
-    IF cardinality(w_ids) > 0 THEN
-        INSERT INTO shardq.waits AS cur (execution_id, position, kind, name, deadline, request)
-        SELECT w.id, w.position, w.kind, w.name, now() + make_interval(secs => w.deadline_in),
-               w.request
-        FROM unnest(w_ids, w_positions, w_kinds, w_names, w_deadline_ins, w_requests)
-             AS w(id, position, kind, name, deadline_in, request)
-        WHERE (all_fenced OR (w.id = ANY(fenced) AND NOT w.id = ANY(cancelling)))
-        ON CONFLICT (execution_id) DO UPDATE
-        SET position = excluded.position, kind = excluded.kind, name = excluded.name,
-            deadline = excluded.deadline, request = excluded.request;
-    END IF;
-
-    IF cardinality(s_ids) > 0 THEN
-        UPDATE shardq.signals s
-        SET consumed_at = now(), consumed_position = s_positions[array_position(s_ids, s.id)]
-        WHERE s.id = ANY(s_ids) AND s.consumed_at IS NULL
-          AND (all_fenced OR s.execution_id = ANY(fenced));
-    END IF;
-
-    -- Task rows last: until here they carry the lease token the fence matched.
-    SELECT array_agg(c.id) FILTER (WHERE c.action = 'delete'),
-           array_agg(c.id) FILTER (WHERE c.action = 'keep'),
-           array_agg(c.id) FILTER (WHERE c.action = 'schedule')
-    INTO deleting, keeping, scheduling
-    FROM unnest(c_ids, c_actions) AS c(id, action)
-    WHERE all_fenced OR c.id = ANY(fenced);
-    IF deleting IS NOT NULL THEN
-        DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(deleting);
-    END IF;
-
-    -- A checkpoint rotates the token and leaves run_at (the lease expiry) to
-    -- the heartbeat, so the update stays HOT.
-    IF keeping IS NOT NULL THEN
-        UPDATE shardq.tasks t
-        SET lease_token = c_next[array_position(c_ids, t.execution_id)]
-        WHERE t.execution_id = ANY(keeping);
-    END IF;
-
-    IF scheduling IS NOT NULL THEN
-        UPDATE shardq.tasks t
-        SET lease_token = NULL, lease_owner = NULL,
-            run_at = now() + make_interval(
-                secs => c_delays[array_position(c_ids, t.execution_id)])
-        WHERE t.execution_id = ANY(scheduling);
-    END IF;
-
-    -- A run parking on a signal that already arrived stays due. The task row is
-    -- not its first (claims = 1): its next claim reads its history. A run that
-    -- waits on several names (a condition) has a row per name.
-    IF cardinality(p_ids) > 0 THEN
-        INSERT INTO shardq.tasks (execution_id, run_at, claims)
-        SELECT DISTINCT p.id, now(), 1
-        FROM unnest(p_ids, p_names) AS p(id, name)
-        WHERE (all_fenced OR (p.id = ANY(fenced) AND NOT p.id = ANY(cancelling)))
-          AND EXISTS (
-            SELECT 1 FROM shardq.signals s
-            WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL
-          )
-        ON CONFLICT (execution_id) DO UPDATE
-        SET run_at = now(), lease_token = NULL, lease_owner = NULL;
-    END IF;
-
-    -- Deliver them, each as a client signal from the sender's tenant would be,
-    -- and record the outcome in the sender's history at the calling position:
-    -- replay returns that, and never sends again.
-    IF batch ? 'x' THEN
-        FOR x IN SELECT r FROM jsonb_array_elements(batch->'x') AS r LOOP
-            CONTINUE WHEN NOT (x->>0)::uuid = ANY(fenced)
-                          OR (x->>0)::uuid = ANY(cancelling);
-            SELECT e.tenant INTO sender_tenant FROM shardq.executions e
-            WHERE e.id = (x->>0)::uuid;
-            SELECT * INTO d FROM shardq.deliver_signals(
-                sender_tenant, ARRAY[(x->>2)::uuid], ARRAY[x->>3], ARRAY[x->4],
-                ARRAY[x->>5], (x->>6)::integer, (x->>7)::integer);
-            outcome := jsonb_build_object('target', (x->>2)::uuid, 'name', x->>3,
-                                          'idempotency_key', x->5);
-            IF d.tenant IS DISTINCT FROM sender_tenant THEN
-                outcome := outcome || '{"reason_code": "target_not_found"}';
-            ELSIF d.earlier_id IS NOT NULL THEN
-                outcome := outcome || jsonb_build_object(
-                    'signal_id', d.earlier_id, 'delivered', false);
-            ELSIF d.finished IS NOT NULL THEN
-                outcome := outcome || jsonb_build_object(
-                    'reason_code', 'target_finished', 'detail', 'the target is ' || d.finished);
-            ELSIF d.signal_id IS NULL THEN
-                outcome := outcome || jsonb_build_object(
-                    'reason_code', 'target_refused',
-                    'detail', 'the target already buffers ' || d.pending || ' signals named '
-                              || (x->>3) || ' (' || d.pending_total || ' in all)');
-            ELSE
-                outcome := outcome || jsonb_build_object(
-                    'signal_id', d.signal_id, 'delivered', true);
-            END IF;
-            INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-            VALUES ((x->>0)::uuid, (x->>1)::integer,
-                    CASE WHEN outcome ? 'reason_code' THEN 'external.failed'
-                         ELSE 'external.sent' END,
-                    x->>3, outcome);
-            -- Keyed by the sender's id as uuid text (the document spells it as hex).
-            sent := jsonb_set(sent, ARRAY[(x->>0)::uuid::text],
-                              coalesce(sent->((x->>0)::uuid::text), '[]')
-                              || jsonb_build_array(outcome));
-        END LOOP;
-    END IF;
-
-    -- Signals to runs of other shards: a row each, in send order (the relay
-    -- delivers one sender's rows to one target in id order), and one hint to
-    -- the relays. Kept like the commit's events when the run is cancelling.
-    IF batch ? 'o' THEN
-        INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
-                                   target_bucket, tenant, signal_name, payload, idempotency_key)
-        SELECT (r->>0)::uuid, (r->>1)::integer, (r->>2)::uuid, (r->>3)::smallint, x.tenant,
-               r->>4, r->5, r->>6
-        FROM jsonb_array_elements(batch->'o') WITH ORDINALITY AS o(r, ord)
-        JOIN shardq.executions x ON x.id = (r->>0)::uuid
-        WHERE (r->>0)::uuid = ANY(fenced)
-        ORDER BY o.ord;
-        IF FOUND THEN
-            PERFORM pg_notify(shardq.outbox_channel(), '');
-        END IF;
-    END IF;
-
     RETURN QUERY
-    SELECT f.ord, f.cancel, sent->(f.id::text)
-    FROM unnest(fenced, fenced_ords, cancels) AS f(id, ord, cancel);
+    SELECT v.commit_ord, v.cancel_requested, v.externals
+    FROM shardq.commit_turns_v2(
+        lease_s, c_ids, c_tokens, c_next, c_states, c_outputs, c_errors, c_actions, c_delays,
+        c_close_wait, e_ids, e_positions, e_kinds, e_names, e_payloads, e_wake_ins, w_ids,
+        w_positions, w_kinds, w_names, w_deadline_ins, w_requests, s_ids, s_positions, p_ids,
+        p_names, nullif(batch - ARRAY['c', 'e', 'w', 's', 'p'], '{}'::jsonb)) AS v;
 END
 $$;

@@ -355,3 +355,23 @@ def test_the_previous_release_s_calls_still_answer_during_a_rolling_deploy(
             "ARRAY[%s]::uuid[], ARRAY['go'], ARRAY['2'::jsonb], ARRAY['key-1'], 10, 100)",
             [run]).fetchall()
         assert again == [(1, signal_id, None)]
+        # The batch as that release sends it: one JSON document. The run takes its
+        # signal, records a step and completes, fenced by the claim's token.
+        (claimed, token) = conn.execute(
+            "SELECT execution_id, lease_token FROM shardq.claim_tasks('old', 10, 30) "
+            "WHERE execution_id IS NOT NULL").fetchone() or (None, None)
+        assert claimed == run
+        batch = {
+            "c": [[run.hex, token.hex, uuid.uuid4().hex, "completed", '{"ok": 1}', None,
+                   "delete", 0, False]],
+            "e": [[run.hex, 0, "step.completed", "s", {"result": 2}, None]],
+            "s": [[signal_id, 0]],
+        }
+        landed = conn.execute("SELECT commit_ord, cancel_requested, externals FROM "
+                              "shardq.commit_turns(30, %s::jsonb)", [json.dumps(batch)])
+        assert landed.fetchall() == [(1, False, None)]
+    assert rows(url, "SELECT kind, payload FROM shardq.history WHERE execution_id = %s "
+                "AND kind <> 'signal.received' ORDER BY seq", run) == [
+        ("step.completed", {"result": 2}), ("run.completed", {"output": {"ok": 1}})]
+    assert rows(url, "SELECT consumed_position FROM shardq.signals") == [(0,)]
+    assert rows(url, "SELECT count(*) FROM shardq.tasks") == [(0,)]

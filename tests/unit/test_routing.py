@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections import Counter
 
 import pytest

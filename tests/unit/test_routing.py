@@ -98,7 +98,9 @@ def test_execution_ids_are_time_ordered_and_unique() -> None:
     assert len({new_execution_id(7) for _ in range(10_000)}) == 10_000
 
 
-@pytest.mark.parametrize("bad", ["", "order-42", "f32bbc42-04c8-4541-a061-b4dc456dd7e5", "0" * 32 + "0"])
+# A version-4 UUID, fixed: xdist workers must collect the same parameters.
+@pytest.mark.parametrize("bad", ["", "order-42", "f32bbc42-04c8-4541-a061-b4dc456dd7e5",
+                                 "0" * 32 + "0"])
 def test_foreign_ids_are_refused(bad: str) -> None:
     with pytest.raises(InvalidExecutionId):
         bucket_of(bad)

@@ -540,75 +540,79 @@ def _commit_turns(
     """The whole batch as one statement: shardq.commit_turns_v2().
 
     At most one commit per execution, so the writes, grouped by table, keep
-    each execution's own order. The batch goes as parallel arrays, one per
-    column of each kind of write (the function documents them); only the
-    rare signals to other runs go as a JSON document.
+    each execution's own order. Each column of each kind of write goes as one
+    text (queries.sql says why and how); the rare signals to other runs go as
+    a JSON document.
     """
     ids = {c.execution_id for c in commits}
     if len(ids) != len(commits):
         raise ValueError("commit_turns takes at most one commit per execution")
-    cols: dict[str, list[Any]] = {k: [] for k in _COMMIT_COLUMNS}
-    externals: list[list[Any]] = []
-    outbox: list[list[Any]] = []
-    for commit in commits:
-        run = commit.execution_id
-        cols["c_ids"].append(run)
-        cols["c_tokens"].append(commit.lease_token)
-        cols["c_next"].append(commit.next_token)
-        cols["c_states"].append(commit.state)
-        cols["c_outputs"].append(commit.output_json)
-        cols["c_errors"].append(None if commit.error is None else json.dumps(commit.error))
-        cols["c_actions"].append(commit.task)
-        cols["c_delays"].append(float(commit.delay))
-        cols["c_close_wait"].append(commit.close_wait and commit.open_wait is None)
-        for e in commit.events:
-            cols["e_ids"].append(run)
-            cols["e_positions"].append(e.position)
-            cols["e_kinds"].append(e.kind)
-            cols["e_names"].append(e.name)
-            cols["e_payloads"].append(json.dumps(e.payload))
-            cols["e_wake_ins"].append(None if e.wake_in is None else float(e.wake_in))
-        w = commit.open_wait
-        if w is not None:
-            cols["w_ids"].append(run)
-            cols["w_positions"].append(w.position)
-            cols["w_kinds"].append(w.kind)
-            cols["w_names"].append(w.name)
-            cols["w_deadline_ins"].append(None if w.deadline_in is None else float(w.deadline_in))
-            cols["w_requests"].append(None if w.request is None else json.dumps(w.request))
-        for signal_id, position in commit.consumed_signals:
-            cols["s_ids"].append(signal_id)
-            cols["s_positions"].append(position)
-        for name in commit.wake_on_signals:
-            cols["p_ids"].append(run)
-            cols["p_names"].append(name)
-        externals.extend(
-            [run.hex, x.position, x.target.hex, x.name, json.loads(x.payload_json),
-             x.idempotency_key, MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
-            for x in commit.externals
-        )
-        outbox.extend(
-            [run.hex, o.position, o.target.hex, o.target_bucket, o.name,
-             json.loads(o.payload_json), o.idempotency_key]
-            for o in commit.outbox
-        )
+    events = [(c.execution_id, e) for c in commits for e in c.events]
+    waits = [(c.execution_id, c.open_wait) for c in commits if c.open_wait is not None]
+    consumed = [s for c in commits for s in c.consumed_signals]
+    parking = [(c.execution_id, name) for c in commits for name in c.wake_on_signals]
+    externals = [
+        [c.execution_id.hex, x.position, x.target.hex, x.name, json.loads(x.payload_json),
+         x.idempotency_key, MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
+        for c in commits for x in c.externals
+    ]
+    outbox = [
+        [c.execution_id.hex, o.position, o.target.hex, o.target_bucket, o.name,
+         json.loads(o.payload_json), o.idempotency_key]
+        for c in commits for o in c.outbox
+    ]
     rare = {k: v for k, v in (("x", externals), ("o", outbox)) if v}
+    params = {
+        "lease_s": lease_s,
+        "c_ids": ",".join([c.execution_id.hex for c in commits]),
+        "c_tokens": ",".join([c.lease_token.hex for c in commits]),
+        "c_next": ",".join([c.next_token.hex for c in commits]),
+        "c_states": ",".join([c.state or "-" for c in commits]),
+        # The output's JSON text wrapped as is: SQL NULL (none set) stays apart
+        # from a workflow's null.
+        "c_outputs": "[" + ",".join(["null" if c.output_json is None
+                                     else '{"v":' + c.output_json + "}" for c in commits]) + "]",
+        "c_errors": json.dumps([c.error for c in commits]),
+        "c_actions": ",".join([c.task for c in commits]),
+        "c_delays": ",".join([repr(float(c.delay)) for c in commits]),
+        "c_close_wait": ",".join(["t" if c.close_wait and c.open_wait is None else "f"
+                                  for c in commits]),
+        "e_ids": ",".join([run.hex for run, _ in events]),
+        "e_positions": ",".join(["-" if e.position is None else str(e.position)
+                                 for _, e in events]),
+        "e_kinds": ",".join([e.kind for _, e in events]),
+        "e_names": _names([e.name for _, e in events]),
+        "e_payloads": json.dumps([e.payload for _, e in events]),
+        "e_wake_ins": ",".join(["-" if e.wake_in is None else repr(float(e.wake_in))
+                                for _, e in events]),
+        "w_ids": ",".join([run.hex for run, _ in waits]),
+        "w_positions": ",".join([str(w.position) for _, w in waits]),
+        "w_kinds": ",".join([w.kind for _, w in waits]),
+        "w_names": _names([w.name for _, w in waits]),
+        "w_deadline_ins": ",".join(["-" if w.deadline_in is None else repr(float(w.deadline_in))
+                                    for _, w in waits]),
+        "w_requests": json.dumps([w.request for _, w in waits]),
+        "s_ids": ",".join([str(signal_id) for signal_id, _ in consumed]),
+        "s_positions": ",".join([str(position) for _, position in consumed]),
+        "p_ids": ",".join([run.hex for run, _ in parking]),
+        "p_names": _names([name for _, name in parking]),
+        "rare": json.dumps(rare) if rare else None,
+    }
     with conn.cursor(row_factory=tuple_row) as cur:
         # (position in the batch from 1, cancel requested, signals' outcomes) of each
         # commit that landed
         landed: dict[int, tuple[bool, list[dict[str, Any]] | None]] = {
-            ord_: (cancel, sent) for ord_, cancel, sent in cur.execute(SQL["commit_turns"], {
-                "lease_s": lease_s, **cols, "rare": json.dumps(rare) if rare else None})
+            ord_: (cancel, sent) for ord_, cancel, sent in cur.execute(SQL["commit_turns"], params)
         }
     return {c.execution_id: _outcome(landed.get(i)) for i, c in enumerate(commits, 1)}
 
 
-_COMMIT_COLUMNS = (
-    "c_ids", "c_tokens", "c_next", "c_states", "c_outputs", "c_errors", "c_actions", "c_delays",
-    "c_close_wait", "e_ids", "e_positions", "e_kinds", "e_names", "e_payloads", "e_wake_ins",
-    "w_ids", "w_positions", "w_kinds", "w_names", "w_deadline_ins", "w_requests", "s_ids",
-    "s_positions", "p_ids", "p_names",
-)
+def _names(names: list[str]) -> str:
+    """Names joined by commas; a name holds none (queue/names.py), checked anyway."""
+    joined = ",".join(names)
+    if names and joined.count(",") != len(names) - 1:
+        raise StoreRejected(f"a name holds a comma: {names!r}")
+    return joined
 
 
 def _outcome(landed: tuple[bool, list[dict[str, Any]] | None] | None) -> CommitOutcome:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
 
 from shardq.shards.config import ShardMap
 
@@ -54,6 +55,20 @@ def rows(url: str, query: str, *params: object) -> list[tuple[Any, ...]]:
     """Run a read-only query on one shard database and return plain tuples."""
     with psycopg.connect(url) as conn:
         return conn.execute(query, params).fetchall()
+
+
+def age(shard_map: ShardMap, table: str, column: str, seconds: float) -> None:
+    """Move `column` of every row of shardq.`table` `seconds` into the past, on every shard.
+
+    Time in shardq is the database's now() compared with stored times, so
+    ageing the stored times is the clock moving on for those rows: a test of a
+    bound (stale, overdue, due) passes it without sleeping.
+    """
+    statement = sql.SQL("UPDATE shardq.{} SET {} = {} - make_interval(secs => %s)").format(
+        sql.Identifier(table), sql.Identifier(column), sql.Identifier(column))
+    for shard in shard_map.shards:
+        with psycopg.connect(shard.url, autocommit=True) as conn:
+            conn.execute(statement, [seconds])
 
 
 def all_rows(shard_map: ShardMap, query: str, *params: object) -> list[tuple[Any, ...]]:

@@ -8,12 +8,12 @@
 -- fence waited for its locks, which is what keeps a parking run from missing
 -- a signal.
 --
--- The batch travels as parallel arrays, one group per kind of write (uuid[]
--- in binary; jsonb[] sent as text[] and cast by the caller). It replaced
--- commit_turns(lease_s, batch jsonb), whose one JSON document cost the worker
--- a json.dumps of every row and the server a jsonb_array_elements pass per
--- kind (README, "Performance"). That name stays, as a wrapper, while a
--- rolling deploy may run the releases that call it (README, "Storage").
+-- The batch arrives as parallel arrays, one group per kind of write, which
+-- the calling statement (queue/queries.sql) builds from one text per column.
+-- It replaced commit_turns(lease_s, batch jsonb), whose one JSON document of
+-- rows cost the server a jsonb pass per value (README, "Performance"). That
+-- name stays, as a wrapper, while a rolling deploy may run the releases that
+-- call it (README, "Storage").
 --   c_*: a commit each: the run, its lease token, the next token (a checkpoint
 --        rotates it), state, output (SQL NULL: none set; a workflow may
 --        return null, which is jsonb 'null'), error, task action, delay,

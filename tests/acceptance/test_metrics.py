@@ -15,7 +15,7 @@ from shardq.queue.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.servers import database_url
 
-from ..support import Daemon, TcpProxy, free_port, run_cli, scrape, value, wait_until
+from ..support import Daemon, TcpProxy, age, free_port, run_cli, scrape, value, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +43,12 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
                      "--stale-after", "signal=1", "--overdue-grace", "0.5")
     exporter.wait_for("store exporter on")
     with Client.connect(shard_map, registry) as client:
-        # No worker yet: the started runs become overdue.
+        # No worker yet: the started runs become overdue once they are due for
+        # longer than the grace. The store's clock is PostgreSQL's now(), so the
+        # rows age instead of the test sleeping.
         runs = [client.start("checkout", f"o-{i}", {"order_id": i, "items": []}).execution_id
                 for i in range(3)]
-        time.sleep(0.7)
+        age(shard_map, "tasks", "run_at", 1.0)
         samples = scrape(port)
         assert sum(value(samples, "shardq_overdue_tasks", shard=s.name) or 0
                    for s in shard_map.shards) == 3
@@ -64,7 +66,7 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
                            workflow="checkout") or 0 for s in shard_map.shards)
         assert opened == 3
         # Open longer than the 1 s bound: stale, then resolved and gone.
-        time.sleep(1.1)
+        age(shard_map, "waits", "started_at", 2.0)
         samples = scrape(port)
         assert sum(value(samples, "shardq_stale_waits", shard=s.name, kind="signal",
                          workflow="checkout") or 0 for s in shard_map.shards) == 3

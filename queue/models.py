@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -232,6 +234,30 @@ class OpenWait:
     request: dict[str, Any] | None = None
 
 
+def _seed_tokens() -> None:
+    global _token_prefix, _token_counter  # noqa: PLW0603 - the process's token source
+    _token_prefix = int.from_bytes(os.urandom(8), "big") << 64
+    _token_counter = itertools.count(1)
+
+
+_token_prefix = 0
+_token_counter = itertools.count(1)
+_seed_tokens()
+os.register_at_fork(after_in_child=_seed_tokens)
+
+
+def fresh_token() -> uuid.UUID:
+    """A lease token no other commit holds: 64 random bits drawn once per process
+    (again in a forked child), then a counter.
+
+    A token is only ever compared for equality with the one a run's task row
+    carries, so it needs to be unique, not unpredictable. uuid4() per commit is
+    an urandom() syscall, which releases the GIL: among a worker's hundred turn
+    threads that was a thread switch per commit.
+    """
+    return uuid.UUID(int=_token_prefix | next(_token_counter))
+
+
 @dataclass
 class TurnCommit:
     """One atomic, lease-fenced write of a turn: events, state, wait, task.
@@ -244,7 +270,7 @@ class TurnCommit:
 
     execution_id: uuid.UUID
     lease_token: uuid.UUID
-    next_token: uuid.UUID = field(default_factory=uuid.uuid4)
+    next_token: uuid.UUID = field(default_factory=fresh_token)
     events: list[NewEvent] = field(default_factory=list)
     state: State | None = None
     output_json: str | None = None

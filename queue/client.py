@@ -152,6 +152,7 @@ class Client:
         seen: set[str] = set()
         runs: list[NewRun] = []
         for workflow_id, value in items:
+            self._check_workflow_id(workflow_id)  # before the set: it may not be hashable
             if workflow_id in seen:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
             seen.add(workflow_id)

@@ -1,8 +1,10 @@
 """The one seam between shardq and a shard's tables.
 
 Every statement comes from queue/queries.sql (the listing's dynamic filters
-from queue/listing.py). Each method is one transaction on the shard its
-arguments route to, and as few round trips as the statement shapes allow: the
+from queue/listing.py). Each method takes the shard it acts on (the caller
+routes; batches through shards/fanout.py) and, for values that travel through
+layers, the parameter objects of queue/params.py. Each is one transaction on
+that shard, and as few round trips as the statement shapes allow: the
 hot paths (claim, commit, signal) are one statement each, calls of the
 functions in schema/functions/ on an autocommit connection. The driver's errors
 stop here: callers see ShardUnavailable, StoreRejected, StoreConflict and the

@@ -152,11 +152,11 @@ class Client:
         seen: set[str] = set()
         runs: list[NewRun] = []
         for workflow_id, value in items:
-            self._check_workflow_id(workflow_id)  # before the set: it may not be hashable
-            if workflow_id in seen:
+            run = self._new_run(definition, tenant, workflow_id, value)  # checks the id first
+            if run.workflow_id in seen:
                 raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
-            seen.add(workflow_id)
-            runs.append(self._new_run(definition, tenant, workflow_id, value))
+            seen.add(run.workflow_id)
+            runs.append(run)
 
         def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
             return self.store.start_executions(shard, StartBatch(

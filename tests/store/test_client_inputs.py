@@ -64,6 +64,9 @@ CALLS: list[tuple[str, Call, str]] = [
      "payload of signal 'go' is 10,000,012 bytes of JSON; at most 262,144"),
     ("3000-char-key", lambda c, run: c.signal(run, "go", idempotency_key="k" * 3000),
      "idempotency_key is 3000 characters long; at most 255"),
+    ("twice-workflow-id", lambda c, run: c.start_many("checkout", [
+        ("k", {"order_id": 1, "items": []}), ("k", {"order_id": 1, "items": []})]),
+     "workflow_id 'k' appears twice in one call"),
     ("list-workflow-id", lambda c, run: c.start_many("checkout", [(["k"], None)]),  # type: ignore[list-item]
      "workflow_id must be a 1..512 character string"),
     ("list-workflow-id-with-start", lambda c, run: c.signal_with_start(

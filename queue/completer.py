@@ -115,7 +115,8 @@ class Completer:
         with self._closing:
             self._closed.set()
             self._queue.put(None)
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # a worker stopped before it started has none
+            self._thread.join(timeout=10)
 
     def submit(self, commit: TurnCommit) -> CommitOutcome:
         """Block until `commit` is durable (or refused by its fence); raises on store errors."""

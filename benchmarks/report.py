@@ -47,6 +47,7 @@ def headline(scenarios: dict[str, Result]) -> Result:
         if "durable" in scenarios:
             out["shardq_over_durable_floor"] = round(
                 c["drain_jobs_per_s"] / scenarios["durable"]["jobs_per_s"], 3)
+    out.update(_ceilings(scenarios, out.get("floor_batch")))
     if "wake" in scenarios:
         w = scenarios["wake"]
         out.update(wake_p50_ms=w["p50_ms"], wake_p95_ms=w["p95_ms"], wake_p99_ms=w["p99_ms"])
@@ -78,6 +79,29 @@ def headline(scenarios: dict[str, Result]) -> Result:
                    client_signals_per_s=h["client_signals_per_s"],
                    http_over_client=h["http_over_client"],
                    http_2_processes_over_client=h.get("http_2_processes_over_client"))
+    return out
+
+
+def _ceilings(scenarios: dict[str, Result], k: int | None) -> Result:
+    """The ratios shardq would reach if its client (worker) cost no CPU at all.
+
+    On a machine whose cores run both sides, a drain's rate is the busy cores
+    over the CPU a job costs them all. The raw floor's job costs its loop and
+    PostgreSQL; shardq's costs at least PostgreSQL's share. So floor CPU per job
+    over shardq's PostgreSQL CPU per job bounds the ratio to the floor that any
+    worker, however lean, can reach: a target above it asks for less work in
+    the database, not in Python.
+    """
+    floor = next((r for r in scenarios.get("floor", {}).get("runs", []) if r["k"] == k), None)
+    if floor is None or floor["cpu"].get("postgres_us_per_job") is None:
+        return {}
+    floor_us = floor["cpu"]["workers_us_per_job"] + floor["cpu"]["postgres_us_per_job"]
+    out: Result = {"floor_cpu_us_per_job": round(floor_us, 1)}
+    sources = (("durable_pg_ceiling", scenarios.get("durable", {}).get("cpu")),
+               ("drain_pg_ceiling", scenarios.get("claim", {}).get("backlog", {}).get("cpu")))
+    for key, cpu in sources:
+        if cpu and cpu.get("postgres_us_per_job"):
+            out[key] = round(floor_us / cpu["postgres_us_per_job"], 3)
     return out
 
 
@@ -221,6 +245,13 @@ def table(doc: Result) -> str:
     if "shardq_over_durable_floor" in head:
         lines.append(f"  shardq / durable floor: {head['shardq_over_durable_floor']:.3f}"
                      "  (the worker's share)")
+    ceilings = [f"{what} <= {head[key]:.3f}" for key, what in
+                (("durable_pg_ceiling", "durable floor"), ("drain_pg_ceiling", "backlog drain"))
+                if key in head]
+    if ceilings:
+        lines.append(f"  with a client that cost no CPU: {', '.join(ceilings)}  (raw floor CPU "
+                     f"per job, {head['floor_cpu_us_per_job']:g} us, / shardq's PostgreSQL CPU "
+                     "per job)")
     lines.append("\ntargets (2 cores, PG15, fsync on):")
     for t in doc["targets"]:
         mark = {True: "met", False: "MISSED", None: "not run"}[t["met"]]
@@ -234,7 +265,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m shardq.benchmarks.report RESULT.json", file=sys.stderr)
         return 2
-    print(table(json.loads(Path(argv[0]).read_text())))
+    doc = json.loads(Path(argv[0]).read_text())
+    # Derived afresh: a result saved by an older build gains the newer figures.
+    head = headline(doc["scenarios"])
+    print(table({**doc, "headline": head, "targets": targets(head)}))
     return 0
 
 

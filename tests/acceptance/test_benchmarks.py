@@ -63,6 +63,15 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
         durable["jobs_per_s"] / report["floor_jobs_per_s"], abs=0.001)
     assert report["shardq_over_durable_floor"] == pytest.approx(
         report["drain_jobs_per_s"] / durable["jobs_per_s"], abs=0.001)
+    # What no worker could beat: the floor's CPU per job over shardq's PostgreSQL's.
+    floor_k10 = next(r for r in report["scenarios"]["floor"]["runs"] if r["k"] == 10)["cpu"]
+    floor_us = floor_k10["workers_us_per_job"] + floor_k10["postgres_us_per_job"]
+    assert report["floor_cpu_us_per_job"] == pytest.approx(floor_us, abs=0.05)
+    assert report["durable_pg_ceiling"] == pytest.approx(
+        floor_us / durable["cpu"]["postgres_us_per_job"], abs=0.001)
+    assert report["drain_pg_ceiling"] == pytest.approx(
+        floor_us / report["scenarios"]["claim"]["backlog"]["cpu"]["postgres_us_per_job"],
+        abs=0.001)
     # The headline drain is the backlog's, every run of it checked completed.
     claim = report["scenarios"]["claim"]
     assert claim["backlog"]["jobs"] == 300
@@ -88,7 +97,8 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     for line in ("raw SKIP LOCKED k=10", "drain of a backlog", "drain, workers first",
                  "durable cycles",
                  "signal -> resumed step", "shardq / floor at k=10",
-                 "shardq's Store, no worker k=10", "durable floor / floor"):
+                 "shardq's Store, no worker k=10", "durable floor / floor",
+                 "with a client that cost no CPU: durable floor <= "):
         assert line in text, text
 
 

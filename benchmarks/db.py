@@ -35,6 +35,7 @@ from shardq.shards.sqlfile import load_queries
 SQL = load_queries("shardq.benchmarks", "queries.sql")
 ENV_DSN = "SHARDQ_BENCH_DSN"
 ENV_SHARDS = "SHARDQ_SHARDS"
+TRUNCATE_ATTEMPTS = 5
 Row = dict[str, Any]
 
 
@@ -114,7 +115,16 @@ class Shards:
 
     def truncate(self) -> None:
         for url in self.urls:
-            query(url, "truncate_queue")
+            for attempt in range(TRUNCATE_ATTEMPTS):
+                try:
+                    query(url, "truncate_queue")
+                    break
+                except psycopg.errors.DeadlockDetected:
+                    # A scenario's last workers may still hold their locks
+                    # (seen once at load 8.8, under steps3).
+                    if attempt == TRUNCATE_ATTEMPTS - 1:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
 
     def facts(self) -> Row:
         rows = query(self.urls[0], "server_facts")

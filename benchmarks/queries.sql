@@ -18,7 +18,10 @@ SELECT current_setting('server_version') AS server_version,
 SELECT EXISTS (SELECT 1 FROM shardq.executions) AS any
 
 -- name: truncate_queue
-TRUNCATE shardq.history, shardq.signals, shardq.waits, shardq.tasks, shardq.outbox,
+-- Locked in the order the engine's writers lock (task rows first), so a
+-- worker still finishing a turn rarely deadlocks with it; Shards.truncate
+-- retries when one does.
+TRUNCATE shardq.tasks, shardq.history, shardq.waits, shardq.signals, shardq.outbox,
          shardq.executions
 
 -- name: listeners

@@ -64,6 +64,9 @@ class WakeSource:
                 self._flag = True
                 os.write(self._write_fd, b"!")
 
+    def is_set(self) -> bool:
+        return self._flag
+
     def clear(self) -> None:
         with self._lock:
             if self._flag and not self._closed:

@@ -99,8 +99,8 @@ class WorkerConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.batch_size < 1:
-            raise ValueError("concurrency and batch size must be >= 1")
+        if self.concurrency < 1 or self.batch_size < 1 or self.commit_batch < 1:
+            raise ValueError("concurrency, batch size and commit batch must be >= 1")
         if self.lease_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("lease must be > 0 and drain timeout >= 0")
         if not self.poll_interval_s >= MIN_POLL_S:
@@ -192,8 +192,9 @@ class Worker:
         }
         self._claimers: list[threading.Thread] = []
         # Claim full batches under a backlog of short turns, yet at once when
-        # idle (see _reserve).
-        self._claim_threshold = min(self.config.batch_size, self.config.concurrency)
+        # idle (see _reserve). No more than the free slots can ever reach.
+        self._claim_threshold = min(self.config.batch_size, self.config.concurrency,
+                                    self.config.commit_batch)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class Worker:
             if leases:
                 try:
                     released += len(self.store.release_leases(shard, leases))
-                except ShardUnavailable as exc:
+                except Exception as exc:  # stop() must still close what it opened
                     log.warning("could not hand leases back; they expire instead",
                                 extra={"shard": shard.name, "error": str(exc)})
         for completer in self._completers.values():
@@ -396,14 +397,9 @@ class Worker:
                               extra={"execution_id": str(claim.execution_id),
                                      "shard": shard.name, "workflow": claim.workflow_name})
                 final = None
-            with self._lock:
-                self._turning -= 1
-                self._settling += final is not None
-                woken = self._claimers_to_wake()
+            self._turn_returned(claim.execution_id, final)
             if final is None:
-                self._release(claim.execution_id, settled=False)
                 continue
-            self._wake(woken)
             if refused is None:
                 # The run stays in flight (its lease heartbeated) until the commit
                 # is durable; this thread moves on to the next claimed run.
@@ -412,6 +408,22 @@ class Worker:
                 )
             else:
                 self._turn_ended(shard, final, refused)
+
+    def _turn_returned(self, execution_id: uuid.UUID, final: TurnCommit | None) -> None:
+        """A turn thread is free again: wake the claim loops that concerns.
+
+        A turn that left nothing to commit (its lease lost, or it crashed) also
+        releases its run here. The wake comes first and always: the loops it
+        names were taken off `_starved`, and no later release would name them
+        again until a full batch of slots is free.
+        """
+        with self._lock:
+            self._turning -= 1
+            self._settling += final is not None
+            woken = self._claimers_to_wake()
+        self._wake(woken)
+        if final is None:
+            self._release(execution_id, settled=False)
 
     def _run_one(self, shard: Shard, claim: Claim) -> TurnCommit | None:
         completer = self._completers[shard.name]
@@ -532,6 +544,12 @@ class Worker:
                     kept = self.store.extend_leases(shard, leases, self.config.lease_s)
                 except ShardUnavailable as exc:
                     log.warning("heartbeat failed", extra={"shard": shard.name, "error": str(exc)})
+                    continue
+                except Exception:
+                    # A heartbeat thread that died would leave the worker claiming
+                    # while every lease it holds expires under its turns (which
+                    # then run again elsewhere): log it and beat again next time.
+                    log.exception("heartbeat failed; retrying", extra={"shard": shard.name})
                     continue
                 for lease in leases:
                     if lease.execution_id not in kept:

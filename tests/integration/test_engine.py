@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 from shardq.queue.client import Client
@@ -18,7 +21,7 @@ from shardq.queue.registry import Registry
 from shardq.queue.retry import RetryPolicy
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
-from shardq.shards.config import ShardMap
+from shardq.shards.config import Shard, ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 
@@ -102,6 +105,16 @@ def non_retryable(ctx: WorkflowContext) -> None:
 def raises(ctx: WorkflowContext) -> None:
     ctx.step("fine", lambda: 1)
     raise ValueError("order total is negative")
+
+
+@registry.workflow("outlives_its_lease")
+def outlives_its_lease(ctx: WorkflowContext) -> str:
+    def slow() -> str:
+        count("outlives_its_lease")
+        time.sleep(3.0)  # twice the test's lease
+        return "done"
+
+    return ctx.step("slow", slow)
 
 
 @registry.workflow("unserialisable_step")
@@ -420,3 +433,35 @@ def test_a_claim_never_asks_for_a_negative_batch(pools: ShardPools) -> None:
     worker._settling = 25
     assert worker._reserve(shard, None) == (0, None)
     assert shard.name in worker._starved
+
+
+class HeartbeatCancelledOnce(Store):
+    """The first heartbeat is cancelled by the server (as a statement_timeout would)."""
+
+    def __init__(self, pools: ShardPools) -> None:
+        super().__init__(pools)
+        self.beats = 0
+
+    def extend_leases(self, shard: Shard, leases: Any, lease_s: float) -> set[uuid.UUID]:
+        self.beats += 1
+        if self.beats == 1:
+            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        return super().extend_leases(shard, leases, lease_s)
+
+
+def test_a_failed_heartbeat_is_retried_and_the_lease_held(
+    client: Client, pools: ShardPools
+) -> None:
+    """A heartbeat error other than a lost connection used to end the heartbeat
+    thread: the worker went on claiming while its leases expired under its
+    turns, and the same worker re-claimed the run and ran its step again."""
+    store = HeartbeatCancelledOnce(pools)
+    worker = Worker(store, registry, config=WorkerConfig(
+        lease_s=1.5, poll_interval_s=0.2, drain_timeout_s=5.0)).start()
+    try:
+        run = client.start("outlives_its_lease", "heartbeat-1").execution_id
+        assert finish(client, run).output == "done"
+        assert calls["outlives_its_lease"] == 1
+        assert store.beats >= 3  # it kept beating after the failure
+    finally:
+        worker.stop()

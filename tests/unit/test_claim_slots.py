@@ -7,6 +7,7 @@ looks) is the drain benchmarks' to measure.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -21,13 +22,13 @@ URLS = ["postgresql://nobody@127.0.0.1:1/a", "postgresql://nobody@127.0.0.1:1/b"
 
 
 @pytest.fixture
-def make_worker() -> Iterator[Callable[[int, int], Worker]]:
+def make_worker() -> Iterator[Callable[..., Worker]]:
     made: list[Worker] = []
 
-    def make(concurrency: int, batch_size: int) -> Worker:
+    def make(concurrency: int, batch_size: int, commit_batch: int = 500) -> Worker:
         store = Store(ShardPools(ShardMap.from_urls(URLS)))
         worker = Worker(store, Registry(), config=WorkerConfig(
-            concurrency=concurrency, batch_size=batch_size))
+            concurrency=concurrency, batch_size=batch_size, commit_batch=commit_batch))
         made.append(worker)
         return worker
 
@@ -56,7 +57,7 @@ def busy(worker: Worker, turning: int) -> None:
     ],
 )
 def test_a_claim_waits_for_a_full_batch_while_slots_keep_freeing(
-    make_worker: Callable[[int, int], Worker], *, concurrency: int, batch: int, turning: int,
+    make_worker: Callable[..., Worker], *, concurrency: int, batch: int, turning: int,
     partial: int | None, expected: tuple[int, int | None],
 ) -> None:
     worker = make_worker(concurrency, batch)
@@ -69,7 +70,7 @@ def test_a_claim_waits_for_a_full_batch_while_slots_keep_freeing(
 
 
 def test_a_reserved_batch_is_not_offered_to_the_other_shard(
-    make_worker: Callable[[int, int], Worker],
+    make_worker: Callable[..., Worker],
 ) -> None:
     worker = make_worker(100, 100)
     first, second = worker.shards
@@ -82,3 +83,33 @@ def test_a_reserved_batch_is_not_offered_to_the_other_shard(
     assert worker._turning == 0
     assert worker._starved == set()
     assert worker._reserve(second, None) == (100, None)
+
+
+def test_a_commit_batch_below_the_claim_batch_caps_what_a_claim_waits_for(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """Free slots never exceed the unsettled commits' room: waiting for more would
+    make even an idle worker wait out a poll before every claim."""
+    worker = make_worker(100, 100, commit_batch=20)
+    assert worker._reserve(worker.shards[0], None) == (20, None)
+
+
+def test_a_commit_batch_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="commit batch must be >= 1"):
+        WorkerConfig(commit_batch=0)
+
+
+def test_a_turn_that_ended_without_a_commit_wakes_the_loop_that_found_no_slot(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """A lost lease or a crashed turn frees a slot too. The loop that had found
+    none sleeps until the safety poll unless this wakes it: once off `_starved`,
+    nothing else names it until a full batch of slots is free."""
+    worker = make_worker(2, 2)
+    first, _ = worker.shards
+    busy(worker, 2)
+    assert worker._reserve(first, None) == (0, None)
+    assert not worker._wakes[first.name].is_set()
+    worker._turn_returned(uuid.uuid4(), None)
+    assert worker._wakes[first.name].is_set()
+    assert (worker._turning, worker._starved) == (1, set())

@@ -334,8 +334,8 @@ class Worker:
         costs the server about as much as several jobs), so while slots keep
         freeing the loop keeps waiting. (Waiting for half a batch, as before,
         left two shards' loops claiming 57 runs on average at batch size 100;
-        full batches take two fifths fewer claims and a third fewer context
-        switches per job: README, "Performance".) Turns that hold their threads
+        full batches take about two fifths fewer claims and context switches
+        per job: README, "Performance".) Turns that hold their threads
         (a long step) free nothing, and a due run must not wait behind them
         while a thread is idle: a partial batch is claimed as soon as a wait of
         COALESCE_S freed no slot. Slots are reserved before the claim, so the

@@ -115,7 +115,12 @@ def _play(
             state=State.TIMED_OUT, task=TaskAction.DELETE,
             error=error_payload(replay.fatal or exc), close_wait=True,
         )
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        # sys.exit() in workflow or step code fails the run like any error: let
+        # through, it would end the turn thread silently, one thread per retry
+        # of the run, until the worker ran no turns at all. (The engine's own
+        # control flow, Park, Cancelled and TurnAborted, is caught above or by
+        # the caller.)
         return journal.commit(
             state=State.FAILED, task=TaskAction.DELETE, error=error_payload(replay.fatal or exc),
             close_wait=True,

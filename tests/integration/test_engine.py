@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -115,6 +116,13 @@ def outlives_its_lease(ctx: WorkflowContext) -> str:
         return "done"
 
     return ctx.step("slow", slow)
+
+
+@registry.workflow("exits")
+def exits(ctx: WorkflowContext) -> None:
+    if ctx.input == "step":
+        ctx.step("quit", lambda: sys.exit(3))
+    sys.exit("the workflow asked the process to exit")
 
 
 @registry.workflow("unserialisable_step")
@@ -465,3 +473,17 @@ def test_a_failed_heartbeat_is_retried_and_the_lease_held(
         assert store.beats >= 3  # it kept beating after the failure
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("where", ["workflow", "step"])
+def test_sys_exit_in_workflow_code_fails_the_run_and_the_turn_thread_lives_on(
+    client: Client, start_worker: StartWorker, where: str
+) -> None:
+    """A SystemExit let through ended its turn thread silently; every retry of the
+    run took one more, and this one-thread worker ran nothing after the first."""
+    start_worker(registry, concurrency=1, lease_s=1.0)
+    first = finish(client, client.start("exits", f"exits-{where}", where).execution_id)
+    assert first.state is State.FAILED
+    assert first.error is not None and first.error["type"] == "SystemExit"
+    after = finish(client, client.start("three_steps", f"after-exit-{where}").execution_id)
+    assert after.state is State.COMPLETED

@@ -275,6 +275,7 @@ class Worker:
     def _claim_loop(self, shard: Shard) -> None:
         wake = self._wakes[shard.name]
         partial: int | None = None  # free slots seen while waiting for a worthwhile batch
+        backlog = False  # the last claim came back full: more runs are likely due
         failures = 0
         claims_made, claimed_runs = CLAIMS.labels(shard.name), CLAIMED.labels(shard.name)
         batch_sizes = CLAIM_BATCH.labels(shard.name)
@@ -287,7 +288,7 @@ class Worker:
             # Cleared before the slots are read: a wake from here on is kept
             # for the wait below.
             wake.clear()
-            limit, partial = self._reserve(shard, partial)
+            limit, partial = self._reserve(shard, partial, backlog)
             if not limit:
                 sleep(self.config.poll_interval_s if partial is None else COALESCE_S)
                 continue
@@ -313,6 +314,7 @@ class Worker:
                 batch_sizes.observe(len(claims))
             if claims:
                 self._turns.put_many([(shard, claim) for claim in claims])
+            backlog = error is None and len(claims) == limit
             if error is not None:
                 failures += 1
                 if failures == 1 and isinstance(error, ShardUnavailable):
@@ -325,10 +327,15 @@ class Worker:
             if len(claims) < limit:
                 sleep(self._sleep_time(due_in))
 
-    def _reserve(self, shard: Shard, partial: int | None) -> tuple[int, int | None]:
+    def _reserve(
+        self, shard: Shard, partial: int | None, backlog: bool
+    ) -> tuple[int, int | None]:
         """Take free slots for a claim: (how many, the free slots of a partial batch
         still being waited for).
 
+        Without a backlog (the shard's last claim came back short) the loop
+        claims whatever is free at once: the runs that made it look again are
+        likely all there is, and waiting for a batch would only delay them.
         Under a backlog of short turns, slots free up many per millisecond, and
         waiting for a full batch of them keeps claims large (a claim statement
         costs the server about as much as several jobs), so while slots keep
@@ -348,7 +355,7 @@ class Worker:
             if free <= 0:
                 self._starved.add(shard.name)
                 return 0, None
-            if free < self._claim_threshold and (partial is None or free > partial):
+            if backlog and free < self._claim_threshold and (partial is None or free > partial):
                 return 0, free
             limit = min(self.config.batch_size, free)
             self._turning += limit

@@ -439,7 +439,7 @@ def test_a_claim_never_asks_for_a_negative_batch(pools: ShardPools) -> None:
     worker = Worker(Store(pools), registry, config=WorkerConfig(concurrency=10, commit_batch=20))
     shard = pools.map.shards[0]
     worker._settling = 25
-    assert worker._reserve(shard, None) == (0, None)
+    assert worker._reserve(shard, None, True) == (0, None)
     assert shard.name in worker._starved
 
 

@@ -43,27 +43,30 @@ def busy(worker: Worker, turning: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("concurrency", "batch", "turning", "partial", "expected"),
+    ("concurrency", "batch", "turning", "partial", "backlog", "expected"),
     [
         # (free slots = concurrency - turning) -> (claim limit, free slots still awaited)
-        (100, 100, 0, None, (100, None)),    # idle: a full batch at once
-        (100, 100, 40, None, (0, 60)),       # 60 free under backlog: wait for more
-        (100, 100, 20, 60, (0, 80)),         # the wait freed 20: keep waiting
-        (100, 100, 20, 80, (80, None)),      # the wait freed none: claim what is free
-        (100, 100, 0, 60, (100, None)),      # the batch filled: claim it
-        (4, 10, 0, None, (4, None)),         # a batch larger than the pool: the pool
-        (100, 10, 60, None, (10, None)),     # more than a batch free: a batch
-        (100, 100, 100, None, (0, None)),    # nothing free: starved until a slot frees
+        (100, 100, 0, None, True, (100, None)),    # idle: a full batch at once
+        (100, 100, 40, None, True, (0, 60)),       # 60 free under backlog: wait for more
+        (100, 100, 20, 60, True, (0, 80)),         # the wait freed 20: keep waiting
+        (100, 100, 20, 80, True, (80, None)),      # the wait freed none: claim what is free
+        (100, 100, 0, 60, True, (100, None)),      # the batch filled: claim it
+        (100, 100, 40, None, False, (60, None)),   # no backlog: what is free, at once
+        (100, 100, 99, None, False, (1, None)),    # ... down to one thread
+        (4, 10, 0, None, True, (4, None)),         # a batch larger than the pool: the pool
+        (100, 10, 60, None, True, (10, None)),     # more than a batch free: a batch
+        (100, 100, 100, None, True, (0, None)),    # nothing free: starved until a slot frees
+        (100, 100, 100, None, False, (0, None)),
     ],
 )
-def test_a_claim_waits_for_a_full_batch_while_slots_keep_freeing(
+def test_a_claim_waits_for_a_full_batch_only_under_a_backlog(
     make_worker: Callable[..., Worker], *, concurrency: int, batch: int, turning: int,
-    partial: int | None, expected: tuple[int, int | None],
+    partial: int | None, backlog: bool, expected: tuple[int, int | None],
 ) -> None:
     worker = make_worker(concurrency, batch)
     busy(worker, turning)
     shard = worker.shards[0]
-    assert worker._reserve(shard, partial) == expected
+    assert worker._reserve(shard, partial, backlog) == expected
     limit = expected[0]
     assert worker._turning == turning + limit  # what a claim takes is reserved
     assert (shard.name in worker._starved) == (concurrency == turning)
@@ -74,15 +77,15 @@ def test_a_reserved_batch_is_not_offered_to_the_other_shard(
 ) -> None:
     worker = make_worker(100, 100)
     first, second = worker.shards
-    assert worker._reserve(first, None) == (100, None)
-    assert worker._reserve(second, None) == (0, None)
+    assert worker._reserve(first, None, True) == (100, None)
+    assert worker._reserve(second, None, True) == (0, None)
     assert worker._starved == {second.name}
     # The claim found nothing due: its reservation is free again, and the
     # starved loop is told to look (the claiming loop is not: it would spin).
     worker._claimed(first, 100, [])
     assert worker._turning == 0
     assert worker._starved == set()
-    assert worker._reserve(second, None) == (100, None)
+    assert worker._reserve(second, None, True) == (100, None)
 
 
 def test_a_commit_batch_below_the_claim_batch_caps_what_a_claim_waits_for(
@@ -91,7 +94,7 @@ def test_a_commit_batch_below_the_claim_batch_caps_what_a_claim_waits_for(
     """Free slots never exceed the unsettled commits' room: waiting for more would
     make even an idle worker wait out a poll before every claim."""
     worker = make_worker(100, 100, commit_batch=20)
-    assert worker._reserve(worker.shards[0], None) == (20, None)
+    assert worker._reserve(worker.shards[0], None, True) == (20, None)
 
 
 def test_a_commit_batch_below_one_is_refused() -> None:
@@ -108,7 +111,7 @@ def test_a_turn_that_ended_without_a_commit_wakes_the_loop_that_found_no_slot(
     worker = make_worker(2, 2)
     first, _ = worker.shards
     busy(worker, 2)
-    assert worker._reserve(first, None) == (0, None)
+    assert worker._reserve(first, None, True) == (0, None)
     assert not worker._wakes[first.name].is_set()
     worker._turn_returned(uuid.uuid4(), None)
     assert worker._wakes[first.name].is_set()

@@ -198,6 +198,18 @@ BEGIN
     WHERE all_fenced OR c.id = ANY(fenced);
     IF deleting IS NOT NULL THEN
         DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(deleting);
+        -- A run that parks leaves an open wait. One whose wait is gone had it
+        -- closed while this turn held the lease (a decision, which cannot touch
+        -- a leased task row): it stays due, rather than left with neither a task
+        -- nor a wait, and its next turn finds the decision in its history.
+        IF c_states && ARRAY['waiting', 'input_required'] THEN
+            INSERT INTO shardq.tasks (execution_id, run_at, claims)
+            SELECT c.id, now(), 1
+            FROM unnest(c_ids, c_states) AS c(id, state)
+            WHERE c.id = ANY(deleting) AND c.state IN ('waiting', 'input_required')
+              AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = c.id)
+            ON CONFLICT (execution_id) DO NOTHING;
+        END IF;
     END IF;
 
     -- A checkpoint rotates the token and leaves run_at (the lease expiry) to

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psycopg
 import pytest
 
 from shardq.queue.client import Client
@@ -17,7 +18,7 @@ from shardq.queue.errors import (
     InvalidArgument,
     PayloadInvalid,
 )
-from shardq.queue.models import State
+from shardq.queue.models import State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker
@@ -222,3 +223,31 @@ def test_the_inbox_pages_across_shards_oldest_first(
     assert client.pending_interrupts(workflow="other").items == []
     with pytest.raises(InvalidArgument, match="cursor"):
         client.pending_interrupts(cursor="nope")
+
+
+def test_a_decision_that_lands_while_a_worker_holds_the_run_is_acted_on(
+    client: Client, start_worker: StartWorker, pools: ShardPools
+) -> None:
+    """The decision cannot wake a leased run (its task row is the worker's), and the
+    worker's turn, begun before the decision, parks on the interrupt again. That
+    commit deleted the task row: the run was left with no task and no wait,
+    `pending` forever, its accepted decision never acted on."""
+    worker = start_worker(registry)
+    run = parked(client, "held")
+    worker.stop()  # no worker is left to take the run but this test's claim
+    shard = client.map.for_execution(run)
+    store = Store(pools)
+    # Something wakes the waiting run (an update does) and a worker claims it.
+    with psycopg.connect(shard.url, autocommit=True) as conn:
+        conn.execute("INSERT INTO shardq.tasks (execution_id, run_at, claims) "
+                     "VALUES (%s, now(), 1)", (run,))
+    claims, _ = store.claim(shard, owner="holder", limit=10, lease_s=30)
+    (claim,) = [c for c in claims if str(c.execution_id) == run]
+    assert client.decide(run, "manager", "approve", decision_id="d-held", actor="ann").accepted
+    parking = TurnCommit(claim.execution_id, claim.lease_token, state=State.INPUT_REQUIRED,
+                         task=TaskAction.DELETE)
+    assert store.commit_turns(shard, [parking], lease_s=30)[claim.execution_id].landed
+    start_worker(registry)
+    done = client.wait(run, timeout=10)
+    assert (done.state, done.output["action"], done.output["decision_id"]) == (
+        State.COMPLETED, "approve", "d-held")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -160,6 +161,52 @@ def cli(
 
 
 pass_settings = click.make_pass_decorator(Settings)
+
+
+if TYPE_CHECKING:
+    _FloatParam = click.ParamType[float]
+else:  # generic only from click 8.2; the project supports 8.1
+    _FloatParam = click.ParamType
+
+
+class Seconds(_FloatParam):
+    """A finite number of seconds within bounds: the type of every float option.
+
+    float() and click's FloatRange take `nan` and `inf`, which then reach a
+    daemon's timers and the database (a lease of nan claimed nothing forever, one
+    of inf ended the heartbeat thread); this refuses them, in one line, before
+    anything starts. Positive unless `zero_ok` (0 means "never" or "at once" for
+    the options that allow it) or `minimum` says otherwise. The default maximum
+    stays below what `threading.Event.wait` accepts.
+    """
+
+    name = "seconds"
+
+    def __init__(self, *, zero_ok: bool = False, minimum: float | None = None,
+                 maximum: float = 1e9) -> None:
+        self.zero_ok = zero_ok
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def bounds(self) -> str:
+        if self.minimum is not None:
+            lower = f">= {self.minimum:g}"
+        else:
+            lower = ">= 0" if self.zero_ok else "> 0"
+        return f"{lower} and <= {self.maximum:g}"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        low_ok = (number >= self.minimum if self.minimum is not None
+                  else number >= 0 if self.zero_ok else number > 0)
+        # Written so that nan fails every comparison; inf fails the maximum.
+        if not (low_ok and number <= self.maximum):
+            self.fail(f"{value!r} is not a finite number of seconds {self.bounds()}", param, ctx)
+        return number
 
 
 def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -323,7 +370,7 @@ app_option = click.option(
 
 retention_option = click.option(
     "--default-retention", default=30 * 86400.0, show_default=True,
-    type=click.FloatRange(min=0, min_open=True, max=1e12),
+    type=Seconds(maximum=1e12),
     help="Seconds a finished run is kept when its definition sets no retention_s.")
 
 
@@ -353,13 +400,14 @@ def serve_daemon_metrics(host: str, port: int | None) -> None:
 @click.option("--shard", "only", multiple=True, help="Serve only this shard (repeatable).")
 @click.option("--concurrency", default=10, show_default=True, help="Turns running at once.")
 @click.option("--batch-size", default=10, show_default=True, help="Tasks leased per claim.")
-@click.option("--lease", "lease_s", default=30.0, show_default=True, help="Lease seconds.")
-@click.option("--poll-interval", default=10.0, show_default=True,
+@click.option("--lease", "lease_s", default=30.0, show_default=True, type=Seconds(),
+              help="Lease seconds.")
+@click.option("--poll-interval", default=10.0, show_default=True, type=Seconds(),
               help="Safety poll seconds (NOTIFY and timers wake earlier).")
-@click.option("--drain-timeout", default=30.0, show_default=True,
+@click.option("--drain-timeout", default=30.0, show_default=True, type=Seconds(zero_ok=True),
               help="Seconds in-flight turns get after SIGTERM before their leases are released.")
 @click.option("--housekeeping-interval", default=300.0, show_default=True,
-              type=click.FloatRange(min=0),
+              type=Seconds(zero_ok=True),
               help="Seconds between purges of finished runs past retention (0: never).")
 @retention_option
 @metrics_options
@@ -656,7 +704,7 @@ argument_option = click.option(
     "--arg", "argument", callback=_json_value, metavar="JSON|@FILE|-",
     help="The handler's JSON argument: JSON text, @FILE or - for stdin.")
 wait_option = click.option(
-    "--wait", default=30.0, show_default=True, type=click.FloatRange(0, 600),
+    "--wait", default=30.0, show_default=True, type=Seconds(zero_ok=True, maximum=600),
     help="Seconds to wait for the run to handle the update (it stays stored after).")
 
 
@@ -900,11 +948,12 @@ def workflow_decide(
 @click.option("--shard", "only", multiple=True,
               help="Relay the outbox of this source shard only (repeatable).")
 @click.option("--batch-size", default=200, show_default=True, help="Rows claimed per round.")
-@click.option("--poll-interval", default=5.0, show_default=True,
+@click.option("--poll-interval", default=5.0, show_default=True, type=Seconds(),
               help="Safety poll seconds (NOTIFYs of new rows and due retries wake it earlier).")
 @click.option("--max-age", "max_age", default=7 * 24 * 3600.0, show_default=True,
+              type=Seconds(),
               help="Seconds a row may keep failing transiently before it fails for good.")
-@click.option("--max-backoff", default=60.0, show_default=True,
+@click.option("--max-backoff", default=60.0, show_default=True, type=Seconds(),
               help="Longest wait between two attempts of a row, in seconds.")
 @metrics_options
 @pass_settings
@@ -1048,13 +1097,10 @@ def _stale_bounds(
             bounds[kind] = None
             continue
         try:
-            number = float(seconds)
-        except ValueError:
-            number = float("nan")
-        if not 0 < number < float("inf"):
+            bounds[kind] = Seconds().convert(seconds, param, _ctx)
+        except click.BadParameter:
             raise click.BadParameter(f"{value!r}: the bound must be a positive number of "
-                                     "seconds, or none", param=param)
-        bounds[kind] = number
+                                     "seconds, or none", param=param) from None
     return bounds
 
 
@@ -1069,7 +1115,7 @@ def stale_options(f: F) -> F:
         help="A wait of KIND open longer than this is stale (repeatable; none: never by age). "
              "Defaults: signal and condition 7 days, interrupt 3 days, timer none.")
     grace = click.option(
-        "--deadline-grace", default=300.0, show_default=True, type=click.FloatRange(min=0),
+        "--deadline-grace", default=300.0, show_default=True, type=Seconds(zero_ok=True),
         help="A wait still open this many seconds past its deadline is stale.")
     return after(grace(f))
 
@@ -1185,7 +1231,7 @@ def api_token(settings: Settings, tenant: str) -> None:
               type=click.Path(path_type=Path, dir_okay=False),
               help="`TENANT sha256:HEX` per line (shardq api-token) [env SHARDQ_TOKENS_FILE]")
 @click.option("--inbox-stale-after", default=86400.0, show_default=True,
-              type=click.FloatRange(min=0, min_open=True, max=1e9),
+              type=Seconds(),
               help="Seconds after which the inbox marks an open interrupt stale.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Server processes sharing the port, each with its own pools.")
@@ -1233,12 +1279,12 @@ def serve_command(
 @click.option("--port", required=True, type=click.IntRange(1, 65535),
               help="Serve the exporter on this port (/metrics).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--overdue-grace", default=60.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--overdue-grace", default=60.0, show_default=True, type=Seconds(zero_ok=True),
               help="A run due this many seconds and not running counts as overdue.")
 @click.option("--cache-seconds", default=15.0, show_default=True,
-              type=click.FloatRange(min=0), help="Scrapes within this interval share one read.")
+              type=Seconds(zero_ok=True), help="Scrapes within this interval share one read.")
 @click.option("--scrape-timeout", default=5.0, show_default=True,
-              type=click.FloatRange(min=0.1, max=120),
+              type=Seconds(minimum=0.1, maximum=120),
               help="A shard that has not answered by then is reported down (up 0).")
 @pass_settings
 def metrics_command(

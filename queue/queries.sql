@@ -183,6 +183,12 @@ ORDER BY seq
 SELECT lease_token IS NOT NULL AND run_at > now() AS leased
 FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
 
+-- name: task_exists
+-- Asked by a canceller holding the executions row, whose lock_task found none:
+-- a row now means a sender made the run due in between (it held the executions
+-- row to do so, and has committed). Not locked: see Store.cancel.
+SELECT 1 FROM shardq.tasks WHERE execution_id = %(id)s
+
 -- name: lock_execution
 -- Executions rows are never written after start: the lock only serializes
 -- cancellers and signal senders to one run.

@@ -64,6 +64,9 @@ Per name, so a flood of a name the run never waits on cannot crowd out the
 signal it does wait on."""
 MAX_PENDING_SIGNALS_TOTAL = 10_000
 """Unconsumed signals of all names one execution may buffer."""
+CANCEL_ATTEMPTS = 5
+"""A cancel starts again when the run became due while it waited for the run's lock;
+each new start holds the task row, so a second race needs a second sender in between."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _END = datetime(9999, 12, 31, tzinfo=UTC)
 
@@ -494,19 +497,37 @@ class Store:
         (always `cancelled`: see request_cancel), or the state it had already
         finished in, when the cancel came too late.
         """
-        with self._transaction(shard) as conn:
-            lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
-            target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
-            if target is None or target["tenant"] != tenant:
-                raise ExecutionNotFound(f"execution {execution_id} not found")
-            state = State(target["state"])
-            if state.terminal:
-                return state
-            if lease is not None and lease["leased"]:
-                conn.execute(SQL["request_cancel"], {"id": execution_id})
-                return state
-            conn.execute(SQL["cancel_now"], {"id": execution_id, "actor": actor})
-            return State.CANCELLED
+        for _ in range(CANCEL_ATTEMPTS):
+            try:
+                with self._transaction(shard) as conn:
+                    lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
+                    target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
+                    if target is None or target["tenant"] != tenant:
+                        raise ExecutionNotFound(f"execution {execution_id} not found")
+                    state = State(target["state"])
+                    if state.terminal:
+                        return state
+                    if lease is None and conn.execute(
+                        SQL["task_exists"], {"id": execution_id}
+                    ).fetchone():
+                        # A sender made the run due between the two locks, and a
+                        # worker may hold it by now: what was read of its task row
+                        # is stale. Locking that row now would take the locks out
+                        # of order, so start again, task row first.
+                        raise _TaskAppeared
+                    if lease is not None and lease["leased"]:
+                        conn.execute(SQL["request_cancel"], {"id": execution_id})
+                        return state
+                    conn.execute(SQL["cancel_now"], {"id": execution_id, "actor": actor})
+                    return State.CANCELLED
+            except _TaskAppeared:
+                continue
+        raise StoreConflict(f"{shard.name}: execution {execution_id} kept changing under "
+                            f"cancel; try again")
+
+
+class _TaskAppeared(Exception):
+    """Rolls back a cancel whose read of the run's task row went stale."""
 
 
 def listen_for_wakes(conn: DictConnection) -> None:

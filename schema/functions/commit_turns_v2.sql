@@ -79,15 +79,21 @@ DECLARE
     d               record;
     outcome         jsonb;
     sent            jsonb := '{}';
+    held            uuid[];
 BEGIN
-    -- Signals to other runs of this shard: their task rows are locked with the
-    -- senders', all in id order, before the fence (the workers' and the
-    -- senders' lock order: task rows, then executions rows).
+    -- Signals to other runs of this shard: every lock their delivery takes is
+    -- taken here, before the fence and the first delivery, in the global order:
+    -- task rows (the senders' and the targets'), then the targets' executions
+    -- rows, each set in id order. Delivered one by one in send order, a batch
+    -- sending to T2 then T1 would hold T2 while waiting for T1, and close a
+    -- cycle with any sender that locked T1 first (tests/integration/test_lock_order.py).
     IF rare ? 'x' THEN
         SELECT coalesce(array_agg(DISTINCT (r->>2)::uuid), '{}') INTO x_targets
         FROM jsonb_array_elements(rare->'x') AS r;
         PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets)
         ORDER BY t.execution_id FOR UPDATE;
+        PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(x_targets)
+        ORDER BY x.id FOR UPDATE;
     END IF;
 
     -- Lock the task rows still leased with each commit's token, in id order so
@@ -115,6 +121,25 @@ BEGIN
     -- Usually every lease held: the per-row `= ANY(fenced)` filters below,
     -- a scan of the whole array per row, are then skipped.
     all_fenced := cardinality(fenced) = cardinality(c_ids);
+
+    -- A timeout is the store's to grant (see defer_premature_timeouts): a run
+    -- whose wait was satisfied in time, or whose deadline has not passed by
+    -- this clock, gets none of this commit, as if its lease were lost.
+    IF e_kinds && ARRAY['signal.timed_out', 'condition.timed_out', 'interrupt.timed_out'] THEN
+        held := shardq.defer_premature_timeouts(fenced, e_ids, e_positions, e_kinds, s_ids);
+        IF cardinality(held) > 0 THEN
+            SELECT coalesce(array_agg(f.id ORDER BY f.n), '{}'),
+                   coalesce(array_agg(f.ord ORDER BY f.n), '{}'),
+                   coalesce(array_agg(f.cancel ORDER BY f.n), '{}')
+            INTO fenced, fenced_ords, cancels
+            FROM unnest(fenced, fenced_ords, cancels) WITH ORDINALITY AS f(id, ord, cancel, n)
+            WHERE NOT f.id = ANY(held);
+            all_fenced := false;
+            IF cardinality(fenced) = 0 THEN
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
 
     -- A run whose cancellation was asked while it was leased ends cancelled at
     -- its first commit that is not a mid-turn checkpoint, whatever that commit

@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from shardq.bin import rules
 from shardq.bin.inbox import inbox_routes
-from shardq.bin.openapi import PREFIX, document
+from shardq.bin.openapi import BODY_KEYS, PREFIX, document
 from shardq.bin.refusals import refusal_body, status_of
 from shardq.queue.client import DEFAULT_UPDATE_WAIT, MAX_WAIT, Client
 from shardq.queue.errors import (
@@ -132,14 +132,33 @@ async def _body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
+async def _json_object(request: Request, operation: str) -> dict[str, Any]:
+    """The body of `operation`: a JSON object holding only the keys its document names.
+
+    A key it does not name is refused, never ignored: `inputs` for `input` would
+    otherwise start a run without its input."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise ApiError(415, "the body must be application/json")
     value = rules.json_value(await _body(request), "the body")
     if not isinstance(value, dict):
         raise ApiError(400, "the body must be a JSON object")
+    known = BODY_KEYS[operation]
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ApiError(400, f"unknown key{'s' if len(unknown) > 1 else ''} in the body: "
+                            f"{', '.join(unknown)}",
+                       violations=[_unknown_key(key, known) for key in unknown])
     return value
+
+
+def _unknown_key(key: str, known: frozenset[str]) -> dict[str, str]:
+    from difflib import get_close_matches
+
+    close = get_close_matches(key, sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return {"message": f"unknown key {key!r}{hint}; expected {', '.join(sorted(known))}",
+            "field_path": "/" + key.replace("~", "~0").replace("/", "~1")}
 
 
 def _field(body: dict[str, Any], name: str, kind: type, *, required: bool = True) -> Any:
@@ -220,7 +239,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         return Route(PREFIX + path, endpoint, methods=[method])
 
     async def start(request: Request, tenant: str) -> Response:
-        body = await _json_object(request)
+        body = await _json_object(request, "start")
         workflow_id = _field(body, "workflow_id", str)
         result = await run_in_threadpool(client.start, request.path_params["name"], workflow_id,
                                          body.get("input"), tenant=tenant)
@@ -243,7 +262,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         return JSONResponse({"ok": True, "signal_delivered": result.delivered}, 202)
 
     async def signal_with_start(request: Request, tenant: str) -> Response:
-        body = await _json_object(request)
+        body = await _json_object(request, "signalWithStart")
         result = await run_in_threadpool(
             client.signal_with_start, request.path_params["name"],
             _field(body, "workflow_id", str), body.get("input"), _field(body, "signal", str),
@@ -255,7 +274,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
 
     async def decide(request: Request, tenant: str) -> Response:
         ident = _execution_id(request)
-        body = await _json_object(request)
+        body = await _json_object(request, "decide")
         result = await run_in_threadpool(
             client.decide, ident, request.path_params["name"], _field(body, "action", str),
             body.get("payload"), decision_id=_field(body, "decision_id", str),
@@ -280,7 +299,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         return JSONResponse(_update_result(result))
 
     async def update_with_start(request: Request, tenant: str) -> Response:
-        body = await _json_object(request)
+        body = await _json_object(request, "updateWithStart")
         key = _field(body, "idempotency_key", str, required=False)
         key = rules.idempotency_key(key, "idempotency_key")
         wait = _wait(request)

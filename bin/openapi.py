@@ -85,6 +85,12 @@ def _obj(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": properties}
 
 
+def _envelope(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    """A request body of named fields: a key it does not name is refused (400), not
+    ignored, so `inputs` for `input` cannot start a run without its input."""
+    return {**_obj(required, **properties), "additionalProperties": False}
+
+
 _STRING = {"type": "string"}
 _NAME = {"type": "string", "pattern": f"^{NAME_PATTERN}$"}
 _WORKFLOW_ID = {"type": "string", "minLength": 1, "maxLength": 512}
@@ -139,17 +145,17 @@ OPENAPI: dict[str, Any] = {
         f"{PREFIX}/workflows/{{name}}/start": {"post": _op(
             "start", "Start a run (201), or find the run of this workflow_id (200)",
             _linked(_responses(_started(200, 201), 400, 404, 413, 415), 200, 201), _WORKFLOW,
-            body=_obj(["workflow_id"], workflow_id=_WORKFLOW_ID, input=ANY_JSON))},
+            body=_envelope(["workflow_id"], workflow_id=_WORKFLOW_ID, input=ANY_JSON))},
         f"{PREFIX}/workflows/{{name}}/signal-with-start": {"post": _op(
             "signalWithStart", "Signal the run of a workflow key, starting it if it has none",
             _responses(_started(201, 202), 400, 404, 409, 413, 415), _WORKFLOW,
-            body=_obj(["workflow_id", "signal"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
+            body=_envelope(["workflow_id", "signal"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
                       signal=_NAME, payload=ANY_JSON, idempotency_key=_BODY_KEY))},
         f"{PREFIX}/workflows/{{name}}/update-with-start": {"post": _op(
             "updateWithStart", "Update the run of a workflow key, starting it if it has none",
             _responses({200: UPDATE_RESULT, 201: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404,
                        409, 413, 415, 422), _WORKFLOW, _WAIT,
-            body=_obj(["workflow_id", "update"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
+            body=_envelope(["workflow_id", "update"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
                       update=_NAME, argument=ANY_JSON, idempotency_key=_BODY_KEY))},
         f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {"post": _op(
             "signal", "Deliver a signal; the body is its raw JSON payload (may be empty)",
@@ -172,7 +178,7 @@ OPENAPI: dict[str, Any] = {
             _responses({200: _obj(["accepted", "decision"], accepted={"type": "boolean"},
                                   decision={"type": "object"})}, 400, 404, 409, 413, 415),
             _EXECUTION_ID, _path("name", "The interrupt's name"),
-            body=_obj(["action", "decision_id", "actor"],
+            body=_envelope(["action", "decision_id", "actor"],
                       action={"enum": ["approve", "edit", "reject"]}, payload=ANY_JSON,
                       decision_id=_LABEL, actor=_LABEL))},
         f"{PREFIX}/workflows/{{execution_id}}/cancel": {"post": _op(
@@ -211,6 +217,22 @@ OPENAPI: dict[str, Any] = {
                                    ("503", "A shard does not answer"))}}},
     },
 }
+
+
+def _body_keys() -> dict[str, frozenset[str]]:
+    found = {}
+    for operations in OPENAPI["paths"].values():
+        for operation in operations.values():
+            schema = operation.get("requestBody", {}).get("content", {}).get(
+                "application/json", {}).get("schema", {})
+            if schema.get("additionalProperties") is False:
+                found[operation["operationId"]] = frozenset(schema["properties"])
+    return found
+
+
+BODY_KEYS = _body_keys()
+"""The keys each JSON-object body may hold, by operationId: the routes refuse any other
+key from this, so the document and the behaviour cannot disagree."""
 
 
 def document(workflows: list[str]) -> dict[str, Any]:

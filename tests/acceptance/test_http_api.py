@@ -196,6 +196,18 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
     ("update-with-start-empty-key", "POST", "/workflows/cart/update-with-start",
      {"json": {"workflow_id": "c-bad", "input": {"customer": "c"}, "update": "add_item",
                "argument": {"sku": "a", "quantity": 1}, "idempotency_key": ""}}, 400),
+    # A key the body's schema does not name is refused, not ignored (additionalProperties).
+    ("start-unknown-key", "POST", "/workflows/park/start",
+     {"json": {"workflow_id": "typo-1", "inputs": {"n": 1}}}, 400),
+    ("start-unknown-key-only", "POST", "/workflows/park/start",
+     {"json": {"workflow_id": "typo-2", "input": None, "tenant": "globex"}}, 400),
+    ("signal-with-start-unknown-key", "POST", "/workflows/park/signal-with-start",
+     {"json": {"workflow_id": "typo-3", "signal": "go", "paylaod": 1}}, 400),
+    ("update-with-start-unknown-key", "POST", "/workflows/cart/update-with-start",
+     {"json": {"workflow_id": "typo-4", "input": {"customer": "c"}, "update": "add_item",
+               "argument": {"sku": "a", "quantity": 1}, "idempotencyKey": "k"}}, 400),
+    ("decide-unknown-key", "POST", "/workflows/{run}/interrupts/x/decision",
+     {"json": {"action": "approve", "decision_id": "d", "actor": "a", "reason": "ok"}}, 400),
     ("interface-unknown", "GET", "/workflows/registered/nope/interface", {}, 404),
     ("no-route", "GET", "/nothing/here", {}, 404),
     ("wrong-method", "DELETE", "/workflows", {}, 405),
@@ -223,6 +235,27 @@ def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(
         assert "Traceback" not in answer.text, case
     assert counts(shard_map) == before
     assert json.loads(api.http.get("/openapi.json").text)["openapi"] == "3.1.0"
+
+
+def test_an_unknown_body_key_is_named_and_nothing_starts(api: Api) -> None:
+    typo = api.http.post("/workflows/park/start",
+                         json={"workflow_id": "typo-1", "inputs": {"n": 1}, "zz": 1})
+    assert typo.status_code == 400
+    assert typo.json() == {
+        "error": "unknown keys in the body: inputs, zz",
+        "violations": [
+            {"message": "unknown key 'inputs' (did you mean 'input'?); expected input, "
+                        "workflow_id", "field_path": "/inputs"},
+            {"message": "unknown key 'zz'; expected input, workflow_id", "field_path": "/zz"}]}
+    assert api.http.get("/workflows", params={"workflow": "park"}).json()["items"] == []
+    # The document says the same: these bodies take no other key.
+    paths = api.http.get("/openapi.json").json()["paths"]
+    bodies = [operation["requestBody"]["content"]["application/json"]["schema"]
+              for operations in paths.values() for operation in operations.values()
+              if operation.get("requestBody") and operation["operationId"] in (
+                  "start", "signalWithStart", "updateWithStart", "decide")]
+    assert len(bodies) == 4
+    assert all(body["additionalProperties"] is False for body in bodies)
 
 
 def test_published_contracts_over_http(api: Api, start_worker: StartWorker) -> None:

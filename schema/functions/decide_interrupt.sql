@@ -12,12 +12,20 @@
 -- - no open interrupt of that name: `decided` (another decision stands; it is
 --   returned), `timed_out`, or `not_open`;
 -- - past its deadline (the timeout turn may be about to record it):
---   `timed_out`, so a late click is never an approval;
+--   `timed_out`, so a late click is never an approval. Both sides are the
+--   database's clock: the deadline written when the run parked, and this
+--   decision's arrival, read once the run's locks are held (a decision that
+--   waited for them behind the commit recording the timeout arrives after
+--   it). A decision in time stands however late a worker comes, and a
+--   worker's timeout is not granted over it (defer_premature_timeouts);
 -- - an action the interrupt does not accept: `action_refused`;
 -- - otherwise `accepted`: the decision is recorded at the interrupt's
 --   position (replay returns it), the wait is closed and the run made due.
--- Every refusal for a run of the caller's tenant is recorded as an
--- `interrupt.refused` event: the audit trail has each attempt.
+-- Every refusal for a live run of the caller's tenant is recorded as an
+-- `interrupt.refused` event: the audit trail has each attempt. A finished
+-- run's history ends with its outcome: a refusal there is answered and
+-- stores nothing (it could change nothing, and would let any caller grow a
+-- closed record without limit).
 --
 -- Locks: the run's task row, then its executions row (the senders' and the
 -- workers' order), so concurrent decisions for one run are serialized and
@@ -41,9 +49,12 @@ DECLARE
     refusal    text;
     why        text;
     standing   jsonb;
+    finished   text;
+    arrived    timestamptz;
 BEGIN
     PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = p_id FOR UPDATE;
     SELECT x.tenant INTO run_tenant FROM shardq.executions x WHERE x.id = p_id FOR UPDATE;
+    arrived := clock_timestamp();
     IF run_tenant IS DISTINCT FROM p_tenant THEN
         RETURN QUERY SELECT 'not_found'::text, NULL::jsonb, NULL::text;
         RETURN;
@@ -79,7 +90,7 @@ BEGIN
             refusal := 'not_open';
             why := format('interrupt %s changed while the decision was made; read it again',
                           p_name);
-        ELSIF w.deadline IS NOT NULL AND w.deadline <= now() THEN
+        ELSIF w.deadline IS NOT NULL AND w.deadline < arrived THEN
             refusal := 'timed_out';
             why := format('interrupt %s timed out at %s', p_name, w.deadline);
         ELSIF NOT coalesce(w.request->'actions' ? p_action, false) THEN
@@ -90,17 +101,24 @@ BEGIN
     END IF;
 
     IF refusal IS NOT NULL THEN
-        INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-        VALUES (p_id, NULL, 'interrupt.refused', p_name, jsonb_build_object(
-            'action', p_action, 'decision_id', p_decision_id, 'actor', p_actor,
-            'reason_code', refusal, 'detail', why, 'attempted_at', now()));
+        SELECT substr(o.kind, 5) INTO finished FROM shardq.history o
+        WHERE o.execution_id = p_id
+          AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out');
+        IF finished IS NOT NULL THEN
+            why := format('%s (the run is %s)', why, finished);
+        ELSE
+            INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+            VALUES (p_id, NULL, 'interrupt.refused', p_name, jsonb_build_object(
+                'action', p_action, 'decision_id', p_decision_id, 'actor', p_actor,
+                'reason_code', refusal, 'detail', why, 'attempted_at', arrived));
+        END IF;
         RETURN QUERY SELECT refusal, standing, why;
         RETURN;
     END IF;
 
     standing := jsonb_build_object('action', p_action, 'payload', p_payload,
                                    'decision_id', p_decision_id, 'actor', p_actor,
-                                   'decided_at', now());
+                                   'decided_at', arrived);
     INSERT INTO shardq.history (execution_id, position, kind, name, payload)
     VALUES (p_id, w.position, 'interrupt.decided', p_name, standing);
     DELETE FROM shardq.waits wt WHERE wt.execution_id = p_id;

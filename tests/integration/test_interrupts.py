@@ -161,8 +161,38 @@ def test_a_deadline_resolves_it_as_timed_out_never_as_an_approval(
     with pytest.raises(DecisionRefused) as late:
         client.decide(run, "manager", "approve", decision_id="late", actor="ann")
     assert late.value.reason_code == "timed_out"
-    assert kinds(client, run) == [(1, "interrupt.requested"), (1, "interrupt.timed_out"),
-                                  (None, "interrupt.refused")]
+    # The run finished: the late decision is answered and leaves no trace.
+    assert kinds(client, run) == [(1, "interrupt.requested"), (1, "interrupt.timed_out")]
+
+
+def test_refused_decisions_on_a_finished_run_leave_its_history_as_it_was(
+    client: Client, start_worker: StartWorker
+) -> None:
+    """25 refusals used to append 25 `interrupt.refused` rows after `run.completed`."""
+    start_worker(registry)
+    decided, timed_out = parked(client, "end-1"), parked(client, "end-2", timeout=0.3)
+    client.decide(decided, "manager", "approve", decision_id="d1", actor="ann")
+    finished = {run: client.wait(run, timeout=10) for run in (decided, timed_out)}
+    assert {r: e.state for r, e in finished.items()} == {
+        decided: State.COMPLETED, timed_out: State.COMPLETED}
+    before = {run: client.history(run) for run in finished}
+    refusals: list[tuple[str, str]] = []
+    for i in range(25):
+        run = (decided, timed_out)[i % 2]
+        with pytest.raises(DecisionRefused) as refused:
+            client.decide(run, "manager", ("approve", "reject")[i % 3 == 0],
+                          decision_id=f"late-{i}", actor=f"user-{i}")
+        refusals.append((refused.value.reason_code, str(refused.value)))
+    assert {code for code, _ in refusals[0::2]} == {"decided"}
+    assert {code for code, _ in refusals[1::2]} == {"timed_out"}
+    assert all("the run is completed" in text for _, text in refusals)
+    after = {run: client.history(run) for run in finished}
+    assert after == before
+    assert {run: events[-1].kind for run, events in after.items()} == {
+        decided: "run.completed", timed_out: "run.completed"}
+    # The repeat of the decision that stands is still a no-op success.
+    again = client.decide(decided, "manager", "approve", decision_id="d1", actor="ann")
+    assert not again.accepted and again.decision.decision_id == "d1"
 
 
 def test_cancel_is_a_decision_too(client: Client, start_worker: StartWorker) -> None:

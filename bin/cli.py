@@ -3,7 +3,9 @@
 Exit codes (also in the README):
   0 success · 1 unexpected error (a bug: it prints a traceback) · 2 bad usage or
   configuration · 3 a shard is unavailable · 4 shard map mismatch · 5 schema
-  behind · 6 a migration failed · 7 a workflow-level refusal
+  behind · 6 a migration failed · 7 a workflow-level refusal · 8 partial: a
+  command that reads every shard printed what the reachable ones hold and named
+  the shards it could not read (`outbox`, `outbox failed`)
 
 The rule between 2 and 7: a value the command line cannot even parse is a usage
 error, 2 (JSON text that is not JSON or holds NaN or an out-of-range number, a
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from shardq.queue.client import Client
     from shardq.queue.models import Execution, StaleBounds, UpdateResult
     from shardq.queue.registry import Registry
+    from shardq.shards.fanout import Reached
 
 EXIT_CODES: dict[type[ShardqError], int] = {
     ConfigError: 2,
@@ -58,6 +61,7 @@ EXIT_CODES: dict[type[ShardqError], int] = {
 }
 EXIT_USAGE = 2
 EXIT_WORKFLOW = 7
+EXIT_PARTIAL = 8
 ENV_APP = "SHARDQ_APP"
 EXAMPLES_APP = "shardq.bin.examples:registry"
 log = logging.getLogger("shardq.cli")
@@ -132,6 +136,19 @@ def errors_as_exit_codes() -> Iterator[None]:
 
 def emit(settings: Settings, payload: Any, text: str) -> None:
     click.echo(json.dumps(payload, indent=2, default=str) if settings.as_json else text)
+
+
+def emit_partial(settings: Settings, payload: dict[str, Any], text: str,
+                 reached: Reached[Any]) -> None:
+    """`emit` what the reachable shards hold; then, when a shard could not be read, one
+    line on stderr naming it (and its cause) and exit EXIT_PARTIAL: an outage of one
+    shard must not hide what the others owe, least of all what they owe it."""
+    names = reached.unavailable_names
+    emit(settings, {**payload, "unavailable_shards": names}, text)
+    if names:
+        causes = "; ".join(str(exc) for exc in reached.unavailable.values())
+        fail(f"partial: could not read {', '.join(names)} ({causes}); shown: what the "
+             "other shards hold", EXIT_PARTIAL, {"unavailable_shards": names})
 
 
 @click.group()
@@ -1014,12 +1031,18 @@ def outbox(ctx: click.Context) -> None:
 @json_option
 @pass_settings
 def outbox_status(settings: Settings) -> None:
-    """Per source and target shard: backlog, oldest undelivered age, retrying, failed."""
+    """Per source and target shard: backlog, oldest undelivered age, retrying, failed.
+
+    A shard that cannot be read is named on stderr (exit 8); the others' rows are
+    shown, those owed to it included."""
+    from shardq.shards.fanout import each_shard
+
     with open_client(settings) as client, errors_as_exit_codes():
         rows: list[dict[str, Any]] = []
-        for source in client.map.shards:
+        reached = each_shard(client.map.shards, client.store.outbox_backlog)
+        for source, backlog in reached.answers.items():
             totals: dict[str, dict[str, Any]] = {}
-            for b in client.store.outbox_backlog(source):
+            for b in backlog:
                 target = client.map.for_bucket(b.target_bucket).name
                 t = totals.setdefault(target, {"source": source.name, "target": target,
                                                "pending": 0, "retrying": 0, "failed": 0,
@@ -1036,7 +1059,9 @@ def outbox_status(settings: Settings) -> None:
     lines += [f"{r['source']:<12} {r['target']:<12} {r['pending']:>8} "
               f"{_age(r['oldest_pending_s']):>9} {r['retrying']:>9} {r['failed']:>7}"
               for r in rows]
-    emit(settings, {"outbox": rows}, "\n".join(lines) if rows else "every outbox is empty")
+    empty = ("every outbox is empty" if not reached.unavailable
+             else "the outboxes read are empty")
+    emit_partial(settings, {"outbox": rows}, "\n".join(lines) if rows else empty, reached)
 
 
 def _age(seconds: float | None) -> str:
@@ -1050,17 +1075,23 @@ def _age(seconds: float | None) -> str:
               help="Rows per shard, 1..1000.")
 @pass_settings
 def outbox_failed(settings: Settings, only: tuple[str, ...], limit: int) -> None:
-    """List rows that failed for good, with their reason; `retry` re-queues them."""
+    """List rows that failed for good, with their reason; `retry` re-queues them.
+
+    A shard that cannot be read is named on stderr (exit 8); the others' rows are
+    shown."""
     from dataclasses import asdict
+
+    from shardq.shards.fanout import each_shard
 
     with open_client(settings) as client, errors_as_exit_codes():
         sources = client.map.named(list(only)) if only else list(client.map.shards)
-        found = [(s.name, f) for s in sources for f in client.store.outbox_failures(s, limit=limit)]
+        reached = each_shard(sources, lambda s: client.store.outbox_failures(s, limit=limit))
+        found = [(s.name, f) for s, failures in reached.answers.items() for f in failures]
     lines = [f"{shard}  {f.id}  {f.failure_reason}  {f.signal_name!r} from "
              f"{f.source_execution_id} to {f.target_execution_id}: {f.failure_detail}"
              for shard, f in found]
-    emit(settings, {"failed": [{"shard": shard, **asdict(f)} for shard, f in found]},
-         "\n".join(lines) if lines else "no failed rows")
+    emit_partial(settings, {"failed": [{"shard": shard, **asdict(f)} for shard, f in found]},
+                 "\n".join(lines) if lines else "no failed rows", reached)
 
 
 @outbox.command("retry")

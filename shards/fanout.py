@@ -1,4 +1,5 @@
-"""A batch routed by bucket: one call per shard, the answers back in input order.
+"""A batch routed by bucket: one call per shard, the answers back in input order; and a
+read of every shard that serves what the reachable ones hold.
 
 The client's starts and signals, the relay's deliveries and the parked-runs page
 all split a batch this way; this is the one place that does it.
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar, cast
+from dataclasses import dataclass
+from typing import Generic, TypeVar, cast
 
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.errors import ShardUnavailable
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -56,3 +59,44 @@ def fan_out(
         for (index, _), answer in zip(members, answers[shard], strict=True):
             results[index] = answer
     return cast(list[R], results)  # every index was filled: each item is in one group
+
+
+@dataclass(frozen=True)
+class Reached(Generic[R]):
+    """What `each_shard` read: each reachable shard's answer, and the shards it could not
+    read with their errors (both in the order the shards were given)."""
+
+    answers: dict[Shard, R]
+    unavailable: dict[Shard, ShardUnavailable]
+
+    @property
+    def unavailable_names(self) -> list[str]:
+        return [shard.name for shard in self.unavailable]
+
+
+def each_shard(shards: Sequence[Shard], call: Callable[[Shard], R]) -> Reached[R]:
+    """`call(shard)` for every shard, all at once; a shard that raises ShardUnavailable is
+    listed rather than failing the whole (an outage of one shard must not hide what the
+    others hold), any other error raises.
+
+    At once, so a listing costs the slowest shard's read, not the sum of them.
+    """
+    def one(shard: Shard) -> R | ShardUnavailable:
+        try:
+            return call(shard)
+        except ShardUnavailable as exc:
+            return exc
+
+    if len(shards) > 1:
+        with ThreadPoolExecutor(len(shards), thread_name_prefix="shardq-each-shard") as pool:
+            outcomes = list(pool.map(one, shards))
+    else:
+        outcomes = [one(shard) for shard in shards]
+    answers: dict[Shard, R] = {}
+    unavailable: dict[Shard, ShardUnavailable] = {}
+    for shard, outcome in zip(shards, outcomes, strict=True):
+        if isinstance(outcome, ShardUnavailable):
+            unavailable[shard] = outcome
+        else:
+            answers[shard] = outcome
+    return Reached(answers, unavailable)

@@ -1,17 +1,24 @@
 """One-shot commands against a shard that cannot be reached fail at once, exit 3, with one
-line naming the shard and the cause: no pool timeout, no psycopg_pool retry warnings."""
+line naming the shard and the cause: no pool timeout, no psycopg_pool retry warnings.
+Those that read every shard for an operator (`outbox`) show what the others hold, exit 8."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
-from shardq.shards.config import ShardMap
+from shardq.queue.client import Client
+from shardq.queue.worker import Worker
+from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for
 
 from ..conftest import Server
 from ..support import run_cli
@@ -67,3 +74,50 @@ def test_probing_pools_raise_the_cause_without_waiting_and_serve_the_rest(
         assert time.monotonic() - began < 1.0
         with pools.connection(mixed.shards[0]) as conn:
             assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+def _on_shard(client: Client, shard: Shard, workflow: str, input_: Any, key: str) -> str:
+    """A new run of `workflow` whose execution id routes it to `shard`."""
+    for i in range(200):
+        bucket = bucket_for("default", workflow, f"{key}-{i}")
+        if client.map.for_bucket(bucket) == shard:
+            return str(client.start(workflow, f"{key}-{i}", input_).execution_id)
+    raise AssertionError(f"no key of 200 routes to {shard.name}")
+
+
+def test_outbox_shows_what_the_reachable_shards_owe_the_one_that_is_down(
+    shard_map: ShardMap, start_worker: Callable[..., Worker]
+) -> None:
+    from shardq.bin.examples import registry
+
+    source, target = shard_map.shards
+    with Client.connect(shard_map, registry) as client:
+        onboarding = _on_shard(client, target, "onboarding", {"days": 1}, "user")
+        sender = _on_shard(client, source, "tenant_cancel", {"runs": [onboarding]}, "cancel")
+        start_worker(registry)
+        # No relay runs: the signal stays owed in the source shard's outbox.
+        assert client.wait(sender, timeout=20).output["queued"] == [onboarding]
+    down = f"{source.url},postgresql://postgres@127.0.0.1:1/x"
+    for as_json in (False, True):
+        began = time.monotonic()
+        result = run_cli("outbox", *(["--json"] if as_json else []),
+                         env={"SHARDQ_SHARDS": down})
+        assert time.monotonic() - began < POOL_TIMEOUT_S / 2
+        assert result.returncode == 8, result.stderr
+        (line,) = result.stderr.splitlines()
+        if as_json:
+            error = json.loads(line)
+            assert (error["code"], error["unavailable_shards"]) == (8, ["shard-1"])
+            shown = json.loads(result.stdout)
+            assert shown["unavailable_shards"] == ["shard-1"]
+            assert [(r["source"], r["target"], r["pending"]) for r in shown["outbox"]] == [
+                ("shard-0", "shard-1", 1)]
+        else:
+            assert line.startswith("shardq: error: partial: could not read shard-1 (shard-1 (")
+            assert "unreachable (connection refused)" in line
+            assert result.stdout.splitlines()[1].split()[:3] == ["shard-0", "shard-1", "1"]
+    failed = run_cli("outbox", "failed", env={"SHARDQ_SHARDS": down})
+    assert (failed.returncode, failed.stdout) == (8, "no failed rows\n"), failed.stderr
+    assert "could not read shard-1" in failed.stderr
+    whole = run_cli("outbox", env={"SHARDQ_SHARDS": ",".join(s.url for s in shard_map.shards)})
+    assert (whole.returncode, whole.stderr) == (0, "")

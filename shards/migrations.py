@@ -299,6 +299,24 @@ def check_shard(shard_map: ShardMap, shard: Shard, *, schema: Schema | None = No
     return ShardStatus(shard, True, server, schema_version, problem)
 
 
+def verify_shard(shard_map: ShardMap, shard: Shard) -> None:
+    """Raise unless `shard` is reachable, holds `shard_map` and this code's schema.
+
+    ShardUnavailable when it cannot be reached; MapMismatch or SchemaBehind when
+    it can, and disagrees (the check every pool makes on first reaching a shard).
+    """
+    status = check_shard(shard_map, shard)
+    if not status.reachable:
+        raise ShardUnavailable(f"{shard.label}: {status.problem}")
+    _raise_problem(status)
+
+
+def _raise_problem(status: ShardStatus) -> None:
+    if status.reachable and status.problem:
+        error = MapMismatch if "map mismatch" in status.problem else SchemaBehind
+        raise error(f"{status.shard.label}: {status.problem}")
+
+
 def verify_shards(shard_map: ShardMap, shards: list[Shard] | None = None) -> list[ShardStatus]:
     """Check shards before a process uses them; raise on a map mismatch or an old schema.
 
@@ -308,7 +326,5 @@ def verify_shards(shard_map: ShardMap, shards: list[Shard] | None = None) -> lis
     schema = load_schema()
     statuses = [check_shard(shard_map, s, schema=schema) for s in shards or shard_map.shards]
     for status in statuses:
-        if status.reachable and status.problem:
-            error = MapMismatch if "map mismatch" in status.problem else SchemaBehind
-            raise error(f"{status.shard.label}: {status.problem}")
+        _raise_problem(status)
     return statuses

@@ -39,6 +39,7 @@ from shardq.queue.errors import (
 )
 from shardq.queue.limits import Limits
 from shardq.queue.models import Event, Execution, State, UpdateResult
+from shardq.shards.config import ShardMap
 from shardq.shards.errors import ConfigError
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 
@@ -234,7 +235,7 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
             try:
                 return await handler(request, _tenant_of(request, tokens))
             except Exception as exc:
-                return _refusal(request, exc)
+                return _refusal(request, exc, client.map)
 
         return Route(PREFIX + path, endpoint, methods=[method])
 
@@ -366,10 +367,10 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
         limit = q.get("limit", "100")
         if not limit.isdigit():
             raise ApiError(400, "limit must be an integer within 1..1000")
-        page = await run_in_threadpool(client.pending_interrupts, tenant=tenant,
-                                       workflow=q.get("workflow"), cursor=q.get("cursor"),
-                                       limit=int(limit))
-        return JSONResponse({"items": [
+        page = await run_in_threadpool(lambda: client.pending_interrupts(
+            tenant=tenant, workflow=q.get("workflow"), cursor=q.get("cursor"),
+            limit=int(limit), skip_unavailable=True))
+        return JSONResponse({"unavailable_shards": list(page.unavailable_shards), "items": [
             {"execution_id": str(p.execution_id), "workflow": p.workflow_name,
              "workflow_id": p.workflow_id, "name": p.name, "prompt": p.prompt,
              "actions": list(p.actions), "schema": p.schema,
@@ -419,13 +420,16 @@ def create_app(  # noqa: PLR0915 - a closure per route, over one client
                      lifespan=lifespan)
 
 
-def _refusal(request: Request, exc: Exception) -> JSONResponse:
+def _refusal(request: Request, exc: Exception, shard_map: ShardMap) -> JSONResponse:
     """The answer to a request that failed: a 4xx for every client mistake, 503 for a shard
-    that is down, and a bare 500 (logged, never a traceback) for a bug."""
+    that is down (named, its cause logged here, not shown), and a bare 500 (logged,
+    never a traceback) for a bug."""
     if isinstance(exc, ApiError):
         return JSONResponse({"error": str(exc), **exc.details}, exc.status)
     status = status_of(exc)
     if status == 500:
         log.error("request failed", extra={"path": request.url.path}, exc_info=exc)
         return JSONResponse({"error": "internal error"}, 500)
-    return JSONResponse(refusal_body(exc), status)
+    if status == 503:
+        log.warning("request refused: %s", exc, extra={"path": request.url.path})
+    return JSONResponse(refusal_body(exc, shard_map), status)

@@ -36,10 +36,12 @@ from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from shardq.bin.forms import fields_of, payload_from
-from shardq.bin.refusals import status_of
+from shardq.bin.refusals import public_text, status_of, unavailable_shards, unavailable_text
 from shardq.queue.client import Client
 from shardq.queue.errors import DecisionRefused, InvalidArgument, PayloadInvalid
 from shardq.queue.models import Event, HistoryEvent, State
+from shardq.shards.config import ShardMap
+from shardq.shards.errors import ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,7 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
                     await _check_csrf(request)
                 return _secured(await handler(request, tenant))
             except Exception as exc:
-                return _secured(_error(request, exc, render))
+                return _secured(_error(request, exc, render, client.map))
 
         return endpoint
 
@@ -113,7 +115,7 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
         except Refused as exc:
             return _secured(render(request, "login.html", exc.status, error=str(exc)))
         except Exception as exc:
-            return _secured(_error(request, exc, render))
+            return _secured(_error(request, exc, render, client.map))
         token, actor = form.get("token", "").strip(), form.get("actor", "").strip()
         if not actor or len(actor) > 255:
             return _secured(render(request, "login.html", 400,
@@ -141,7 +143,7 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
         waited = dict(WAITED).get(q.get("waited", "any"), 0.0)
         page_ = await run_in_threadpool(lambda: client.pending_interrupts(
             tenant=tenant, workflow=workflow, cursor=q.get("cursor") or None, limit=PAGE,
-            newest_first=newest, waited_s=waited))
+            newest_first=newest, waited_s=waited, skip_unavailable=True))
         now = datetime.now(UTC)
         rows = [{"item": p, "stale": (now - p.requested_at).total_seconds() > stale_after
                  or (p.deadline is not None and p.deadline < now)} for p in page_.items]
@@ -150,7 +152,8 @@ def inbox_routes(  # noqa: PLR0915 - a closure per page, over one client and one
         more = ("/inbox?" + urlencode({**filters, "cursor": page_.next_cursor})
                 if page_.next_cursor else None)
         return render(request, "list.html", rows=rows, filters=filters, waited=WAITED,
-                      more=more, stale_after=stale_after)
+                      more=more, stale_after=stale_after,
+                      unavailable=list(page_.unavailable_shards))
 
     async def detail(request: Request, tenant: str) -> Response:
         return await _detail(request, tenant, uuid.uuid4().hex)
@@ -288,14 +291,18 @@ def _interrupt(
 
 
 def _error(request: Request, exc: Exception,
-           render: Callable[..., Response]) -> Response:
+           render: Callable[..., Response], shard_map: ShardMap) -> Response:
+    """The error page: shards named by name alone (see bin/refusals.py)."""
     if isinstance(exc, Refused):
         status, message = exc.status, str(exc)
     elif isinstance(exc, InvalidArgument | InvalidExecutionId):
         status, message = 400, str(exc)
+    elif isinstance(exc, ShardUnavailable):
+        log.warning("inbox request refused: %s", exc, extra={"path": request.url.path})
+        status, message = 503, unavailable_text(unavailable_shards(exc, shard_map))
     else:
         status = status_of(exc)
-        message = "no such run" if status == 404 else str(exc)
+        message = "no such run" if status == 404 else public_text(exc, shard_map)
         if status == 500:
             log.error("inbox request failed", extra={"path": request.url.path}, exc_info=exc)
             message = "internal error"

@@ -20,10 +20,13 @@ ANY_JSON: dict[str, Any] = {}
 
 _VIOLATION = {"type": "object", "required": ["message", "field_path"], "properties": {
     "message": {"type": "string"}, "field_path": {"type": "string"}}}
+_SHARD_NAMES = {"type": "array", "items": {"type": "string"},
+                "description": "Shards (by name) that could not be reached"}
 ERROR = {"type": "object", "required": ["error"], "properties": {
     "error": {"type": "string"},
     "violations": {"type": "array", "items": _VIOLATION},
     "reason_code": {"type": "string"},
+    "unavailable_shards": _SHARD_NAMES,
 }}
 EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"], "properties": {
     "execution_id": {"type": "string", "format": "uuid"},
@@ -110,9 +113,11 @@ _KEY_HEADER = {"name": "Idempotency-Key", "in": "header", "required": False,
 _WAIT = _query("wait", {"type": "number", "minimum": 0, "maximum": 600},
                "Seconds to wait for the update's response (default 30)")
 _LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Page size")
-_PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": {
-    "items": {"type": "array", "items": {"type": "object"}},
-    "next_cursor": {"type": ["string", "null"]}}}
+_PAGE_ITEMS: dict[str, Any] = {"items": {"type": "array", "items": {"type": "object"}},
+                               "next_cursor": {"type": ["string", "null"]}}
+_PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": _PAGE_ITEMS}
+_INTERRUPTS_PAGE = {"type": "object", "required": ["items", "next_cursor", "unavailable_shards"],
+                    "properties": {**_PAGE_ITEMS, "unavailable_shards": _SHARD_NAMES}}
 _AFTER_START = {
     name: {"operationId": op_id, "parameters": {"execution_id": "$response.body#/execution_id"}}
     for name, op_id in (("GetRun", "getRun"), ("History", "getHistory"),
@@ -204,8 +209,11 @@ OPENAPI: dict[str, Any] = {
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
                    "The next_cursor of the previous page"))},
         f"{PREFIX}/interrupts": {"get": _op(
-            "listInterrupts", "Open interrupts over every shard, oldest first, a keyset page",
-            _responses({200: _PAGE_OF}, 400),
+            "listInterrupts", "Open interrupts over every shard, oldest first, a keyset page. "
+            "A shard that cannot be reached does not fail the page: it is named in "
+            "`unavailable_shards` and its interrupts are missing (start again from the first "
+            "page once it is back: the cursor is a position)",
+            _responses({200: _INTERRUPTS_PAGE}, 400),
             _query("workflow", _NAME, "Only interrupts of this workflow's runs"), _LIMIT,
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{32}$"},
                    "The next_cursor of the previous page"))},

@@ -3,6 +3,11 @@
 Each refusal kind has one status (first match wins, the more special kinds
 first) and one body: its text and what a caller acts on. Anything that is not
 a refusal is a bug: status 500, logged by the caller, never shown.
+
+A caller sees shards by name only. The shard layer's messages name a shard by
+its label (name and redacted URL) for operators; its host, port, user and
+database are no business of a reviewer or an API caller, so they are taken
+out here, and the cause of an unavailable shard goes to the server's log.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from shardq.queue.errors import (
     UpdateRejected,
     UpdateTimedOut,
 )
+from shardq.shards.config import ShardMap, redact
 from shardq.shards.errors import ShardqError, ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId
 
@@ -41,15 +47,37 @@ def status_of(exc: BaseException) -> int:
     return next((code for kinds, code in STATUS if isinstance(exc, kinds)), 500)
 
 
-def refusal_body(exc: Exception) -> dict[str, Any]:
+def public_text(exc: BaseException, shard_map: ShardMap) -> str:
+    """The refusal's text with every shard named by its name alone (no URL)."""
+    text = str(exc)
+    for shard in shard_map.shards:
+        for shown in (shard.label, redact(shard.url), shard.url):
+            text = text.replace(shown, shard.name)
+    return text
+
+
+def unavailable_shards(exc: ShardUnavailable, shard_map: ShardMap) -> list[str]:
+    """The names of the shards an unavailable-shard error is about."""
+    text = str(exc)
+    return [s.name for s in shard_map.shards if text.startswith(f"{s.label}:")]
+
+
+def unavailable_text(names: list[str]) -> str:
+    if not names:
+        return "a shard is unavailable; try again later"
+    return f"shard {', '.join(names)} is unavailable; try again later"
+
+
+def refusal_body(exc: Exception, shard_map: ShardMap) -> dict[str, Any]:
     """What a refusal says: its text and, per kind, what a caller acts on."""
     if isinstance(exc, PayloadInvalid):
         return {"error": exc.summary, "violations": exc.violations}
     if isinstance(exc, ExecutionNotFound | InvalidExecutionId):
         return {"error": "execution not found"}  # another tenant's run reads the same
     if isinstance(exc, ShardUnavailable):
-        return {"error": f"a shard is unavailable: {exc}"}
-    body: dict[str, Any] = {"error": str(exc)}
+        names = unavailable_shards(exc, shard_map)
+        return {"error": unavailable_text(names), "unavailable_shards": names}
+    body: dict[str, Any] = {"error": public_text(exc, shard_map)}
     if isinstance(exc, UpdateTimedOut):
         body.update(update_id=exc.update_id, completed=False)
     elif isinstance(exc, UpdateRefused | SignalRefused):

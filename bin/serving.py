@@ -70,7 +70,10 @@ def build_app(config: ServeConfig) -> Starlette:
     from shardq.shards.pools import ShardPools
 
     registry, tokens, shard_map = checked(config)
-    pools = ShardPools(shard_map, application_name="shardq-api").open()
+    # Probing: a shard that refuses connections fails a request at once (the
+    # inbox and /interrupts then serve the other shards) instead of after a
+    # pool timeout, and leaves no background retries logging warnings.
+    pools = ShardPools(shard_map, application_name="shardq-api", probe=True).open()
     client = Client(Store(pools), registry)
 
     @asynccontextmanager

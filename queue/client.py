@@ -26,7 +26,14 @@ from shardq.queue.errors import (
     UpdateTimedOut,
 )
 from shardq.queue.limits import Limits
-from shardq.queue.listing import DEFAULT_PAGE, MAX_PAGE, Cursor, InboxCursor, ListQuery
+from shardq.queue.listing import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    Cursor,
+    InboxCursor,
+    ListQuery,
+    PartialInterruptPage,
+)
 from shardq.queue.models import (
     INTERRUPT_ACTIONS,
     BufferedSignal,
@@ -34,8 +41,8 @@ from shardq.queue.models import (
     DecisionResult,
     Execution,
     HistoryEvent,
-    InterruptPage,
     Page,
+    PendingInterrupt,
     RunView,
     SignalRequest,
     SignalResult,
@@ -59,7 +66,7 @@ from shardq.queue.schemas import validate
 from shardq.queue.signaling import check_signal, deliver
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.fanout import by_shard, fan_out
+from shardq.shards.fanout import by_shard, each_shard, fan_out
 from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of, new_execution_id, parse_execution_id
@@ -620,13 +627,19 @@ class Client:
         limit: int = DEFAULT_PAGE,
         newest_first: bool = False,
         waited_s: float = 0.0,
-    ) -> InterruptPage:
+        skip_unavailable: bool = False,
+    ) -> PartialInterruptPage:
         """One page of open interrupts over every shard, oldest request first (or newest).
 
         `waited_s`: only interrupts open at least that many seconds. Pass
         `next_cursor` back (with the same order) for the following page; it is
         a position, so interrupts opened or decided meanwhile never shift or
         repeat a page.
+
+        `skip_unavailable`: a shard that cannot be reached (ShardUnavailable) is
+        named in the page's `unavailable_shards` instead of failing the page, and
+        the shards are read at once, so the page costs the slowest answer: what
+        waits for a person on the other shards stays reviewable during an outage.
         """
         check_name(tenant, "tenant")
         if workflow is not None:
@@ -639,16 +652,25 @@ class Client:
             raise InvalidArgument(f"waited_s must be within 0..{MAX_AGE_FILTER:g} seconds")
         after = InboxCursor.decode(cursor) if cursor is not None else None
         position = (after.at, after.id) if after else None
-        pages = [self.store.pending_interrupts(shard, tenant=tenant, workflow=workflow,
-                                               after=position, limit=limit,
-                                               newest_first=newest_first, waited_s=waited_s)
-                 for shard in self.map.shards]
+        def read(shard: Shard) -> list[PendingInterrupt]:
+            return self.store.pending_interrupts(shard, tenant=tenant, workflow=workflow,
+                                                 after=position, limit=limit,
+                                                 newest_first=newest_first, waited_s=waited_s)
+
+        missing: tuple[str, ...] = ()
+        if skip_unavailable:
+            reached = each_shard(self.map.shards, read)
+            pages = list(reached.answers.values())
+            missing = tuple(reached.unavailable_names)
+        else:
+            pages = [read(shard) for shard in self.map.shards]
         merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id),
                                   reverse=newest_first))
         merged = merged[:limit]
         last = merged[-1] if len(merged) == limit else None
-        return InterruptPage(
-            merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None
+        return PartialInterruptPage(
+            merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None,
+            missing,
         )
 
     def decide(

@@ -26,7 +26,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from shardq.queue.errors import InvalidArgument
-from shardq.queue.models import TERMINAL_STATES, State
+from shardq.queue.models import TERMINAL_STATES, InterruptPage, State
 
 OUTCOME_KINDS = tuple(f"run.{s.value}" for s in sorted(TERMINAL_STATES))
 """The history events that end a run (as in the history_outcome index)."""
@@ -83,6 +83,18 @@ class InboxCursor:
             return cls(at, uuid.UUID(bytes=raw[8:]))
         except (ValueError, TypeError, OverflowError) as exc:
             raise InvalidArgument(f"invalid inbox cursor {value!r}") from exc
+
+
+@dataclass(frozen=True)
+class PartialInterruptPage(InterruptPage):
+    """A page of open interrupts from the shards that answered; `unavailable_shards`
+    names the others (by name only), whose interrupts the page lacks.
+
+    Its cursor is a position, so a page after it skips what an unavailable shard
+    holds before that position: start again from the first page once it is back.
+    """
+
+    unavailable_shards: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -257,7 +257,11 @@ class WorkflowContext:
         Signals that arrived early are buffered and consumed oldest first. With a
         `timeout` (seconds, > 0) the wait gives up at a database-clock deadline
         and returns None; a signal sent without payload is still a `Signal`
-        (its `.payload` is None), so the two never look alike.
+        (its `.payload` is None), so the two never look alike. Which of the two
+        happened is decided by the times the store recorded, not by when a
+        worker ran: a signal received by the deadline is returned however late
+        the run resumes, and one received after it does not count here (it
+        stays buffered for a later receive).
         """
         check_signal_name(name)
         _check_timeout(timeout, f"receive {name!r}")
@@ -271,7 +275,10 @@ class WorkflowContext:
             return None
         self._take_updates(position)
         waiting = kinds.get(Event.SIGNAL_WAITING)
-        arrived = next((s for s in self._pending if s.name == name), None)
+        deadline = waiting.payload.get("wake_at") if waiting is not None else None
+        cutoff = datetime.fromisoformat(deadline) if deadline else None
+        arrived = next((s for s in self._pending if s.name == name
+                        and (cutoff is None or _received(s) <= cutoff)), None)
         if arrived is not None:
             journal = self._journal
             payload = self._consume(arrived, position)
@@ -289,9 +296,10 @@ class WorkflowContext:
                 open_wait=OpenWait(position, "signal", name, deadline_in=timeout),
                 wake_on_signals=(name,),
             )
-        deadline = waiting.payload.get("wake_at")
         remaining = self._until(deadline) if deadline else None
         if remaining is not None and remaining <= 0:
+            # The store grants this only if its clock agrees and no signal it
+            # received by the deadline is left (defer_premature_timeouts).
             self._journal.events.append(NewEvent(position, Event.SIGNAL_TIMED_OUT, name, {}))
             self._journal.close_wait = True
             return None

@@ -1336,17 +1336,22 @@ def metrics_command(
         shard_map = settings.shard_map()
         bounds = _bounds(stale_after, deadline_grace)
         registry = CollectorRegistry(auto_describe=False)
-        pools = ShardPools(shard_map, timeout=scrape_timeout,
-                           application_name="shardq-metrics").open()
+
+        def open_store() -> Store:
+            # Probing: a shard that refuses connections is reported down at once.
+            return Store(ShardPools(shard_map, timeout=scrape_timeout, probe=True,
+                                    application_name="shardq-metrics").open())
+
+        collector = StoreCollector(
+            open_store, shard_map, bounds=bounds, overdue_grace_s=overdue_grace,
+            cache_s=cache_seconds, timeout_s=scrape_timeout)
         try:
-            registry.register(StoreCollector(
-                Store(pools), shard_map, bounds=bounds, overdue_grace_s=overdue_grace,
-                cache_s=cache_seconds, timeout_s=scrape_timeout))
+            registry.register(collector)
             server = serve(registry, host, port)
         except BaseException:
             # Closed here, not by the interpreter's exit: a pool left to its finalizer
             # may print a traceback after the one line that says what went wrong.
-            pools.close()
+            collector.close()
             raise
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -1355,7 +1360,7 @@ def metrics_command(
                f"{', '.join(s.name for s in shard_map.shards)}", err=True)
     stop.wait()
     server.shutdown()
-    pools.close()
+    collector.close()
 
 
 def _dev_state(ctx: click.Context) -> Path:

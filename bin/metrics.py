@@ -6,13 +6,20 @@ a shard that does not answer within the scrape timeout is reported with
 `shardq_shard_up 0` and no other series, so a scrape never hangs on it. The
 answers are cached for `cache_s`: scrapes from several Prometheus servers, or
 a dashboard refreshing, cost the shards one read per interval.
+
+Each shard is read through connections of its own (a probing ShardPools per
+shard), renewed whenever the shard is found unavailable. So a shard that
+refuses connections costs a scrape one refused connect, not a wait for a pool
+that cannot fill; and once it answers again the next scrape reaches it, not
+a pool still backing off its reconnection attempts.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from wsgiref.simple_server import WSGIServer
@@ -24,7 +31,9 @@ from prometheus_client.registry import Collector
 from shardq.queue.models import ShardHealth, StaleBounds, State
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import ConfigError
+from shardq.shards.errors import ConfigError, ShardUnavailable
+
+log = logging.getLogger(__name__)
 
 
 def serve(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
@@ -37,11 +46,15 @@ def serve(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
 
 
 class StoreCollector(Collector):
-    """Per-shard gauges computed from the store, cached for `cache_s` seconds."""
+    """Per-shard gauges computed from the store, cached for `cache_s` seconds.
+
+    `open_store()` makes a Store over new connections (probing pools); each shard
+    gets one, and a new one after it was found unavailable. `close()` closes them.
+    """
 
     def __init__(
         self,
-        store: Store,
+        open_store: Callable[[], Store],
         shard_map: ShardMap,
         *,
         bounds: StaleBounds,
@@ -49,13 +62,17 @@ class StoreCollector(Collector):
         cache_s: float,
         timeout_s: float,
     ) -> None:
-        self._store = store
+        self._open_store = open_store
         self._map = shard_map
         self._bounds = bounds
         self._overdue_grace_s = overdue_grace_s
         self._cache_s = cache_s
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
+        self._stores_lock = threading.Lock()
+        self._stores: dict[str, Store] = {}
+        self._down: set[str] = set()
+        """Shards whose last read failed: logged once when they go, once when they return."""
         self._read_at = float("-inf")
         self._snapshot: dict[str, ShardHealth | None] = {}
         # Reads of a shard that stopped answering may outlive a scrape; they
@@ -83,9 +100,40 @@ class StoreCollector(Collector):
             self._read_at = time.monotonic()
             return self._snapshot
 
+    def close(self) -> None:
+        with self._stores_lock:
+            stores, self._stores = list(self._stores.values()), {}
+        for store in stores:
+            store.pools.close()
+
+    def _store(self, shard: Shard) -> Store:
+        with self._stores_lock:
+            store = self._stores.get(shard.name)
+            if store is None:
+                store = self._stores[shard.name] = self._open_store()
+            return store
+
     def _read(self, shard: Shard) -> ShardHealth:
-        return self._store.health(shard, self._bounds, overdue_grace_s=self._overdue_grace_s,
+        store = self._store(shard)
+        try:
+            health = store.health(shard, self._bounds, overdue_grace_s=self._overdue_grace_s,
                                   timeout_s=self._timeout_s)
+        except ShardUnavailable as exc:
+            if shard.name not in self._down:
+                self._down.add(shard.name)
+                log.warning("shard unavailable: %s", exc, extra={"shard": shard.name})
+            # Its pool would back off reconnecting (seconds, growing) and make each
+            # scrape wait for a connection; new probing pools try once per scrape.
+            with self._stores_lock:
+                if self._stores.get(shard.name) is store:
+                    del self._stores[shard.name]
+            threading.Thread(target=store.pools.close, name="shardq-scrape-close",
+                             daemon=True).start()
+            raise
+        if shard.name in self._down:
+            self._down.discard(shard.name)
+            log.warning("shard answers again", extra={"shard": shard.name})
+        return health
 
 
 def _result(future: Future[ShardHealth]) -> ShardHealth | None:

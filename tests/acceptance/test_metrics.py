@@ -121,3 +121,43 @@ def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(
         assert value(samples, "shardq_pending_signals", shard="shard-0") == 0
     finally:
         proxy.stop()
+
+
+def test_a_refusing_shard_costs_a_scrape_nothing_and_is_up_on_the_first_scrape_back(
+    shard_map: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    params = conninfo_to_dict(shard_map.shards[1].url)
+    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"),
+                     int(params.get("port") or 5432)).start()
+    try:
+        listed = urls(shard_map)
+        listed[1] = database_url(make_conninfo(listed[1], host="127.0.0.1", port=proxy.port),
+                                 str(params["dbname"]))
+        port = free_port()
+        exporter = spawn(listed, "metrics", "--port", str(port), "--scrape-timeout", "10",
+                         "--cache-seconds", "0")
+        exporter.wait_for("store exporter on")
+        samples = scrape(port)
+        assert [value(samples, "shardq_shard_up", shard=s) for s in ("shard-0", "shard-1")] == [
+            1, 1]
+        proxy.stop()  # refuses new connections, resets the open ones
+        for _ in range(4):  # each scrape, not only the first after it went
+            started = time.monotonic()
+            samples = scrape(port)
+            # The 10 s timeout was what a scrape paid for a refusing shard before.
+            assert time.monotonic() - started < 1.5
+            assert value(samples, "shardq_shard_up", shard="shard-1") == 0
+            assert value(samples, "shardq_pending_signals", shard="shard-1") is None
+            assert value(samples, "shardq_shard_up", shard="shard-0") == 1
+            assert value(samples, "shardq_pending_signals", shard="shard-0") == 0
+        proxy.start()
+        samples = scrape(port)  # the first scrape after it returned
+        assert value(samples, "shardq_shard_up", shard="shard-1") == 1
+        assert value(samples, "shardq_pending_signals", shard="shard-1") == 0
+        # Logged once when it went and once when it came back, not once per scrape.
+        logged = exporter.stderr()
+        went = logged.count('logger=shardq.bin.metrics msg="shard unavailable')
+        back = logged.count('logger=shardq.bin.metrics msg="shard answers again"')
+        assert (went, back) == (1, 1), logged
+    finally:
+        proxy.stop()

@@ -23,7 +23,11 @@ Gates differ from code-first signal waits: a run takes one signal per gate
 event. The first one stands; a second signal of that name is refused when it
 is sent (`SignalRefused`, reason `gate_closed`), before or after the gate was
 reached, and never replaces the accepted payload. A signal sent before the
-run reaches its gate is kept and opens the gate when it gets there.
+run reaches its gate is kept and opens the gate when it gets there. A gate's
+or an interrupt's timeout is decided as a code-first wait's (`ctx.receive`,
+`ctx.interrupt`): by the deadline the store wrote and the arrival it recorded,
+so a signal or decision in time opens it however late a worker comes, and a
+late one does not.
 
 Unwinding: when a step fails for good (its retries spent, or a deliberate
 raise with `retry=1`), an interrupt is rejected, or a gate or interrupt times

@@ -326,7 +326,9 @@ class WorkflowContext:
         match `schema` (JSON Schema, Draft 2020-12). It is returned here on the
         first run and on replay alike. With a `timeout` (seconds, > 0) the
         deadline resolves it as `timed_out`, never as an approval: the workflow
-        decides what that means. A cancel of the run is a decision too (the run
+        decides what that means. A decision the store accepted before the
+        deadline is returned however late the run resumes; one sent after it is
+        refused. A cancel of the run is a decision too (the run
         then ends `cancelled` here). History keeps the request, the decision and
         every refused attempt.
         """
@@ -360,6 +362,7 @@ class WorkflowContext:
         deadline = requested.payload.get("wake_at")
         remaining = self._until(deadline) if deadline else None
         if deadline and remaining is not None and remaining <= 0:
+            # Granted by the store only if no decision landed meanwhile.
             outcome = {"action": "timed_out", "decided_at": deadline}
             self._journal.events.append(NewEvent(
                 position, Event.INTERRUPT_TIMED_OUT, name, outcome
@@ -439,6 +442,8 @@ class WorkflowContext:
             )
         remaining = self._until(deadline) if deadline else None
         if remaining is not None and remaining <= 0:
+            # Granted by the store only if no handled signal received by the
+            # deadline is left unconsumed (defer_premature_timeouts).
             journal.events.append(NewEvent(position, Event.CONDITION_TIMED_OUT, name, {}))
             journal.close_wait = True
             return False

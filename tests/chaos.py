@@ -43,6 +43,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -62,7 +63,7 @@ from shardq.shards.routing import bucket_for
 NETWORK = ipaddress.IPv4Network("10.213.77.0/24")
 SLOTS = 16
 PORT = 5433
-LOCK_DIR = Path("/tmp")
+LOCK_DIR = Path(tempfile.gettempdir())
 _TOOL_TIMEOUT = 30.0
 
 
@@ -486,6 +487,16 @@ class Load:
             self._threads.append(thread)
         return self
 
+    def backlog(self, per_shard: int, workflow: str = "steps3") -> None:
+        """Start `per_shard` runs of `workflow` on every shard at once: work to drain."""
+        for index in range(len(self.map.shards)):
+            keys = [key_on(self.map, index, workflow, f"backlog-{index}-{k}")
+                    for k in range(per_shard)]
+            for first in range(0, per_shard, 500):
+                call = _Call(workflow, [(key, None) for key in keys[first:first + 500]])
+                if not self._attempt(index, call):
+                    raise AssertionError(f"backlog on shard {index}: {self.errors[-1]}")
+
     def stop(self, flush_timeout: float = 30.0) -> None:
         """Stop ticking, then start what failed and a last sender for every queued target."""
         self._stop.set()
@@ -589,6 +600,10 @@ def completions(urls: Sequence[str], exclude_prefix: str) -> tuple[int, int]:
     return jobs, signalled
 
 
+def completed_on(url: str) -> int:
+    return int(scalar(url, "SELECT count(*) FROM shardq.history WHERE kind = 'run.completed'"))
+
+
 def unfinished(urls: Sequence[str]) -> int:
     return sum(int(scalar(url, "SELECT count(*) FROM shardq.executions x WHERE NOT EXISTS ("
                                "SELECT FROM shardq.history h WHERE h.execution_id = x.id "
@@ -663,11 +678,13 @@ class Ledger:
                                 AND s.consumed_at IS NOT NULL)
                         FROM shardq.executions x"""):
                     runs[row[0]].append(row[1:])
-                dup = conn.execute("SELECT count(*) FROM (SELECT execution_id, position "
+                dup = conn.execute("SELECT count(*), (array_agg(kinds))[1:3] FROM ("
+                                   "SELECT execution_id, position, kind AS kinds "
                                    "FROM shardq.history WHERE position IS NOT NULL "
-                                   "GROUP BY 1, 2 HAVING count(*) > 1) d").fetchone()
+                                   "GROUP BY 1, 2, 3 HAVING count(*) > 1) d").fetchone()
                 if dup and dup[0]:
-                    self.problems.append(f"{url}: {dup[0]} history positions recorded twice")
+                    self.problems.append(f"{url}: {dup[0]} calls recorded twice at one position "
+                                         f"(kinds {dup[1]})")
                 for table in ("tasks", "waits"):
                     left = conn.execute(f"SELECT count(*) FROM shardq.{table}").fetchone()
                     if left and left[0]:
@@ -683,7 +700,7 @@ class Ledger:
                 extra = [k for k in found if k not in keys or found.count(k) > 1]
                 self.problems.append(f"{workflow}: {len(keys)} started, {len(found)} stored; "
                                      f"missing {sorted(missing)[:5]}, extra {extra[:5]}")
-        self._outcomes(runs)
+        self._outcomes({w: r for w, r in runs.items() if w in load.started})
         return self.problems
 
     def _outcomes(self, runs: dict[str, list[tuple[Any, ...]]]) -> None:
@@ -694,6 +711,7 @@ class Ledger:
         for workflow, rows in runs.items():
             bad(f"{workflow} runs without exactly one outcome, run.completed",
                 [(r[0], r[2]) for r in rows if r[2] != ["run.completed"]])
+        runs = defaultdict(list, runs)
         bad("steps3 runs whose steps are not recorded once each (0, 1, 2)",
             [(r[0], r[4]) for r in runs["steps3"] if r[4] != [0, 1, 2]])
         bad("onboarding targets without exactly one consumed tenant_cancelled",

@@ -199,7 +199,7 @@ class TcpProxy:
                     self._conns.append(client)
                 continue
             try:
-                server = socket.create_connection(self._target)
+                server = _connect(*self._target)
             except OSError:
                 client.close()
                 continue
@@ -211,6 +211,19 @@ class TcpProxy:
                 self._conns += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    """TCP to host:port; a folder for host is PostgreSQL's Unix socket (embedded servers)."""
+    if not host.startswith("/"):
+        return socket.create_connection((host, port))
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.connect(f"{host}/.s.PGSQL.{port}")
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _pipe(source: socket.socket, sink: socket.socket) -> None:

@@ -134,6 +134,14 @@ def errors_as_exit_codes() -> Iterator[None]:
         fail(str(exc), code)
 
 
+def exit_if_fatal(error: ShardqError | None) -> None:
+    """A daemon that stopped because a shard, reached late, holds another map or schema
+    exits as it would have at start (4 or 5), with the shard's one-line reason."""
+    if error is not None:
+        with errors_as_exit_codes():
+            raise error
+
+
 def emit(settings: Settings, payload: Any, text: str) -> None:
     click.echo(json.dumps(payload, indent=2, default=str) if settings.as_json else text)
 
@@ -465,13 +473,14 @@ def worker(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     tune_gc_for_worker()  # the application's modules are imported by now
-    pools = ShardPools(shard_map).open()
+    pools = ShardPools(shard_map, on_fatal=lambda _: stop.set()).open()
     running = Worker(Store(pools), registry, shards=served, config=config).start()
     click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
     stop.wait()
     released = running.stop()
     pools.close()
     click.echo(f"worker stopped ({released} unfinished lease(s) handed back)", err=True)
+    exit_if_fatal(pools.fatal)
 
 
 @cli.group()
@@ -1008,7 +1017,8 @@ def outbox_relay(
     # A short wait for a target's connection, so a shard that went down costs a
     # round little; the server ends a transaction a stalled relay left open.
     pools = ShardPools(shard_map, timeout=2.0, application_name="shardq-relay",
-                       options="-c idle_in_transaction_session_timeout=60s").open()
+                       options="-c idle_in_transaction_session_timeout=60s",
+                       on_fatal=lambda _: stop.set()).open()
     relay = Relay(Store(pools), sources=sources, config=config).start()
     click.echo(f"outbox relay serving {', '.join(s.name for s in sources)}", err=True)
     stop.wait()
@@ -1016,6 +1026,7 @@ def outbox_relay(
     pools.close()
     counts = ", ".join(f"{k} {v}" for k, v in sorted(relay.counts.items())) or "nothing"
     click.echo(f"outbox relay stopped ({counts})", err=True)
+    exit_if_fatal(pools.fatal)
 
 
 @cli.group("outbox", invoke_without_command=True)

@@ -22,9 +22,11 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+import psycopg
+
 from shardq.queue.completer import Completer, Result
 from shardq.queue.control import CommitRejected
-from shardq.queue.errors import ShardUnavailable, StoreRejected
+from shardq.queue.errors import StoreRejected
 from shardq.queue.instruments import (
     CLAIM_BATCH,
     CLAIMED,
@@ -42,6 +44,7 @@ from shardq.queue.retention import RetentionPlan, purge
 from shardq.queue.store import Store
 from shardq.queue.turn import failing_commit, run_turn
 from shardq.shards.config import Shard
+from shardq.shards.errors import ShardqError
 from shardq.shards.routing import bucket_of
 
 log = logging.getLogger(__name__)
@@ -206,7 +209,9 @@ class Worker:
             self._claimers.append(self._spawn(f"shardq-claim-{shard.name}", claim_loop))
         for i in range(self.config.concurrency):
             self._spawn(f"shardq-turn-{i}", self._turn_loop)
-        self._spawn("shardq-heartbeat", self._heartbeat_loop)
+        for shard in self.shards:
+            heartbeat = functools.partial(self._heartbeat_loop, shard)
+            self._spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
         if self.config.housekeeping_interval_s > 0:
             self._spawn("shardq-housekeeping", self._housekeeping_loop)
         log.info("worker started", extra={
@@ -299,7 +304,9 @@ class Worker:
                 claims, due_in = self.store.claim(
                     shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
                 )
-            except ShardUnavailable as exc:
+            except (ShardqError, psycopg.Error) as exc:
+                # The shard is down, read-only, restarting, or holds another map
+                # (the process is being stopped for that): one line, not a trace.
                 error = exc
             except Exception as exc:
                 # A claim loop that died would leave its shard unserved while
@@ -317,8 +324,9 @@ class Worker:
             backlog = error is None and len(claims) == limit
             if error is not None:
                 failures += 1
-                if failures == 1 and isinstance(error, ShardUnavailable):
-                    log.error("shard unavailable; retrying", extra={"error": str(error)})
+                if failures == 1 and isinstance(error, (ShardqError, psycopg.Error)):
+                    log.error("shard unavailable; retrying", extra={
+                        "shard": shard.name, "error": _line(error)})
                 sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if failures:
@@ -536,32 +544,38 @@ class Worker:
                 except Exception as exc:  # housekeeping must never take the worker down
                     log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})
 
-    def _heartbeat_loop(self) -> None:
-        # A third of the lease: two heartbeats may fail before another worker
-        # could take a healthy turn over.
+    def _heartbeat_loop(self, shard: Shard) -> None:
+        # A thread per shard: an extension to a shard gone silent blocks until
+        # the connection's TCP timeout (shards/pools.py), and must not hold back
+        # the leases of the healthy ones. A third of the lease: two heartbeats
+        # may fail before another worker could take a healthy turn over.
         interval = self.config.lease_s / 3
         while not self._drained.wait(interval):
             with self._lock:
-                entries = list(self._inflight.values())
-            for shard in self.shards:
-                leases = [Lease(e.execution_id, e.token) for e in entries if e.shard == shard]
-                if not leases:
-                    continue
-                try:
-                    kept = self.store.extend_leases(shard, leases, self.config.lease_s)
-                except ShardUnavailable as exc:
-                    log.warning("heartbeat failed", extra={"shard": shard.name, "error": str(exc)})
-                    continue
-                except Exception:
-                    # A heartbeat thread that died would leave the worker claiming
-                    # while every lease it holds expires under its turns (which
-                    # then run again elsewhere): log it and beat again next time.
-                    log.exception("heartbeat failed; retrying", extra={"shard": shard.name})
-                    continue
-                for lease in leases:
-                    if lease.execution_id not in kept:
-                        log.debug("lease not extended (finished or lost)",
-                                  extra={"execution_id": str(lease.execution_id)})
+                leases = [Lease(e.execution_id, e.token) for e in self._inflight.values()
+                          if e.shard == shard]
+            if not leases:
+                continue
+            try:
+                kept = self.store.extend_leases(shard, leases, self.config.lease_s)
+            except (ShardqError, psycopg.Error) as exc:
+                log.warning("heartbeat failed", extra={"shard": shard.name, "error": _line(exc)})
+                continue
+            except Exception:
+                # A heartbeat thread that died would leave the worker claiming
+                # while every lease it holds expires under its turns (which
+                # then run again elsewhere): log it and beat again next time.
+                log.exception("heartbeat failed; retrying", extra={"shard": shard.name})
+                continue
+            for lease in leases:
+                if lease.execution_id not in kept:
+                    log.debug("lease not extended (finished or lost)",
+                              extra={"execution_id": str(lease.execution_id)})
+
+
+def _line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 _Item = tuple[Shard, Claim] | None

@@ -22,7 +22,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import ShardqError, ShardUnavailable
+from shardq.shards.errors import SchemaBehind, ShardqError, ShardUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,11 @@ class ShardPools:
     its pool is handed out: its recorded map and schema must be this process's
     (`verify`, by default shards.migrations.verify_shard). A daemon started while
     a shard was unreachable, or out of connection slots, checks it when it comes
-    back instead of routing by a map the shards do not share. A mismatch raises
-    MapMismatch or SchemaBehind on every use and is handed to `on_fatal` once:
-    a process holding another map must stop, whatever shard it found out on.
+    back instead of routing by a map the shards do not share. A map mismatch
+    raises MapMismatch on every use and is handed to `on_fatal` once: a process
+    holding another map must stop, whatever shard it found out on. A shard not
+    migrated yet (or behind this code's schema) is treated as unavailable until
+    `shardq migrate` has run on it.
 
     After a failure that says the shard is gone (refused, timed out, broken
     connection), calls fail at once with that error and one call a second
@@ -225,6 +227,15 @@ class ShardPools:
             except ShardUnavailable as exc:
                 self._down[shard.name] = (exc, time.monotonic() + DOWN_PROBE_INTERVAL_S)
                 raise
+            except SchemaBehind as exc:
+                # Being set up or upgraded (`shardq migrate` still to run): this
+                # process's map is not in question, so wait for it like an outage.
+                if shard.name not in self._down:
+                    log.error("shard not ready; retrying", extra={
+                        "shard": shard.name, "error": str(exc)})
+                unready = ShardUnavailable(str(exc))
+                self._down[shard.name] = (unready, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+                raise unready from exc
             except ShardqError as exc:
                 self._fatal = exc
                 log.error("shard disagrees with this process; it must stop",

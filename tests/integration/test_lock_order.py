@@ -8,8 +8,10 @@ every run instead of once in thousands.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +73,10 @@ def _key_on(client: Client, workflow: str, prefix: str) -> str:
                 if client.map.for_bucket(bucket_for("default", workflow, k)) == first)
 
 
+def _parked(client: Client, run: uuid.UUID) -> bool:
+    return client.get(run).state is State.WAITING
+
+
 def _attempt(call: Callable[[], Any]) -> Any:
     try:
         return call()
@@ -82,7 +88,7 @@ def _waiting_on_a_lock(url: str, holder_pid: int) -> bool:
     found = rows(url, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
                       "WHERE NOT l.granted AND a.datname = current_database() AND l.pid <> %s",
                  holder_pid)
-    return found[0][0] > 0
+    return int(found[0][0]) > 0
 
 
 def _deadlocks(url: str) -> int:
@@ -103,7 +109,7 @@ def test_a_batch_of_same_shard_sends_locks_its_targets_in_id_order(
     low, high = sorted(s.execution_id for s in started)
     worker = start_worker(registry, poll_interval_s=60.0)
     for run in (low, high):
-        wait_until(lambda run=run: client.get(run).state is State.WAITING, what="parked")
+        wait_until(functools.partial(_parked, client, run), what="parked")
     worker.stop()
     senders = [client.start("lock_sender", _key_on(client, "lock_sender", f"s{i}"),
                             {"targets": []}).execution_id for i in range(2)]

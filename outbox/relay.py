@@ -24,10 +24,20 @@ call position), which the target keeps with the signal and collapses a repeat
 of, keyed or not. An idempotency key still adds what an origin cannot: one
 logical event sent by several senders (or several runs) lands once.
 
-Per-target health: a target shard that fails a delivery is skipped, its rows
-deferred with backoff without trying, until its next probe time, so a shard
-that is down costs one failed attempt per backoff period and rows for healthy
-shards keep flowing in the same batches.
+Per-target health: a target shard that fails a delivery for want of the shard
+(refused, restarting, read-only, out of connections, or silent past the round's
+delivery deadline) is marked down. Rounds then defer its rows without trying,
+and a prober thread of its own asks it once a second whether it takes writes
+again; the answer that says yes makes its deferred rows due on this relay's
+sources at once. So a shard that is down costs the rounds nothing, rows for
+healthy shards keep flowing in the same batches, and a returning shard is
+delivered to within about a second. An error that belongs to a row or a batch
+(a deadlock, one tenant's bad batch) retries those rows and leaves the shard up.
+
+The delivery deadline (RelayConfig.delivery_timeout_s) is what keeps a silent
+target from holding a round: a delivery still in flight when it passes is left
+to finish on its own thread, and its rows settle as retries. If it did land,
+the retry collapses on the target by its origin, as after a relay crash.
 """
 
 from __future__ import annotations
@@ -38,8 +48,8 @@ import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import psycopg
@@ -69,10 +79,17 @@ FAILPOINT_ENV = "SHARDQ_RELAY_FAILPOINT"
 target shards and before its source rows are settled (the window exactly-once covers)."""
 
 BUSY_NAP_S = 0.1
+PROBE_INTERVAL_S = 1.0
+"""How often a prober asks a target shard that is down whether it takes writes again."""
 
 TRANSIENT = (ShardUnavailable, StoreConflict, psycopg.Error, TimeoutError, OSError)
 """Errors a later attempt may not meet: the target shard down, restarting, in recovery,
 a lost race, a timeout. Anything the target answers about the run itself is final."""
+
+_SHARD_LEVEL_CLASSES = ("08", "53", "57", "58")
+"""SQLSTATE classes that speak of the server, not of the statement: connection
+exceptions, insufficient resources (no connection slots, disk full), operator
+intervention (shutdown, crash recovery, a cancelled statement), system errors."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +103,16 @@ class RelayConfig:
     (`expired`), so no row retries forever unseen."""
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 60.0
+    delivery_timeout_s: float = 3.0
+    """How long a round waits for one target shard's deliveries. Past it the target is
+    taken for down (silent, or too slow to be of use) and its rows retry; a healthy
+    shard commits a batch in milliseconds."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 10_000:
             raise ValueError(f"batch size must be 1..10000, got {self.batch_size}")
-        for name in ("poll_interval_s", "max_age_s", "initial_backoff_s", "max_backoff_s"):
+        for name in ("poll_interval_s", "max_age_s", "initial_backoff_s", "max_backoff_s",
+                     "delivery_timeout_s"):
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -117,41 +139,62 @@ class Backoff:
 
 
 class TargetDeferred(ShardUnavailable):
-    """A row not tried: its target shard failed lately and is skipped for `wait` seconds."""
+    """A row not tried: its target shard is down, and its prober has not seen it back."""
 
-    def __init__(self, target: Shard, wait: float) -> None:
-        super().__init__(f"{target.label}: unavailable lately; next try in {wait:.1f} s")
-        self.wait = wait
+    def __init__(self, target: Shard) -> None:
+        super().__init__(f"{target.label}: unavailable; its rows wait until it takes writes")
+
+
+class TargetSilent(ShardUnavailable):
+    """A delivery still unanswered at the round's deadline."""
+
+    def __init__(self, target: Shard, seconds: float) -> None:
+        super().__init__(f"{target.label}: no answer within {seconds:g} s")
 
 
 class TargetHealth:
-    """Which target shards to skip for now, after a failed delivery. Thread-safe."""
+    """Which target shards are down, each watched by a prober until it is back. Thread-safe.
 
-    def __init__(self, backoff: Backoff) -> None:
-        self._backoff = backoff
+    `on_back(shard)` is called from the prober's thread once the shard takes
+    writes again.
+    """
+
+    def __init__(self, store: Store, on_back: Callable[[Shard], None],
+                 stopping: threading.Event) -> None:
+        self._store = store
+        self._on_back = on_back
+        self._stopping = stopping
         self._lock = threading.Lock()
-        self._down: dict[str, tuple[int, float]] = {}  # shard -> (failures, retry at)
+        self._down: set[str] = set()
 
-    def skip_for(self, shard: Shard) -> float:
-        """Seconds until `shard` may be tried again; 0 when it may be tried now."""
+    def is_down(self, shard: Shard) -> bool:
         with self._lock:
-            entry = self._down.get(shard.name)
-        return 0.0 if entry is None else max(0.0, entry[1] - time.monotonic())
+            return shard.name in self._down
 
     def failed(self, shard: Shard, error: BaseException) -> None:
         with self._lock:
-            failures = self._down.get(shard.name, (0, 0.0))[0] + 1
-            wait = self._backoff(failures)
-            self._down[shard.name] = (failures, time.monotonic() + wait)
-        if failures == 1:
-            log.warning("target shard unavailable; deferring its rows",
-                        extra={"shard": shard.name, "error": _line(error)})
+            if shard.name in self._down:
+                return
+            self._down.add(shard.name)
+        log.warning("target shard unavailable; deferring its rows until it is back",
+                    extra={"shard": shard.name, "error": _line(error)})
+        threading.Thread(target=self._probe, args=(shard,), name=f"shardq-probe-{shard.name}",
+                         daemon=True).start()
 
-    def succeeded(self, shard: Shard) -> None:
-        with self._lock:
-            was_down = self._down.pop(shard.name, None)
-        if was_down is not None:
-            log.warning("target shard reachable again", extra={"shard": shard.name})
+    def _probe(self, shard: Shard) -> None:
+        while not self._stopping.wait(PROBE_INTERVAL_S):
+            try:
+                if not self._store.takes_writes(shard):
+                    continue
+            except Exception as exc:
+                log.debug("target shard still unavailable",
+                          extra={"shard": shard.name, "error": _line(exc)})
+                continue
+            with self._lock:
+                self._down.discard(shard.name)
+            log.warning("target shard takes writes again", extra={"shard": shard.name})
+            self._on_back(shard)
+            return
 
 
 class Relay:
@@ -175,11 +218,14 @@ class Relay:
         self.map = store.map
         self.sources = list(sources) if sources is not None else list(self.map.shards)
         self._backoff = Backoff(self.config)
-        self.health = TargetHealth(self._backoff)
         self._stopping = threading.Event()
+        self.health = TargetHealth(store, self._target_back, self._stopping)
         self._wakes = {s.name: WakeSource(s, listen=listen_for_outbox) for s in self.sources}
+        # Room for one delivery per target left running past its deadline (a
+        # silent target) beside a full round's: down targets get no new ones.
         self._pools = {
-            s.name: ThreadPoolExecutor(len(self.map.shards), thread_name_prefix="shardq-deliver")
+            s.name: ThreadPoolExecutor(2 * len(self.map.shards),
+                                       thread_name_prefix="shardq-deliver")
             for s in self.sources
         }
         self._threads: list[threading.Thread] = []
@@ -229,14 +275,25 @@ class Relay:
             if sleep > 0:
                 wake.wait(sleep)
 
+    def _target_back(self, target: Shard) -> None:
+        """Make the rows deferred for `target` due on every source, and wake the loops."""
+        for source in self.sources:
+            try:
+                self.store.outbox_target_back(source, target.first_bucket, target.last_bucket)
+            except Exception as exc:
+                # Their retry times stand: they go out then, a little later.
+                log.warning("could not make the rows for a returning shard due",
+                            extra={"shard": source.name, "target": target.name,
+                                   "error": _line(exc)})
+            self._wakes[source.name].set()
+
     def _idle_for(self, source: Shard) -> float:
         due = self.store.outbox_next_due(source)
         if due is None:
             return self.config.poll_interval_s
         if due <= 0:
-            # Due rows this round could not claim: another relay holds them, or
-            # an earlier row of their pair waits for its retry. A short nap,
-            # not a spin, until the other relay settles or a NOTIFY comes.
+            # Due rows this round could not claim: another relay holds them. A
+            # short nap, not a spin, until it settles them or a NOTIFY comes.
             return min(self.config.poll_interval_s, BUSY_NAP_S)
         return min(self.config.poll_interval_s, due)
 
@@ -253,57 +310,84 @@ class Relay:
             if not rows:
                 return 0
             groups = by_shard(self.map, rows, lambda r: r.target_bucket)
-            if len(groups) == 1:
-                ((target, members),) = groups.items()
-                outcomes = [self._deliver_to(target, [row for _, row in members])]
-            else:
-                outcomes = list(self._pools[source.name].map(
-                    lambda item: self._deliver_to(item[0], [row for _, row in item[1]]),
-                    groups.items(),
-                ))
+            outcomes = self._deliver_all(source, {
+                target: [row for _, row in members] for target, members in groups.items()})
             _failpoint("after_deliver")
-            for outcome in outcomes:
-                for row, result in outcome:
-                    self._settle(source, row, result, settlement)
+            for row, result in outcomes:
+                self._settle(source, row, result, settlement)
         return len(rows)
+
+    def _deliver_all(
+        self, source: Shard, groups: dict[Shard, list[OutboxRow]]
+    ) -> list[tuple[OutboxRow, SignalResult | BaseException]]:
+        """Every target's rows at once, each bounded by the delivery deadline."""
+        results: list[tuple[OutboxRow, SignalResult | BaseException]] = []
+        running: dict[Future[list[tuple[OutboxRow, SignalResult | BaseException]]],
+                      tuple[Shard, list[OutboxRow]]] = {}
+        for target, rows in groups.items():
+            if self.health.is_down(target):
+                deferred = TargetDeferred(target)
+                results.extend((row, deferred) for row in rows)
+            else:
+                future = self._pools[source.name].submit(self._deliver_to, target, rows)
+                running[future] = (target, rows)
+        done, late = wait(running, timeout=self.config.delivery_timeout_s)
+        for future in done:
+            results.extend(future.result())
+        for future in late:
+            target, rows = running[future]
+            silent = TargetSilent(target, self.config.delivery_timeout_s)
+            self.health.failed(target, silent)
+            results.extend((row, silent) for row in rows)
+        return results
 
     def _deliver_to(
         self, target: Shard, rows: list[OutboxRow]
     ) -> list[tuple[OutboxRow, SignalResult | BaseException]]:
         """Deliver one target shard's rows, one commit per tenant; an error stands for a row."""
-        wait = self.health.skip_for(target)
-        if wait > 0:
-            deferred = TargetDeferred(target, wait)
-            return [(row, deferred) for row in rows]
         by_tenant: dict[str, list[OutboxRow]] = defaultdict(list)
         for row in rows:
             by_tenant[row.tenant].append(row)
         results: list[tuple[OutboxRow, SignalResult | BaseException]] = []
         for tenant, members in by_tenant.items():
+            if self.health.is_down(target):
+                deferred = TargetDeferred(target)
+                results.extend((row, deferred) for row in members)
+                continue
             try:
                 delivered = deliver(self.store, tenant, [_checked(r) for r in members])
-            except StoreRejected as exc:
-                results.extend(self._deliver_one_by_one(tenant, members, exc))
-                continue
             except TRANSIENT as exc:
-                self.health.failed(target, exc)
-                results.extend((row, exc) for row in members)
+                if _about_the_shard(exc):
+                    self.health.failed(target, exc)
+                    results.extend((row, exc) for row in members)
+                elif isinstance(exc, StoreConflict) or len(members) == 1:
+                    results.extend((row, exc) for row in members)
+                else:
+                    results.extend(self._deliver_one_by_one(target, tenant, members))
                 continue
-            self.health.succeeded(target)
+            except StoreRejected as exc:
+                if len(members) == 1:
+                    results.append((members[0], exc))
+                else:
+                    results.extend(self._deliver_one_by_one(target, tenant, members))
+                continue
             results.extend(zip(members, delivered, strict=True))
         return results
 
     def _deliver_one_by_one(
-        self, tenant: str, rows: list[OutboxRow], error: StoreRejected
+        self, target: Shard, tenant: str, rows: list[OutboxRow]
     ) -> list[tuple[OutboxRow, SignalResult | BaseException]]:
-        """A batch the target's database refused: find the row it refuses, deliver the rest."""
-        if len(rows) == 1:
-            return [(rows[0], error)]
+        """A batch the target refused for one of its rows: find that row, deliver the rest."""
         results: list[tuple[OutboxRow, SignalResult | BaseException]] = []
         for row in rows:
+            if self.health.is_down(target):
+                results.append((row, TargetDeferred(target)))
+                continue
             try:
                 (result,) = deliver(self.store, tenant, [_checked(row)])
             except (StoreRejected, *TRANSIENT) as exc:
+                if _about_the_shard(exc):
+                    self.health.failed(target, exc)
                 results.append((row, exc))
             else:
                 results.append((row, result))
@@ -322,8 +406,9 @@ class Relay:
         reason = _permanent_reason(error)
         if reason is None:
             delay = self._backoff(row.attempts + 1)
-            if isinstance(error, TargetDeferred):
-                delay = max(delay, error.wait + self._backoff(1))
+            if isinstance(error, ShardUnavailable):
+                # Made due again by the target's prober the moment it is back.
+                delay = max(delay, self.config.max_backoff_s)
             if row.queued_s + delay < self.config.max_age_s:
                 settlement.retry.append((row.id, delay, "transient", _line(error)))
                 self._count(source, "retried")
@@ -353,6 +438,19 @@ def _permanent_reason(error: BaseException | None) -> str | None:
     if isinstance(error, StoreRejected):
         return "target_rejected"
     return None
+
+
+def _about_the_shard(error: BaseException) -> bool:
+    """True when `error` says the target shard cannot take writes now, whatever the rows."""
+    if isinstance(error, StoreConflict):
+        return False  # a deadlock or serialization failure: a race between statements
+    if isinstance(error, (ShardUnavailable, TimeoutError, OSError)):
+        return True
+    if isinstance(error, psycopg.Error):
+        state = error.sqlstate
+        return (state is None or state.startswith(_SHARD_LEVEL_CLASSES)
+                or state == "25006")  # read_only_sql_transaction
+    return False
 
 
 def _checked(row: OutboxRow) -> SignalDelivery:

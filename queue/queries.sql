@@ -275,9 +275,33 @@ LIMIT %(limit)s
 FOR UPDATE OF o SKIP LOCKED
 
 -- name: outbox_next_due
--- Seconds until the next pending row is due (negative: overdue; null: none).
-SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS seconds
-FROM shardq.outbox WHERE state = 'pending'
+-- Seconds until the next row a claim could take is due (negative: overdue; null:
+-- none): the first of its sender and target still pending. The rows queued
+-- behind one that backs off keep the time they were queued at, long past, and
+-- would otherwise have the relay claim again and again, finding nothing, for as
+-- long as the first one retries.
+SELECT extract(epoch FROM o.next_attempt_at - now())::float8 AS seconds
+FROM shardq.outbox o
+WHERE o.state = 'pending'
+  AND NOT EXISTS (
+      SELECT 1 FROM shardq.outbox e
+      WHERE e.source_execution_id = o.source_execution_id
+        AND e.target_execution_id = o.target_execution_id
+        AND e.state = 'pending' AND e.id < o.id
+  )
+ORDER BY o.next_attempt_at
+LIMIT 1
+
+-- name: outbox_target_back
+-- A target shard takes writes again: the rows deferred while it was down are
+-- due now, not when their backoff would have let them.
+UPDATE shardq.outbox SET next_attempt_at = now()
+WHERE state = 'pending' AND next_attempt_at > now()
+  AND target_bucket BETWEEN %(first)s AND %(last)s
+
+-- name: takes_writes
+-- Whether a write would be accepted: not a standby, not switched read-only.
+SELECT current_setting('transaction_read_only') = 'off' AS writable
 
 -- name: settle_outbox
 -- What one relay round did with its claimed rows, in the claim's transaction:
@@ -290,7 +314,9 @@ WITH delivered AS (
 ), retried AS (
     UPDATE shardq.outbox o
     SET attempts = o.attempts + 1,
-        next_attempt_at = now() + make_interval(
+        -- From the settle, not the claim: a round that waited on a slow target
+        -- must not have used up the backoff it sets.
+        next_attempt_at = clock_timestamp() + make_interval(
             secs => (%(retry_delays)s::float8[])[array_position(%(retry_ids)s::bigint[], o.id)]),
         failure_reason = (%(retry_reasons)s::text[])[array_position(%(retry_ids)s::bigint[], o.id)],
         failure_detail = (%(retry_details)s::text[])[array_position(%(retry_ids)s::bigint[], o.id)]

@@ -307,6 +307,18 @@ class Store:
             row = conn.execute(SQL["outbox_next_due"]).fetchone()
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
+    def outbox_target_back(self, shard: Shard, first_bucket: int, last_bucket: int) -> int:
+        """Make `shard`'s pending rows for a bucket range due now; returns how many."""
+        with self._connection(shard) as conn:
+            return conn.execute(SQL["outbox_target_back"],
+                                {"first": first_bucket, "last": last_bucket}).rowcount
+
+    def takes_writes(self, shard: Shard) -> bool:
+        """Whether `shard` answers and would accept a write (not read-only, not a standby)."""
+        with self._connection(shard) as conn:
+            row = conn.execute(SQL["takes_writes"]).fetchone()
+        return bool(row and row["writable"])
+
     def outbox_backlog(self, shard: Shard) -> list[OutboxBacklog]:
         """What `shard`'s outbox still owes, by target bucket."""
         with self._connection(shard) as conn:

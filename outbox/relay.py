@@ -357,7 +357,7 @@ class Relay:
             try:
                 delivered = deliver(self.store, tenant, [_checked(r) for r in members])
             except TRANSIENT as exc:
-                if _about_the_shard(exc):
+                if shard_level(exc):
                     self.health.failed(target, exc)
                     results.extend((row, exc) for row in members)
                 elif isinstance(exc, StoreConflict) or len(members) == 1:
@@ -386,7 +386,7 @@ class Relay:
             try:
                 (result,) = deliver(self.store, tenant, [_checked(row)])
             except (StoreRejected, *TRANSIENT) as exc:
-                if _about_the_shard(exc):
+                if shard_level(exc):
                     self.health.failed(target, exc)
                 results.append((row, exc))
             else:
@@ -440,7 +440,7 @@ def _permanent_reason(error: BaseException | None) -> str | None:
     return None
 
 
-def _about_the_shard(error: BaseException) -> bool:
+def shard_level(error: BaseException) -> bool:
     """True when `error` says the target shard cannot take writes now, whatever the rows."""
     if isinstance(error, StoreConflict):
         return False  # a deadlock or serialization failure: a race between statements

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -235,3 +236,23 @@ def test_a_row_waits_behind_an_earlier_row_of_its_pair_until_that_one_is_settled
     assert [e.kind for e in client.history(senders[0])
             if e.position is None and e.kind.startswith("external.")] == [
         "external.failed", "external.requeued"]
+
+
+def test_a_retry_s_backoff_counts_from_the_settle_not_the_claim(client: Client) -> None:
+    """A round that waited on a slow target must not have spent the backoff it sets."""
+    store = client.store
+    source = client.map.shards[0]
+    target = new_execution_id(client.map.shards[1].first_bucket)
+    with psycopg.connect(source.url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO shardq.outbox (source_execution_id, source_position, "
+            "target_execution_id, target_bucket, tenant, signal_name, payload) "
+            "VALUES (%s, 0, %s, %s, 'default', 'go', 'null')",
+            [new_execution_id(source.first_bucket), target, client.map.shards[1].first_bucket])
+    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+        assert len(claimed) == 1
+        time.sleep(1.5)  # a round spent on a target that did not answer
+        settlement.retry.append((claimed[0].id, 5.0, "transient", "target silent"))
+    (wait,) = rows(source.url, "SELECT extract(epoch FROM next_attempt_at - now())::float8 "
+                               "FROM shardq.outbox")[0]
+    assert 4.5 < wait <= 5.0, wait

@@ -75,7 +75,7 @@ CREATE TABLE shardq.signals (
     name text NOT NULL,
     payload jsonb NOT NULL,
     idempotency_key text,
-    received_at timestamp with time zone NOT NULL DEFAULT now(),
+    received_at timestamp with time zone NOT NULL DEFAULT clock_timestamp(),
     consumed_at timestamp with time zone,
     consumed_position integer,
     origin text

@@ -473,7 +473,10 @@ def worker(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     tune_gc_for_worker()  # the application's modules are imported by now
-    pools = ShardPools(shard_map, on_fatal=lambda _: stop.set()).open()
+    # A statement stuck behind a lock, or on a shard too slow to be of use,
+    # gives up and is retried, rather than holding a turn thread for good.
+    pools = ShardPools(shard_map, options="-c statement_timeout=60s",
+                       on_fatal=lambda _: stop.set()).open()
     running = Worker(Store(pools), registry, shards=served, config=config).start()
     click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
     stop.wait()
@@ -1017,7 +1020,8 @@ def outbox_relay(
     # A short wait for a target's connection, so a shard that went down costs a
     # round little; the server ends a transaction a stalled relay left open.
     pools = ShardPools(shard_map, timeout=2.0, application_name="shardq-relay",
-                       options="-c idle_in_transaction_session_timeout=60s",
+                       options="-c idle_in_transaction_session_timeout=60s "
+                               "-c statement_timeout=30s",
                        on_fatal=lambda _: stop.set()).open()
     relay = Relay(Store(pools), sources=sources, config=config).start()
     click.echo(f"outbox relay serving {', '.join(s.name for s in sources)}", err=True)

@@ -73,7 +73,10 @@ def build_app(config: ServeConfig) -> Starlette:
     # Probing: a shard that refuses connections fails a request at once (the
     # inbox and /interrupts then serve the other shards) instead of after a
     # pool timeout, and leaves no background retries logging warnings.
-    pools = ShardPools(shard_map, application_name="shardq-api", probe=True).open()
+    # A request answers within a bound: a statement stuck behind a lock or on
+    # an overloaded shard is cancelled by the server (the caller gets a 503).
+    pools = ShardPools(shard_map, application_name="shardq-api", probe=True,
+                       options="-c statement_timeout=15s").open()
     client = Client(Store(pools), registry)
 
     @asynccontextmanager

@@ -25,7 +25,13 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from shardq.queue import listing
-from shardq.queue.errors import ExecutionNotFound, SignalRefused, StoreConflict, StoreRejected
+from shardq.queue.errors import (
+    ExecutionNotFound,
+    ShardUnavailable,
+    SignalRefused,
+    StoreConflict,
+    StoreRejected,
+)
 from shardq.queue.models import (
     BufferedSignal,
     Claim,
@@ -50,7 +56,7 @@ from shardq.queue.models import (
 )
 from shardq.queue.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
 from shardq.shards.config import Shard
-from shardq.shards.pools import DictConnection, ShardPools
+from shardq.shards.pools import DictConnection, ShardPools, connection_lost
 from shardq.shards.sqlfile import load_queries
 
 log = logging.getLogger(__name__)
@@ -91,6 +97,13 @@ class Store:
                 raise StoreRejected(f"{shard.name}: the database refused a value: {exc}") from exc
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 raise StoreConflict(f"{shard.name}: {exc.sqlstate}: {exc}") from exc
+            except psycopg.Error as exc:
+                # A broken connection is the pool's to report (it marks the shard down).
+                if connection_lost(exc) or not _about_the_server(exc):
+                    raise
+                first = str(exc).strip().splitlines()
+                raise ShardUnavailable(
+                    f"{shard.label}: {first[0] if first else exc.sqlstate}") from exc
 
     @contextmanager
     def _transaction(self, shard: Shard) -> Iterator[DictConnection]:
@@ -536,6 +549,17 @@ class Store:
                 continue
         raise StoreConflict(f"{shard.name}: execution {execution_id} kept changing under "
                             f"cancel; try again")
+
+
+_SERVER_STATES = ("53", "57", "58", "25006")
+"""SQLSTATEs that speak of the server, not the statement (a lost connection aside):
+insufficient resources (connection slots, disk full), operator intervention
+(shutdown, recovery, a statement cancelled by statement_timeout), system errors,
+and a server switched read-only. Callers see them as ShardUnavailable."""
+
+
+def _about_the_server(exc: psycopg.Error) -> bool:
+    return exc.sqlstate is not None and exc.sqlstate.startswith(_SERVER_STATES)
 
 
 class _TaskAppeared(Exception):

@@ -2,20 +2,24 @@
 
 `FaultableServer.start()` initialises a PostgreSQL server of its own from the local
 installation's binaries (`/usr/lib/postgresql/*/bin`, run as the `postgres` OS user), inside
-a network namespace created for it. The namespace is joined to the root namespace by a veth
-pair on one /30 of 10.213.77.0/24 (checked unused first; traffic never leaves the machine),
-and the server listens on the namespace's side only (plus a Unix socket in its folder):
+a network namespace created for it. A second namespace is the router between this one and
+the server's: two veth pairs, on one /29 of 10.213.77.0/24 (checked unused first; traffic
+never leaves the machine). The server listens on its namespace's address only (plus a Unix
+socket in its folder):
 
-- `url(db)`: the path under test, TCP over the veth; the daemons use it.
+- `url(db)`: the path under test, TCP through the router; the daemons use it.
 - `local_url(db)`: the Unix socket, which no network fault touches; the test observes and
   administers the server through it.
 
 Faults:
 
-- `silence()` / `heal()`: every packet on the veth dropped at both ends' egress, nothing
-  reset (a `tbf` qdisc whose bucket no packet fits; this kernel has no `netem`). An open
-  connection's `recv` blocks and a new `connect` times out, as behind a dead router or a
-  firewall that discards: only TCP keepalives or a user timeout notice.
+- `silence()` / `heal()`: the router drops every packet it would forward, both ways, and
+  resets nothing (a `tbf` qdisc whose bucket no packet fits, on both of its interfaces;
+  this kernel has no `netem`). An open connection's `recv` blocks and a new `connect` times
+  out, as behind a dead router or a firewall that discards: only TCP keepalives or a user
+  timeout notice. The drop must happen on a hop between the ends: a packet dropped by the
+  sender's own egress qdisc is a local drop its kernel sees, and it fails the connection
+  with ETIMEDOUT within about 8 s, which is no test of keepalives.
 - `restart("immediate" | "fast")`: `pg_ctl restart` inside the namespace.
 - `read_only(True | False)`: `default_transaction_read_only` by ALTER SYSTEM and reload.
 - `slow_url(db, delay_s)`: the same database behind a `DelayProxy` (userspace, in this
@@ -46,7 +50,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -109,8 +112,9 @@ def unavailable_reason() -> str | None:
         _run("ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up")
         _run("ip", "netns", "exec", probe, "tc", "qdisc", "replace", "dev", "lo", "root",
              "tbf", "rate", "8bit", "burst", "1", "limit", "1")
+        _run("ip", "netns", "exec", probe, "sysctl", "-qw", "net.ipv4.ip_forward=1")
     except (RuntimeError, OSError) as exc:
-        return f"`tc qdisc ... tbf` fails in a namespace: {exc}"
+        return f"`tc qdisc ... tbf` or forwarding fails in a namespace: {exc}"
     finally:
         _run("ip", "netns", "del", probe, check=False)
     return None
@@ -134,28 +138,47 @@ class FaultableServer:
 
     @property
     def netns(self) -> str:
+        """The server's namespace."""
         return f"shqc{self.slot}"
 
     @property
-    def host_veth(self) -> str:
-        return f"shqc{self.slot}h"
+    def router(self) -> str:
+        """The namespace that forwards between this one and the server's: the faults' hop."""
+        return f"shqc{self.slot}r"
 
     @property
-    def ns_veth(self) -> str:
+    def host_veth(self) -> str:
+        return f"shqc{self.slot}h"  # peer: router_up, in the router
+
+    @property
+    def router_up(self) -> str:
+        return f"shqc{self.slot}a"
+
+    @property
+    def router_down(self) -> str:
+        return f"shqc{self.slot}b"  # peer: server_veth, in the server's namespace
+
+    @property
+    def server_veth(self) -> str:
         return f"shqc{self.slot}n"
 
     @property
     def subnet(self) -> ipaddress.IPv4Network:
-        return list(NETWORK.subnets(new_prefix=30))[self.slot]
+        """This slot's /29: the host-router /30, then the router-server /30."""
+        return list(NETWORK.subnets(new_prefix=29))[self.slot]
 
     @property
-    def host_address(self) -> str:
-        return str(self.subnet.network_address + 1)
+    def near(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network((self.subnet.network_address, 30))
+
+    @property
+    def far(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network((self.subnet.network_address + 4, 30))
 
     @property
     def address(self) -> str:
-        """Where the server listens: the namespace's end of the veth."""
-        return str(self.subnet.network_address + 2)
+        """Where the server listens: its namespace's end of the far link."""
+        return str(self.far.network_address + 2)
 
     @property
     def data(self) -> Path:
@@ -211,30 +234,51 @@ class FaultableServer:
         if (self.data / "postmaster.pid").exists():
             self._pg_ctl("stop", "-m", "immediate", "-t", "10", check=False)
         namespaces = _run("ip", "netns", "list", check=False)
-        if re.search(rf"^{self.netns}\b", namespaces, re.MULTILINE):
-            for pid in _run("ip", "netns", "pids", self.netns, check=False).split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-            _run("ip", "netns", "del", self.netns, check=False)
+        for ns in (self.netns, self.router):
+            if re.search(rf"^{ns}\b", namespaces, re.MULTILINE):
+                for pid in _run("ip", "netns", "pids", ns, check=False).split():
+                    with contextlib.suppress(ProcessLookupError, ValueError):
+                        os.kill(int(pid), signal.SIGKILL)
+                _run("ip", "netns", "del", ns, check=False)
         if _run("ip", "link", "show", self.host_veth, check=False).strip():
-            _run("ip", "link", "del", self.host_veth, check=False)
+            _run("ip", "link", "del", self.host_veth, check=False)  # and its route
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _make_network(self) -> None:
-        # The /30 must be ours alone: no address of it on any interface of this namespace.
+        # The /29 must be ours alone: no address or route of this namespace overlaps it.
         for line in _run("ip", "-o", "-4", "addr", "show").splitlines():
             found = re.search(r"inet (\S+)", line)
             if found and ipaddress.IPv4Interface(found.group(1)).network.overlaps(self.subnet):
                 raise ChaosUnavailable(f"{self.subnet} is already in use here: {line.strip()}")
-        ns = ("ip", "netns", "exec", self.netns)
+        for line in _run("ip", "-4", "route", "show").splitlines():
+            prefix = line.split()[0]
+            if prefix != "default" and ipaddress.IPv4Network(prefix, strict=False).overlaps(
+                    self.subnet):
+                raise ChaosUnavailable(f"{self.subnet} is already routed here: {line.strip()}")
+        router = ("ip", "netns", "exec", self.router)
+        server = ("ip", "netns", "exec", self.netns)
+        _run("ip", "netns", "add", self.router)
         _run("ip", "netns", "add", self.netns)
-        _run("ip", "link", "add", self.host_veth, "type", "veth", "peer", "name", self.ns_veth)
-        _run("ip", "link", "set", self.ns_veth, "netns", self.netns)
-        _run("ip", "addr", "add", f"{self.host_address}/30", "dev", self.host_veth)
+        _run("ip", "link", "add", self.host_veth, "type", "veth", "peer", "name", self.router_up)
+        _run("ip", "link", "set", self.router_up, "netns", self.router)
+        _run(*router, "ip", "link", "add", self.router_down, "type", "veth", "peer", "name",
+             self.server_veth)
+        _run(*router, "ip", "link", "set", self.server_veth, "netns", self.netns)
+        _run("ip", "addr", "add", f"{self.near.network_address + 1}/30", "dev", self.host_veth)
         _run("ip", "link", "set", self.host_veth, "up")
-        _run(*ns, "ip", "addr", "add", f"{self.address}/30", "dev", self.ns_veth)
-        _run(*ns, "ip", "link", "set", self.ns_veth, "up")
-        _run(*ns, "ip", "link", "set", "lo", "up")
+        _run(*router, "ip", "addr", "add", f"{self.near.network_address + 2}/30", "dev",
+             self.router_up)
+        _run(*router, "ip", "addr", "add", f"{self.far.network_address + 1}/30", "dev",
+             self.router_down)
+        for dev in (self.router_up, self.router_down):
+            _run(*router, "ip", "link", "set", dev, "up")
+        _run(*router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _run(*server, "ip", "addr", "add", f"{self.address}/30", "dev", self.server_veth)
+        _run(*server, "ip", "link", "set", self.server_veth, "up")
+        _run(*server, "ip", "link", "set", "lo", "up")
+        _run(*server, "ip", "route", "add", "default", "via", str(self.far.network_address + 1))
+        _run("ip", "route", "add", str(self.far), "via", str(self.near.network_address + 2),
+             "dev", self.host_veth)
 
     def _init_and_start(self) -> None:
         self.folder.mkdir(mode=0o700)
@@ -250,7 +294,7 @@ class FaultableServer:
                 "full_page_writes = off\n"
             )
         with (self.data / "pg_hba.conf").open("a") as hba:
-            hba.write(f"\nhost all all {self.subnet} trust\n")
+            hba.write(f"\nhost all all {self.near} trust\n")
         self._pg_ctl("start", "-l", str(self.log), "-t", "60")
 
     def _pg_ctl(self, *args: str, check: bool = True) -> str:
@@ -280,9 +324,12 @@ class FaultableServer:
     # -- faults --------------------------------------------------------------------
 
     def _qdisc(self, *args: str, check: bool = True) -> None:
-        _run("tc", "qdisc", *args[:1], "dev", self.host_veth, *args[1:], check=check)
-        _run("ip", "netns", "exec", self.netns, "tc", "qdisc", *args[:1], "dev", self.ns_veth,
-             *args[1:], check=check)
+        # On the router's interfaces, both directions: a drop there is a lost packet to
+        # both ends, as on a real path. (A drop in a sender's own egress qdisc is not: its
+        # kernel sees the local drop and fails the connection within seconds.)
+        for dev in (self.router_up, self.router_down):
+            _run("ip", "netns", "exec", self.router, "tc", "qdisc", *args[:1], "dev", dev,
+                 *args[1:], check=check)
 
     def silence(self) -> None:
         """Drop every packet both ways; nothing is reset or refused."""
@@ -735,7 +782,3 @@ def stderr_since(path: Path, offset: int) -> str:
     with path.open("rb") as err:
         err.seek(offset)
         return err.read().decode(errors="replace")
-
-
-def new_execution_ids(values: Sequence[str]) -> list[uuid.UUID]:
-    return [uuid.UUID(v) for v in values]

@@ -84,6 +84,7 @@ class _Stage:
     prompt: str | None = None
     actions: tuple[str, ...] = INTERRUPT_ACTIONS
     schema: Mapping[str, Any] | None = None
+    value: Callable[[Run], Any] | None = None
     seconds: float = 0.0
 
 
@@ -146,13 +147,18 @@ class Workflow:
         actions: Sequence[str] = INTERRUPT_ACTIONS,
         schema: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        value: Callable[[Run], Any] | None = None,
     ) -> Workflow:
         """Ask a person (see `ctx.interrupt`): approve and edit go on (`run.decisions[name]`
         holds the decision, an edit's payload with it); reject unwinds and fails the run;
-        a timeout unwinds and ends it `timed_out`."""
+        a timeout unwinds and ends it `timed_out`. `value(run)` computes what is under
+        review (for example a step's proposal), shown to the reviewer and prefilling
+        the edit form."""
         accepted = check_interrupt(name, prompt, actions, schema, timeout)
+        if value is not None and not callable(value):
+            raise InvalidArgument(f"interrupt {name!r}: value must be a function of the run")
         return self._add(_Stage("interrupt", name, prompt=prompt, actions=accepted,
-                                schema=schema, timeout=timeout))
+                                schema=schema, timeout=timeout, value=value))
 
     def timer(self, name: str, seconds: float) -> Workflow:
         """Wait `seconds` on a durable timer."""
@@ -238,7 +244,8 @@ def _enter(ctx: WorkflowContext, stage: _Stage, run: Run) -> None:
         assert stage.prompt is not None
         decision = ctx.interrupt(stage.name, stage.prompt, stage.actions,
                                  schema=dict(stage.schema) if stage.schema else None,
-                                 timeout=stage.timeout)
+                                 timeout=stage.timeout,
+                                 value=stage.value(run) if stage.value else None)
         run.decisions[stage.name] = decision
         if decision.action == "reject":
             raise Rejected(f"interrupt {stage.name!r} rejected by {decision.actor}")

@@ -52,7 +52,7 @@ from shardq.queue.models import (
 from shardq.queue.names import check_name, check_signal_name, check_text
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
-from shardq.queue.schemas import check_schema
+from shardq.queue.schemas import check_schema, validate
 from shardq.shards.routing import bucket_of, parse_execution_id
 
 T = TypeVar("T")
@@ -318,8 +318,14 @@ class WorkflowContext:
         *,
         schema: dict[str, Any] | None = None,
         timeout: float | None = None,
+        value: Any = None,
     ) -> Decision:
         """Ask a person: the run is `input_required` until one decision resolves this.
+
+        `value` is what is under review (a proposal, a draft): stored with the
+        request, shown to the reviewer, and what the inbox's edit form starts
+        from, so an edit changes fields instead of retyping them. With a
+        `schema` it must match it, as an edit's payload must. None: nothing.
 
         A decision (Client.decide, `shardq workflow decide`) is one of `actions`,
         carries a decision id and an actor, and for `edit` a payload that must
@@ -349,6 +355,8 @@ class WorkflowContext:
         if requested is None:
             request = {"prompt": prompt, "actions": list(accepted), "schema": schema,
                        "timeout": timeout}
+            if value is not None:
+                request["value"] = check_interrupt_value(name, value, schema)
             self._journal.events.append(NewEvent(
                 position, Event.INTERRUPT_REQUESTED, name, request, wake_in=timeout
             ))
@@ -682,6 +690,19 @@ def check_interrupt(
         check_schema(dict(schema), f"interrupt {name!r}")
     _check_timeout(timeout, f"interrupt {name!r}")
     return accepted
+
+
+def check_interrupt_value(name: str, value: Any, schema: Mapping[str, Any] | None) -> Any:
+    """The value under review, as JSON will store it; else InvalidArgument or PayloadInvalid."""
+    what = f"value of interrupt {name!r}"
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
+    Limits().check_payload(encoded, what)
+    stored = json.loads(encoded)
+    validate(stored, dict(schema) if schema is not None else None, what)
+    return stored
 
 
 def _check_timeout(timeout: float | None, what: str) -> None:

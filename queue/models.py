@@ -492,6 +492,8 @@ class PendingInterrupt:
     schema: dict[str, Any] | None
     requested_at: datetime
     deadline: datetime | None
+    value: Any = None
+    """What is under review (`ctx.interrupt(value=...)`), None when the request has none."""
 
 
 @dataclass(frozen=True)

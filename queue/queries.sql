@@ -407,7 +407,8 @@ FROM shardq.decide_interrupt(%(tenant)s, %(id)s, %(name)s, %(position)s, %(actio
 -- least that long.
 SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
        w.request->>'prompt' AS prompt, w.request->'actions' AS actions,
-       w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline
+       w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline,
+       w.request->'value' AS value
 FROM shardq.waits w
 JOIN shardq.executions x ON x.id = w.execution_id
 WHERE w.kind = 'interrupt'
@@ -422,7 +423,8 @@ LIMIT %(limit)s
 -- The same, newest first, before the keyset position.
 SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
        w.request->>'prompt' AS prompt, w.request->'actions' AS actions,
-       w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline
+       w.request->'schema' AS schema, w.started_at AS requested_at, w.deadline,
+       w.request->'value' AS value
 FROM shardq.waits w
 JOIN shardq.executions x ON x.id = w.execution_id
 WHERE w.kind = 'interrupt'

@@ -44,6 +44,8 @@ def boom(run: Run) -> None:
     (lambda: Workflow("w").step("a", noop).interrupt("i", "ok?", actions=["maybe"]), "actions"),
     (lambda: Workflow("w").step("a", noop).interrupt("i", "?", schema={"type": 5}),
      "not a valid JSON Schema"),
+    (lambda: Workflow("w").step("a", noop).interrupt("i", "?", value={"a": 1}),  # type: ignore[arg-type]
+     "value must be a function of the run"),
     (lambda: Workflow("w").step("a", noop).step("a", noop), "used twice"),
     (lambda: Workflow("w").step("compensate:a", noop), "reserved for compensations"),
     (lambda: Workflow("w").step("a", noop, retry=0), "max_attempts"),
@@ -157,3 +159,27 @@ def test_the_approval_shape_with_an_edit_decided_and_documents_sent(
     assert done.output["steps"]["commit"] == {"committed": True, "amount": 250, "reason": "cap"}
     assert done.output["signals"] == {"documents_ready": {"files": 2}}
     assert done.output["timed_out"] == []
+
+
+proposals = Registry()
+proposals.register_definition(
+    Workflow("proposal_review")
+    .step("prepare", lambda run: {"amount": run.input["amount"], "reason": "travel"})
+    .interrupt("finance", "Check the proposal", schema={"type": "object"},
+               value=lambda run: run.steps["prepare"])
+    .step("commit", lambda run: run.decisions["finance"].payload or run.steps["prepare"])
+    .build())
+
+
+def test_an_interrupt_stage_shows_the_value_it_computes_from_the_run(
+    pools: ShardPools, shard_map: ShardMap, start_worker: StartWorker
+) -> None:
+    client = Client(Store(pools), proposals)
+    start_worker(proposals)
+    run = client.start("proposal_review", "p-1", {"amount": 40}).execution_id
+    wait_until(lambda: client.get(run).state is State.INPUT_REQUIRED, what="in review")
+    (pending,) = client.pending_interrupts().items
+    assert pending.value == {"amount": 40, "reason": "travel"}
+    client.decide(run, "finance", "edit", {"amount": 35, "reason": "travel"},
+                  decision_id="f-1", actor="fin")
+    assert client.wait(run, timeout=10).state is State.COMPLETED

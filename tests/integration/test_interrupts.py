@@ -281,3 +281,40 @@ def test_a_decision_that_lands_while_a_worker_holds_the_run_is_acted_on(
     done = client.wait(run, timeout=10)
     assert (done.state, done.output["action"], done.output["decision_id"]) == (
         State.COMPLETED, "approve", "d-held")
+
+
+@registry.workflow("review_value")
+def review_value(ctx: WorkflowContext) -> Any:
+    proposal = ctx.step("prepare", lambda: {"amount": ctx.input["amount"], "reason": "travel"})
+    decision = ctx.interrupt("manager", "Check this proposal", schema=PROPOSAL, value=proposal)
+    return decision.payload if decision.action == "edit" else proposal
+
+
+def test_the_value_under_review_is_stored_with_the_request_and_listed(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    run = client.start("review_value", "rv-1", {"amount": 120})
+    wait_until(lambda: client.get(run.execution_id).state is State.INPUT_REQUIRED,
+               what="input_required")
+    (pending,) = [p for p in client.pending_interrupts().items
+                  if p.execution_id == run.execution_id]
+    assert pending.value == {"amount": 120, "reason": "travel"}
+    requested = [e for e in client.history(run.execution_id) if e.kind == "interrupt.requested"]
+    assert requested[0].payload["value"] == {"amount": 120, "reason": "travel"}
+    client.decide(run.execution_id, "manager", "edit", {"amount": 95, "reason": "travel"},
+                  decision_id="d-1", actor="ann")
+    assert client.wait(run.execution_id, timeout=10).output == {"amount": 95, "reason": "travel"}
+
+
+def test_a_value_that_does_not_match_the_schema_fails_the_run_with_the_violation(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    run = client.start("review_value", "rv-2", {"amount": -5})
+    done = client.wait(run.execution_id, timeout=10)
+    assert done.state is State.FAILED
+    assert "value of interrupt 'manager' does not match its schema: /amount" in str(
+        done.error), done.error
+    assert not [p for p in client.pending_interrupts().items
+                if p.execution_id == run.execution_id]

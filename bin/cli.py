@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from shardq.bin.loading import ENV_APP, load_registry, shard_map_of
 from shardq.bin.logs import configure as configure_logging
 from shardq.queue.models import State
-from shardq.shards.config import ENV_SHARDS, ShardMap, load_shard_map
+from shardq.shards.config import ENV_SHARDS, ShardMap
 from shardq.shards.errors import (
     ConfigError,
     MapMismatch,
@@ -62,8 +63,6 @@ EXIT_CODES: dict[type[ShardqError], int] = {
 EXIT_USAGE = 2
 EXIT_WORKFLOW = 7
 EXIT_PARTIAL = 8
-ENV_APP = "SHARDQ_APP"
-EXAMPLES_APP = "shardq.bin.examples:registry"
 log = logging.getLogger("shardq.cli")
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -90,17 +89,7 @@ class Settings:
         return self._shards_file
 
     def shard_map(self) -> ShardMap:
-        if self._shards_file is not None:
-            return load_shard_map(self._shards_file)
-        if self._shards:
-            return ShardMap.from_env({**_pool_env(), ENV_SHARDS: self._shards})
-        return ShardMap.from_env()
-
-
-def _pool_env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k.startswith("SHARDQ_POOL_")}
+        return shard_map_of(self._shards, self._shards_file)
 
 
 def _wants_json() -> bool:
@@ -342,51 +331,6 @@ def shards_command(settings: Settings) -> None:
         sys.exit(min(codes))  # unreachable outranks a mismatch, which outranks an old schema
 
 
-def load_registry(app: str | None) -> Registry:
-    """Import `module:attribute` and return the Registry it names.
-
-    The current directory comes first on the module path, as with `python -m`: the
-    console script would otherwise not find the `myapp.py` beside the user.
-    """
-    import importlib
-    import os
-    import traceback
-
-    from shardq.queue.registry import Registry
-
-    if not app:
-        raise ConfigError(
-            f"no workflow registry: pass --app module:attribute or set {ENV_APP} "
-            f"(e.g. --app myapp:registry; the demo's workflows are --app {EXAMPLES_APP})"
-        )
-    module_name, _, attribute = app.partition(":")
-    attribute = attribute or "registry"
-    if not all(part.isidentifier() for part in [*module_name.split("."), attribute]):
-        raise ConfigError(
-            f"--app {app!r} is not module:attribute (a dotted Python module name, a colon "
-            "and the name of its Registry, e.g. myapp:registry)"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--app {app}: cannot import {module_name}: {exc}") from None
-    except Exception as exc:
-        # The application's own code failed at import; its traceback would bury the cause.
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        if isinstance(exc, SyntaxError):
-            where = ""  # its message already names the file and line
-        raise ConfigError(
-            f"--app {app}: importing {module_name} raised {type(exc).__name__}: {exc}{where}"
-        ) from None
-    registry = getattr(module, attribute, None)
-    if not isinstance(registry, Registry):
-        raise ConfigError(f"--app {app}: {attribute} is not a shardq Registry")
-    return registry
-
-
 app_option = click.option(
     "--app", envvar=ENV_APP, metavar="MODULE:ATTR",
     help=f"The Registry holding your workflows, e.g. myapp:registry [env {ENV_APP}; required]",
@@ -524,8 +468,8 @@ def app_client(settings: Settings, app: str | None) -> Iterator[Client]:
 def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv.
 
-    Read by the rules the HTTP API reads bodies by (shardq.bin.rules)."""
-    from shardq.bin.rules import RuleBroken, json_value
+    Read by the rules the HTTP API reads bodies by (shardq.bin.web.rules)."""
+    from shardq.bin.web.rules import RuleBroken, json_value
 
     if value is None:
         return None
@@ -591,8 +535,8 @@ def _execution_payload(e: Execution) -> dict[str, Any]:
 
 
 def _check_key(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Read by the rules the HTTP API reads the Idempotency-Key header by (shardq.bin.rules)."""
-    from shardq.bin.rules import RuleBroken, idempotency_key
+    """Read by the rules the HTTP API reads the Idempotency-Key header by (shardq.bin.web.rules)."""
+    from shardq.bin.web.rules import RuleBroken, idempotency_key
 
     try:
         return idempotency_key(value, "the key")
@@ -663,7 +607,7 @@ def workflow_signal(
     payload: Any, idempotency_key: str | None, app: str | None,
 ) -> None:
     """Send signal NAME to a run."""
-    from shardq.bin.rules import send_signal
+    from shardq.bin.web.rules import send_signal
     from shardq.queue.errors import PayloadInvalid
 
     with errors_as_exit_codes():
@@ -1258,7 +1202,7 @@ def purge_command(
 @pass_settings
 def api_token(settings: Settings, tenant: str) -> None:
     """Make a bearer token for TENANT: the token once, and its line for the tokens file."""
-    from shardq.bin.api import hash_token, new_token
+    from shardq.bin.web.tokens import hash_token, new_token
     from shardq.queue.names import check_name
 
     with errors_as_exit_codes():
@@ -1293,7 +1237,7 @@ def serve_command(
 
     import uvicorn
 
-    from shardq.bin.serving import ENV_CONFIG, ServeConfig, build_app, checked
+    from shardq.bin.web.serving import ENV_CONFIG, ServeConfig, build_app, checked
 
     config = ServeConfig(app, str(tokens_file), settings.shards,
                          str(settings.shards_file) if settings.shards_file else None,
@@ -1315,7 +1259,7 @@ def serve_command(
         uvicorn.run(application, **options)
     else:
         os.environ[ENV_CONFIG] = config.to_env()
-        uvicorn.run("shardq.bin.serving:app_from_environment", factory=True, workers=workers,
+        uvicorn.run("shardq.bin.web.serving:app_from_environment", factory=True, workers=workers,
                     **options)
 
 

@@ -123,7 +123,7 @@ def start_api(
 ) -> tuple[str, Daemon]:
     """A `shardq serve` process over `shard_map` for `tokens` ({token: tenant}), serving
     the examples: its base URL (http://127.0.0.1:PORT) once it answers, and the process."""
-    from shardq.bin.api import hash_token
+    from shardq.bin.web.tokens import hash_token
 
     tokens_file = folder / "tokens"
     tokens_file.write_text("".join(f"{tenant} {hash_token(token)}\n"

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.bin.api import hash_token
 from shardq.bin.examples import registry
+from shardq.bin.web.tokens import hash_token
 from shardq.queue.client import Client
 from shardq.queue.models import State
 from shardq.queue.worker import Worker

@@ -1,6 +1,6 @@
 """`shardq workflow signal` and `POST /workflows/{id}/signal/{name}` follow one rule set.
 
-Both read keys and payloads through shardq.bin.rules and deliver through one
+Both read keys and payloads through shardq.bin.web.rules and deliver through one
 function; this table pins them to each other: every case is played through the
 command line and through a real `shardq serve`, each on a run of its own, and
 the two must classify every send alike and store the same signals.

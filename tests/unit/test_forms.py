@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardq.bin.forms import fields_of, payload_from
+from shardq.bin.web.forms import fields_of, payload_from
 
 SCHEMA = {
     "type": "object",

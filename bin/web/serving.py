@@ -20,6 +20,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from shardq.bin.loading import load_registry, shard_map_of
+from shardq.bin.web.tokens import load_tokens
 from shardq.shards.config import ShardMap
 
 ENV_CONFIG = "SHARDQ_SERVE_CONFIG"
@@ -42,17 +44,12 @@ class ServeConfig:
         return cls(**json.loads(os.environ[ENV_CONFIG]))
 
     def shard_map(self) -> ShardMap:
-        from shardq.bin.cli import Settings
-
-        shards_file = Path(self.shards_file) if self.shards_file else None
-        return Settings(self.shards, shards_file, as_json=False, verbose=0).shard_map()
+        return shard_map_of(self.shards, Path(self.shards_file) if self.shards_file else None)
 
 
 def checked(config: ServeConfig) -> tuple[Any, list[tuple[str, str]], ShardMap]:
     """(registry, tokens, shard map) of `config`, every shard verified; raises the
     errors the command reports in one line (ConfigError, MapMismatch, ...)."""
-    from shardq.bin.api import load_tokens
-    from shardq.bin.cli import load_registry
     from shardq.shards.migrations import verify_shards
 
     registry = load_registry(config.app)
@@ -64,7 +61,7 @@ def checked(config: ServeConfig) -> tuple[Any, list[tuple[str, str]], ShardMap]:
 
 def build_app(config: ServeConfig) -> Starlette:
     """The application with its own pools, which it closes when the server stops."""
-    from shardq.bin.api import create_app
+    from shardq.bin.web.app import create_app
     from shardq.queue.client import Client
     from shardq.queue.store import Store
     from shardq.shards.pools import ShardPools

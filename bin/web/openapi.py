@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the HTTP API (`GET /api/shardq/openapi.json`).
 
-Written by hand next to the routes (bin/api.py) rather than generated, so it
+Written by hand next to the routes (api.py) rather than generated, so it
 says what the routes promise: every status a route answers with, the shape of
 each body. A test validates it (openapi-spec-validator) and fuzzes every
 route with schemathesis against a real `shardq serve`: no input yields a 500.

@@ -1,6 +1,6 @@
 """Bad command-line input: one line on stderr, the documented exit code, nothing stored.
 
-The rule (bin/cli.py's docstring): a value the command line cannot parse is a usage error,
+The rule (bin/cli/common.py's docstring): a value the command line cannot parse is a usage error,
 exit 2; a well-formed request the engine refuses is exit 7. The cases run as real `shardq`
 processes, in parallel (each costs about half a second), against one pair of migrated
 shards whose row counts are compared before and after all of them.

@@ -306,14 +306,14 @@ def test_the_embedded_server_costs_the_runtime_nothing() -> None:
     nothing beyond the standard library, and no shipped module but the demo and the
     `shardq dev` command (lazily, inside the command) loads it: the worker, the
     client, the other commands and the migrator never do."""
-    users = {"bin/demo.py", "bin/cli.py", "shards/embedded.py"}
+    users = {"bin/demo.py", "bin/cli/dev.py", "shards/embedded.py"}
     for folder in PRODUCT:
         for module, names in _imports(folder).items():
             if module not in users:
                 assert "shardq.shards.embedded" not in names, module
-    cli_tree = ast.parse((ROOT / "bin" / "cli.py").read_text())
+    cli_tree = ast.parse((ROOT / "bin" / "cli" / "dev.py").read_text())
     top_level = {n.module for n in cli_tree.body if isinstance(n, ast.ImportFrom)}
-    assert "shardq.shards.embedded" not in top_level, "bin/cli.py must import it lazily"
+    assert "shardq.shards.embedded" not in top_level, "bin/cli/dev.py must import it lazily"
     tree = ast.parse((ROOT / "shards" / "embedded.py").read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}

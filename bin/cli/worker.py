@@ -1,0 +1,95 @@
+"""`shardq worker`: the daemon that runs workflows on the shards it serves."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from shardq.bin.cli.common import (
+    Seconds,
+    Settings,
+    app_option,
+    errors_as_exit_codes,
+    exit_if_fatal,
+    json_option,
+    load_registry,
+    metrics_options,
+    pass_settings,
+    retention_option,
+    serve_daemon_metrics,
+)
+from shardq.shards.errors import ConfigError
+
+log = logging.getLogger("shardq.cli")
+
+
+@click.command()
+@json_option
+@app_option
+@click.option("--shard", "only", multiple=True, help="Serve only this shard (repeatable).")
+@click.option("--concurrency", default=10, show_default=True, help="Turns running at once.")
+@click.option("--batch-size", default=10, show_default=True, help="Tasks leased per claim.")
+@click.option("--lease", "lease_s", default=30.0, show_default=True, type=Seconds(),
+              help="Lease seconds.")
+@click.option("--poll-interval", default=10.0, show_default=True, type=Seconds(),
+              help="Safety poll seconds (NOTIFY and timers wake earlier).")
+@click.option("--drain-timeout", default=30.0, show_default=True, type=Seconds(zero_ok=True),
+              help="Seconds in-flight turns get after SIGTERM before their leases are released.")
+@click.option("--housekeeping-interval", default=300.0, show_default=True,
+              type=Seconds(zero_ok=True),
+              help="Seconds between purges of finished runs past retention (0: never).")
+@retention_option
+@metrics_options
+@pass_settings
+def worker(
+    settings: Settings, app: str | None, only: tuple[str, ...], concurrency: int, batch_size: int,
+    lease_s: float, poll_interval: float, drain_timeout: float, housekeeping_interval: float,
+    default_retention: float, metrics_port: int | None, metrics_host: str,
+) -> None:
+    """Run workflows: claim due runs on the served shards until SIGTERM."""
+    import signal
+    import threading
+
+    from shardq.queue.store import Store
+    from shardq.queue.worker import Worker, WorkerConfig, tune_gc_for_worker
+    from shardq.shards.migrations import verify_shards
+    from shardq.shards.pools import ShardPools
+
+    with errors_as_exit_codes():
+        shard_map = settings.shard_map()
+        served = shard_map.named(list(only)) if only else list(shard_map.shards)
+        registry = load_registry(app)
+        for status in verify_shards(shard_map, served):
+            if not status.reachable:
+                log.error("shard unreachable at start; serving the others and retrying it",
+                          extra={"shard": status.shard.name, "error": status.problem})
+        try:
+            config = WorkerConfig(
+                concurrency=concurrency, batch_size=batch_size, lease_s=lease_s,
+                poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
+                housekeeping_interval_s=housekeeping_interval,
+                default_retention_s=default_retention,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        serve_daemon_metrics(metrics_host, metrics_port)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    tune_gc_for_worker()  # the application's modules are imported by now
+    # A statement stuck behind a lock, or on a shard too slow to be of use,
+    # gives up and is retried, rather than holding a turn thread for good.
+    pools = ShardPools(shard_map, options="-c statement_timeout=60s",
+                       on_fatal=lambda _: stop.set()).open()
+    running = Worker(Store(pools), registry, shards=served, config=config).start()
+    click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
+    stop.wait()
+    released = running.stop()
+    pools.close()
+    click.echo(f"worker stopped ({released} unfinished lease(s) handed back)", err=True)
+    exit_if_fatal(pools.fatal)
+
+
+COMMANDS = [worker]
+"""What this module adds to the `shardq` group (bin/cli/main.py)."""

@@ -152,7 +152,8 @@ class ExecutionNotFound(WorkflowError):
 class SignalRefused(WorkflowError):
     """The target run cannot take signals any more (it has finished) or has too many pending.
 
-    `reason_code` tells which: `target_finished` or `target_refused` (a bound).
+    `reason_code` tells which: `target_finished`, `gate_closed` (the run's gate of
+    that name took its one signal) or `target_refused` (a bound).
     """
 
     def __init__(self, message: str, reason_code: str = "target_refused") -> None:
@@ -176,8 +177,8 @@ class ExternalSignalFailed(WorkflowError):
     """`ctx.signal_external` could not deliver; `reason_code` says why.
 
     `target_not_found` (no such run for this tenant), `target_finished`,
-    `target_refused` (its bounds), `target_on_another_shard` (cross-shard
-    delivery needs the outbox relay). Raised at the call, and again on replay.
+    `gate_closed`, `target_refused` (its bounds): the codes a client's signal
+    is refused with. Raised at the call, and again on replay.
     """
 
     def __init__(self, reason_code: str, message: str) -> None:

@@ -198,8 +198,7 @@ FOR UPDATE
 -- name: deliver_signals
 -- One tenant's signals to runs on this shard, in one transaction; a row per
 -- signal in input order. Body: schema/functions/deliver_signals.sql.
-SELECT ord, tenant, finished, earlier_id, earlier_name, pending, pending_total, signal_id,
-       gate_closed
+SELECT ord, signal_id, earlier_id, earlier_name, reason_code, detail
 FROM shardq.deliver_signals(
     %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
     %(max_pending)s, %(max_pending_total)s, %(origins)s::text[]
@@ -209,8 +208,7 @@ ORDER BY ord
 -- name: signal_with_start
 -- Start the run of a workflow key unless it exists, and signal it, in one
 -- transaction. Body: schema/functions/signal_with_start_v2.sql.
-SELECT execution_id, created, tenant, finished, earlier_id, earlier_name, pending,
-       pending_total, signal_id, gate_closed
+SELECT execution_id, created, signal_id, earlier_id, earlier_name, reason_code, detail
 FROM shardq.signal_with_start_v2(
     %(tenant)s, %(workflow_name)s, %(workflow_version)s, %(workflow_id)s, %(new_id)s,
     %(input)s::jsonb, %(name)s, %(payload)s::jsonb, %(key)s, %(max_pending)s,

@@ -239,8 +239,8 @@ class Store:
 
         Each is stored, recorded in its run's history and wakes the run if it
         waits on that name. Results come back in input order; a refused signal
-        (unknown run, finished run, too many pending) carries its error and the
-        others land. One statement: shardq.deliver_signals().
+        (unknown run, finished run, a gate already taken, too many pending)
+        carries its error and the others land. One statement: shardq.deliver_signals().
         It locks every target run before inserting, so one run's signals commit
         in id order: replay relies on that to consume the same one again.
         """
@@ -258,14 +258,14 @@ class Store:
         with self._connection(shard) as conn:
             rows = conn.execute(SQL["deliver_signals"], params).fetchall()
         return [
-            _signal_result(s.target, tenant, s.name, row)
+            _signal_result(s.target, s.name, row)
             for s, row in zip(signals, rows, strict=True)
         ]
 
     def signal_with_start(self, shard: Shard, request: StartSignalled) -> SignalWithStartResult:
         """Start the key's run unless it exists, then deliver the signal to it.
 
-        One statement: shardq.signal_with_start(). A refused signal raises
+        One statement: shardq.signal_with_start_v2(). A refused signal raises
         (SignalRefused); only an existing run can refuse (a new one has the
         caller's tenant, no signals and no outcome), so nothing was created then.
         """
@@ -279,7 +279,7 @@ class Store:
         with self._connection(shard) as conn:
             row = conn.execute(SQL["signal_with_start"], params).fetchone()
         assert row is not None
-        result = _signal_result(row["execution_id"], request.start.tenant, request.name, row)
+        result = _signal_result(row["execution_id"], request.name, row)
         if result.error is not None:
             raise result.error
         return SignalWithStartResult(row["execution_id"], row["created"], result.delivered,
@@ -686,33 +686,21 @@ def _outcome(landed: tuple[bool, list[dict[str, Any]] | None] | None) -> CommitO
 _LANDED, _CANCEL, _LOST = CommitOutcome(True), CommitOutcome(True, True), CommitOutcome(False)
 
 
-def _signal_result(
-    execution_id: uuid.UUID, tenant: str, name: str, row: dict[str, Any]
-) -> SignalResult:
-    if row["tenant"] != tenant:  # also None: no such run
-        return _refused(execution_id, ExecutionNotFound(f"execution {execution_id} not found"))
+def _signal_result(execution_id: uuid.UUID, name: str, row: dict[str, Any]) -> SignalResult:
+    """A deliver_signals row as a result.
+
+    Its reason code is decided in SQL (shardq.signal_refusal), which also
+    refuses a run's ctx.signal_external to a run of its own shard: one refusal
+    has one code, whoever sent the signal.
+    """
+    reason, detail = row["reason_code"], row["detail"]
+    if reason == "target_not_found":
+        return _refused(execution_id, ExecutionNotFound(detail))
+    if reason is not None:
+        return _refused(execution_id, SignalRefused(detail, reason))
     if row["earlier_id"] is not None:
         return SignalResult(execution_id, row["earlier_id"], delivered=False,
                             signal_name=row["earlier_name"])
-    if row["finished"] is not None:
-        return _refused(execution_id, SignalRefused(
-            f"execution {execution_id} is {row['finished']}: it takes no more signals",
-            "target_finished",
-        ))
-    if row["gate_closed"]:
-        return _refused(execution_id, SignalRefused(
-            f"execution {execution_id} already received {name!r}, one of its gates: the first "
-            "signal of a gate stands and no later one replaces it", "gate_closed",
-        ))
-    if row["signal_id"] is None:
-        pending, bound, what = (
-            (row["pending"], MAX_PENDING_SIGNALS, f"unconsumed signals named {name!r}")
-            if row["pending"] >= MAX_PENDING_SIGNALS
-            else (row["pending_total"], MAX_PENDING_SIGNALS_TOTAL, "unconsumed signals")
-        )
-        return _refused(execution_id, SignalRefused(
-            f"execution {execution_id} already has {pending} {what} (at most {bound})"
-        ))
     return SignalResult(execution_id, row["signal_id"], delivered=True, signal_name=name)
 
 

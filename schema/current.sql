@@ -133,9 +133,6 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
 --   LANGUAGE plpgsql VOLATILE
--- FUNCTION shardq.commit_turns(lease_s double precision, batch jsonb)
---   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
---   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb)
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
@@ -145,11 +142,8 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.defer_premature_timeouts(p_fenced uuid[], e_ids uuid[], e_positions integer[], e_kinds text[], s_ids bigint[])
 --   RETURNS uuid[]
 --   LANGUAGE plpgsql VOLATILE
--- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer)
---   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint)
---   LANGUAGE sql VOLATILE
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
---   RETURNS TABLE(ord integer, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, woken bigint, gate_closed boolean)
+--   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
@@ -160,11 +154,11 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE sql STABLE
--- FUNCTION shardq.signal_with_start(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer)
---   RETURNS TABLE(execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint)
---   LANGUAGE sql VOLATILE
+-- FUNCTION shardq.signal_refusal(p_target uuid, p_tenant text, p_name text, p_max_pending integer, p_max_pending_total integer, p_run_tenant text, p_finished text, p_earlier_id bigint, p_gate_closed boolean, p_pending bigint, p_pending_total bigint)
+--   RETURNS TABLE(reason_code text, detail text)
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[])
---   RETURNS TABLE(execution_id uuid, created boolean, tenant text, finished text, earlier_id bigint, earlier_name text, pending bigint, pending_total bigint, signal_id bigint, gate_closed boolean)
+--   RETURNS TABLE(execution_id uuid, created boolean, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)
 --   RETURNS TABLE(execution_id uuid, kind text, name text, started_at timestamp with time zone, deadline timestamp with time zone)

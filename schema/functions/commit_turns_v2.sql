@@ -9,11 +9,9 @@
 -- a signal.
 --
 -- The batch arrives as parallel arrays, one group per kind of write, which
--- the calling statement (queue/queries.sql) builds from one text per column.
--- It replaced commit_turns(lease_s, batch jsonb), whose one JSON document of
--- rows cost the server a jsonb pass per value (README, "Performance"). That
--- name stays, as a wrapper, while a rolling deploy may run the releases that
--- call it (README, "Storage").
+-- the calling statement (queue/queries.sql) builds from one text per column:
+-- a JSON document of rows would cost the server a jsonb pass per value
+-- (README, "Performance").
 --   c_*: a commit each: the run, its lease token, the next token (a checkpoint
 --        rotates it), state, output (SQL NULL: none set; a workflow may
 --        return null, which is jsonb 'null'), error, task action, delay,
@@ -30,10 +28,11 @@
 --        the call's history event comes in e_*.
 -- The answer is one row per commit that held its lease: its position in c_*
 -- (from 1), whether cancellation was requested meanwhile, and the outcomes of
--- its signals to other runs (null when it sent none). Only a commit
--- that finishes the run writes its outcome (a `run.<state>` event); running,
--- waiting and pending are where the run's task and wait rows are, which the
--- commit writes anyway, so the wide executions row is never rewritten.
+-- its signals to other runs (null when it sent none; a refused one carries
+-- deliver_signals' reason_code and detail). Only a commit that finishes the
+-- run writes its outcome (a `run.<state>` event); running, waiting and
+-- pending are where the run's task and wait rows are, which the commit writes
+-- anyway, so the wide executions row is never rewritten.
 --
 -- Measured with auto_explain on batches of 100 (these shaped the body):
 -- - Rows are found with `= ANY(array)` (index probes), never by joining
@@ -280,25 +279,17 @@ BEGIN
             WHERE e.id = (x->>0)::uuid;
             SELECT * INTO d FROM shardq.deliver_signals(
                 sender_tenant, ARRAY[(x->>2)::uuid], ARRAY[x->>3], ARRAY[x->4],
-                ARRAY[x->>5], (x->>6)::integer, (x->>7)::integer);
+                ARRAY[x->>5], (x->>6)::integer, (x->>7)::integer, NULL::text[]);
             outcome := jsonb_build_object('target', (x->>2)::uuid, 'name', x->>3,
                                           'idempotency_key', x->5);
-            IF d.tenant IS DISTINCT FROM sender_tenant THEN
-                outcome := outcome || '{"reason_code": "target_not_found"}';
-            ELSIF d.earlier_id IS NOT NULL THEN
+            -- deliver_signals' reason, as a client or the relay would be told.
+            IF d.reason_code IS NOT NULL THEN
                 outcome := outcome || jsonb_build_object(
-                    'signal_id', d.earlier_id, 'delivered', false);
-            ELSIF d.finished IS NOT NULL THEN
-                outcome := outcome || jsonb_build_object(
-                    'reason_code', 'target_finished', 'detail', 'the target is ' || d.finished);
-            ELSIF d.signal_id IS NULL THEN
-                outcome := outcome || jsonb_build_object(
-                    'reason_code', 'target_refused',
-                    'detail', 'the target already buffers ' || d.pending || ' signals named '
-                              || (x->>3) || ' (' || d.pending_total || ' in all)');
+                    'reason_code', d.reason_code, 'detail', d.detail);
             ELSE
                 outcome := outcome || jsonb_build_object(
-                    'signal_id', d.signal_id, 'delivered', true);
+                    'signal_id', coalesce(d.signal_id, d.earlier_id),
+                    'delivered', d.signal_id IS NOT NULL);
             END IF;
             INSERT INTO shardq.history (execution_id, position, kind, name, payload)
             VALUES ((x->>0)::uuid, (x->>1)::integer,

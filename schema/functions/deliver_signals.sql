@@ -2,14 +2,16 @@
 -- Each signal is stored, recorded in its run's history and wakes the run if it
 -- waits on that name (a signal wait of that name, or a condition that handles
 -- it); an update (a signal named shardq:update:*, see queue/contracts.py)
--- wakes a parked run whatever it waits on. Refusals (unknown run, another
--- tenant's, finished, too many pending) insert nothing and come back as a row
--- the caller reads the reason from; a repeated idempotency key returns the
--- earlier signal's id and name, and so does a repeated origin (the outbox row a relay delivers under: see
--- the outbox relay in outbox/). A run of a declarative workflow takes one
--- signal per gate name (its executions.gates): a second one is refused
--- (`gate_closed`), the first one stands. Rows come back one per input, `ord`
--- numbering them from 1.
+-- wakes a parked run whatever it waits on. A refused signal (unknown run,
+-- another tenant's, finished, a gate already taken, too many pending) inserts
+-- nothing and comes back with its reason_code and detail, decided by
+-- shardq.signal_refusal, which every sender's refusal goes through; a repeated
+-- idempotency key returns the earlier signal's id and name, and so does a
+-- repeated origin (the outbox row a relay delivers under: see the outbox relay
+-- in outbox/). A run of a declarative workflow takes one signal per gate name
+-- (its executions.gates): a second one is refused (`gate_closed`), the first
+-- one stands. Rows come back one per input, `ord` numbering them from 1;
+-- signal_id is set when this call stored the signal.
 --
 -- Bounds: at most p_max_pending unconsumed signals of one name per run, and
 -- p_max_pending_total of all names: a flood of a name the run never waits on
@@ -35,16 +37,13 @@ CREATE OR REPLACE FUNCTION shardq.deliver_signals(
     p_max_pending_total integer,
     p_origins           text[]
 ) RETURNS TABLE (
-    ord           integer,
-    tenant        text,
-    finished      text,
-    earlier_id    bigint,
-    earlier_name  text,
-    pending       bigint,
-    pending_total bigint,
-    signal_id     bigint,
-    woken         bigint,
-    gate_closed   boolean
+    ord          integer,
+    signal_id    bigint,
+    earlier_id   bigint,
+    earlier_name text,
+    reason_code  text,
+    detail       text,
+    woken        bigint
 )
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
@@ -92,17 +91,19 @@ BEGIN
                 WHERE p_origins IS NOT NULL AND s.execution_id = i.id AND s.origin = i.origin
                 LIMIT 1
             ) e ON true
+        ), judged AS (
+            SELECT it.ord, it.id, it.name, it.payload, it.key, it.origin, it.earlier_id,
+                   it.earlier_name, r.reason_code, r.detail
+            FROM item it
+            CROSS JOIN LATERAL shardq.signal_refusal(
+                it.id, p_tenant, it.name, p_max_pending, p_max_pending_total, it.tenant,
+                it.finished, it.earlier_id, it.gate_closed, it.pending, it.pending_total) r
         ), inserted AS (
             INSERT INTO shardq.signals
                 (execution_id, tenant, name, payload, idempotency_key, origin)
-            SELECT it.id, p_tenant, it.name, it.payload, it.key, it.origin FROM item it
-            WHERE it.tenant = p_tenant
-              AND it.finished IS NULL
-              AND it.earlier_id IS NULL
-              AND NOT it.gate_closed
-              AND it.pending < p_max_pending
-              AND it.pending_total < p_max_pending_total
-            ORDER BY it.ord
+            SELECT j.id, p_tenant, j.name, j.payload, j.key, j.origin FROM judged j
+            WHERE j.reason_code IS NULL AND j.earlier_id IS NULL
+            ORDER BY j.ord
             RETURNING id, execution_id, name
         ), recorded AS (
             INSERT INTO shardq.history (execution_id, position, kind, name, payload)
@@ -126,13 +127,11 @@ BEGIN
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id
         )
-        SELECT it.ord, it.tenant, it.finished, it.earlier_id, it.earlier_name, it.pending,
-               it.pending_total, n.id,
+        SELECT j.ord, n.id, j.earlier_id, j.earlier_name, j.reason_code, j.detail,
                -- A hint: one per transaction however many runs woke.
-               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken),
-               it.gate_closed
-        FROM item it LEFT JOIN inserted n ON n.execution_id = it.id
-        ORDER BY it.ord;
+               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken)
+        FROM judged j LEFT JOIN inserted n ON n.execution_id = j.id
+        ORDER BY j.ord;
         RETURN;
     END IF;
 
@@ -161,14 +160,18 @@ BEGIN
             SELECT count(*) FILTER (WHERE s.name = p_names[i]) AS n, count(*) AS total
             FROM shardq.signals s
             WHERE s.execution_id = p_ids[i] AND s.consumed_at IS NULL
+        ), judged AS (
+            SELECT (SELECT e.id FROM earlier e) AS earlier_id,
+                   (SELECT e.name FROM earlier e) AS earlier_name, r.reason_code, r.detail
+            FROM shardq.signal_refusal(
+                p_ids[i], p_tenant, p_names[i], p_max_pending, p_max_pending_total,
+                (SELECT t.tenant FROM target t), (SELECT t.finished FROM target t),
+                (SELECT e.id FROM earlier e),
+                coalesce((SELECT t.gate_closed FROM target t), false),
+                (SELECT p.n FROM pending p), (SELECT p.total FROM pending p)) r
         ), admitted AS (
-            SELECT t.id FROM target t
-            WHERE t.tenant = p_tenant
-              AND t.finished IS NULL
-              AND NOT t.gate_closed
-              AND NOT EXISTS (SELECT 1 FROM earlier)
-              AND (SELECT n FROM pending) < p_max_pending
-              AND (SELECT total FROM pending) < p_max_pending_total
+            SELECT t.id FROM target t, judged j
+            WHERE j.reason_code IS NULL AND j.earlier_id IS NULL
         ), inserted AS (
             INSERT INTO shardq.signals
                 (execution_id, tenant, name, payload, idempotency_key, origin)
@@ -192,34 +195,12 @@ BEGIN
             WHERE cur.lease_token IS NULL
             RETURNING cur.execution_id
         )
-        SELECT
-            i,
-            (SELECT t.tenant FROM target t),
-            (SELECT t.finished FROM target t),
-            (SELECT e.id FROM earlier e),
-            (SELECT e.name FROM earlier e),
-            (SELECT p.n FROM pending p),
-            (SELECT p.total FROM pending p),
-            (SELECT n.id FROM inserted n),
-            -- A hint, collapsed by the server into one per transaction.
-            (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken),
-            coalesce((SELECT t.gate_closed FROM target t), false);
+        SELECT i, (SELECT n.id FROM inserted n), j.earlier_id, j.earlier_name, j.reason_code,
+               j.detail,
+               -- A hint, collapsed by the server into one per transaction.
+               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken)
+        FROM judged j;
     END LOOP;
 END
 $$;
 
--- The signature before origins: what workers and clients of the previous
--- release call while a rolling deploy runs both (see README, "Migrations").
-CREATE OR REPLACE FUNCTION shardq.deliver_signals(
-    p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[],
-    p_max_pending integer, p_max_pending_total integer
-) RETURNS TABLE (
-    ord integer, tenant text, finished text, earlier_id bigint, earlier_name text,
-    pending bigint, pending_total bigint, signal_id bigint, woken bigint
-)
-LANGUAGE sql VOLATILE AS $$
-    SELECT d.ord, d.tenant, d.finished, d.earlier_id, d.earlier_name, d.pending,
-           d.pending_total, d.signal_id, d.woken
-    FROM shardq.deliver_signals(p_tenant, p_ids, p_names, p_payloads, p_keys,
-                                p_max_pending, p_max_pending_total, NULL::text[]) AS d
-$$;

@@ -2,12 +2,8 @@
 -- transaction on the run's shard. A new run is created with the signal
 -- already buffered; a live run takes the signal; a finished one refuses it
 -- (unless a keyed repeat), exactly as deliver_signals decides, which this
--- calls for the delivery itself.
---
--- A new run of a declarative workflow is created with its gates (p_gates).
--- The answer has gate_closed, as deliver_signals': the version before it
--- (signal_with_start, which releases before this one call) is a wrapper of
--- this one in its own file.
+-- calls for the delivery itself and whose answer it passes on. A new run of a
+-- declarative workflow is created with its gates (p_gates).
 --
 -- Racing callers with one workflow key: the first INSERT wins and the others
 -- wait on the unique index until it commits, then find its row (a new
@@ -27,16 +23,13 @@ CREATE OR REPLACE FUNCTION shardq.signal_with_start_v2(
     p_max_pending_total integer,
     p_gates             text[]
 ) RETURNS TABLE (
-    execution_id  uuid,
-    created       boolean,
-    tenant        text,
-    finished      text,
-    earlier_id    bigint,
-    earlier_name  text,
-    pending       bigint,
-    pending_total bigint,
-    signal_id     bigint,
-    gate_closed   boolean
+    execution_id uuid,
+    created      boolean,
+    signal_id    bigint,
+    earlier_id   bigint,
+    earlier_name text,
+    reason_code  text,
+    detail       text
 )
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -61,8 +54,7 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT run, is_new, d.tenant, d.finished, d.earlier_id, d.earlier_name, d.pending,
-           d.pending_total, d.signal_id, d.gate_closed
+    SELECT run, is_new, d.signal_id, d.earlier_id, d.earlier_name, d.reason_code, d.detail
     FROM shardq.deliver_signals(p_tenant, ARRAY[run], ARRAY[p_name], ARRAY[p_payload],
                                 ARRAY[p_key], p_max_pending, p_max_pending_total,
                                 NULL::text[]) AS d;

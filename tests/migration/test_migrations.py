@@ -337,41 +337,84 @@ def test_runs_written_before_state_moved_to_narrow_rows_read_the_same(
     assert describe(url) == CURRENT.read_text()
 
 
-def test_the_previous_release_s_calls_still_answer_during_a_rolling_deploy(
-    shard_map: ShardMap,
+# The functions migration 0013 drops or re-creates, as a shard migrated before
+# it has them: the signatures and answers are theirs, the bodies stand-ins.
+_BEFORE_0013 = {
+    "commit_turns": """
+CREATE OR REPLACE FUNCTION shardq.commit_turns(lease_s float8, batch jsonb)
+RETURNS TABLE (commit_ord integer, cancel_requested boolean, externals jsonb)
+LANGUAGE sql AS $$ SELECT 1, false, NULL::jsonb WHERE false $$;
+""",
+    "signal_with_start": """
+CREATE OR REPLACE FUNCTION shardq.signal_with_start(
+    p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text,
+    p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text,
+    p_max_pending integer, p_max_pending_total integer
+) RETURNS TABLE (execution_id uuid, created boolean, tenant text, finished text,
+                 earlier_id bigint, earlier_name text, pending bigint, pending_total bigint,
+                 signal_id bigint)
+LANGUAGE sql AS $$ SELECT NULL::uuid, false, '', '', 1::bigint, '', 0::bigint, 0::bigint,
+                          1::bigint WHERE false $$;
+""",
+    "signal_with_start_v2": """
+CREATE OR REPLACE FUNCTION shardq.signal_with_start_v2(
+    p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text,
+    p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text,
+    p_max_pending integer, p_max_pending_total integer, p_gates text[]
+) RETURNS TABLE (execution_id uuid, created boolean, tenant text, finished text,
+                 earlier_id bigint, earlier_name text, pending bigint, pending_total bigint,
+                 signal_id bigint, gate_closed boolean)
+LANGUAGE sql AS $$ SELECT NULL::uuid, false, '', '', 1::bigint, '', 0::bigint, 0::bigint,
+                          1::bigint, false WHERE false $$;
+""",
+    "deliver_signals": """
+CREATE OR REPLACE FUNCTION shardq.deliver_signals(
+    p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[],
+    p_max_pending integer, p_max_pending_total integer, p_origins text[]
+) RETURNS TABLE (ord integer, tenant text, finished text, earlier_id bigint,
+                 earlier_name text, pending bigint, pending_total bigint, signal_id bigint,
+                 woken bigint, gate_closed boolean)
+LANGUAGE sql AS $$ SELECT 1, '', '', 1::bigint, '', 0::bigint, 0::bigint, 1::bigint,
+                          0::bigint, false WHERE false $$;
+CREATE OR REPLACE FUNCTION shardq.deliver_signals(
+    p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[],
+    p_max_pending integer, p_max_pending_total integer
+) RETURNS TABLE (ord integer, tenant text, finished text, earlier_id bigint,
+                 earlier_name text, pending bigint, pending_total bigint, signal_id bigint,
+                 woken bigint)
+LANGUAGE sql AS $$ SELECT 1, '', '', 1::bigint, '', 0::bigint, 0::bigint, 1::bigint,
+                          0::bigint WHERE false $$;
+""",
+}
+
+
+def _functions(url: str) -> set[tuple[str, str]]:
+    return set(rows(url, "SELECT proname::text, pg_get_function_identity_arguments(oid) "
+                    "FROM pg_proc WHERE pronamespace = 'shardq'::regnamespace"))
+
+
+def test_a_shard_from_before_the_wrappers_retired_ends_with_exactly_the_current_functions(
+    fresh_databases: Fresh, tmp_path: Path
 ) -> None:
-    """deliver_signals and signal_with_start with the arity and answer that release uses."""
-    url = shard_map.shards[0].url
-    first = shard_map.shards[0].first_bucket
-    with psycopg.connect(url, autocommit=True) as conn:
-        started = conn.execute(
-            "SELECT execution_id, created, signal_id FROM shardq.signal_with_start("
-            "'default', 'w', 1, 'k', %s, '{}'::jsonb, 'go', '1'::jsonb, 'key-1', 10, 100)",
-            [new_execution_id(first)]).fetchall()
-        ((run, created, signal_id),) = started
-        assert created and signal_id is not None
-        again = conn.execute(
-            "SELECT ord, earlier_id, signal_id FROM shardq.deliver_signals('default', "
-            "ARRAY[%s]::uuid[], ARRAY['go'], ARRAY['2'::jsonb], ARRAY['key-1'], 10, 100)",
-            [run]).fetchall()
-        assert again == [(1, signal_id, None)]
-        # The batch as that release sends it: one JSON document. The run takes its
-        # signal, records a step and completes, fenced by the claim's token.
-        (claimed, token) = conn.execute(
-            "SELECT execution_id, lease_token FROM shardq.claim_tasks('old', 10, 30) "
-            "WHERE execution_id IS NOT NULL").fetchone() or (None, None)
-        assert claimed == run
-        batch = {
-            "c": [[run.hex, token.hex, uuid.uuid4().hex, "completed", '{"ok": 1}', None,
-                   "delete", 0, False]],
-            "e": [[run.hex, 0, "step.completed", "s", {"result": 2}, None]],
-            "s": [[signal_id, 0]],
-        }
-        landed = conn.execute("SELECT commit_ord, cancel_requested, externals FROM "
-                              "shardq.commit_turns(30, %s::jsonb)", [json.dumps(batch)])
-        assert landed.fetchall() == [(1, False, None)]
-    assert rows(url, "SELECT kind, payload FROM shardq.history WHERE execution_id = %s "
-                "AND kind <> 'signal.received' ORDER BY seq", run) == [
-        ("step.completed", {"result": 2}), ("run.completed", {"output": {"ok": 1}})]
-    assert rows(url, "SELECT consumed_position FROM shardq.signals") == [(0,)]
-    assert rows(url, "SELECT count(*) FROM shardq.tasks") == [(0,)]
+    """A function whose file is gone stays on a shard until a migration drops it."""
+    (url, fresh_url) = fresh_databases(2)
+    before = tmp_path / "schema"
+    shutil.copytree(ROOT / "schema", before)
+    (before / "0013_retire_signal_wrappers.sql").unlink()
+    (before / "functions" / "signal_refusal.sql").unlink()
+    for name, sql in _BEFORE_0013.items():
+        (before / "functions" / f"{name}.sql").write_text(sql)
+    shard_map = ShardMap.from_urls([url])
+    migrate(shard_map, schema=load_schema(before))
+    assert {"commit_turns", "signal_with_start"} <= {name for name, _ in _functions(url)}
+
+    schema = load_schema()
+    (result,) = migrate(shard_map, schema=schema)
+    assert result.applied == [13]
+    assert sorted(result.functions) == ["deliver_signals", "signal_refusal",
+                                        "signal_with_start_v2"]
+    migrate(ShardMap.from_urls([fresh_url]))
+    assert _functions(url) == _functions(fresh_url)
+    assert {name for name, _ in _functions(url)} == {f.name for f in schema.functions}
+    assert check_shard(shard_map, shard_map.shards[0]).problem is None
+    assert describe(url) == CURRENT.read_text()

@@ -17,7 +17,9 @@ older release finds its bodies already applied and never puts an old body back
 over a newer one. That is also why a body must stay compatible with the callers
 of the release before it (rolling deploys run both): a change of signature, of
 the batch document, or of the answer gets a new function name
-(`commit_turns_v2`), and a later migration drops the old one.
+(`commit_turns_v2`), and a migration drops the old one once no process calls it
+(README, "Storage"). The migrator creates and replaces functions and never
+drops one: a function whose file is deleted stays until a migration drops it.
 """
 
 from __future__ import annotations
@@ -221,8 +223,9 @@ def _apply(conn: DictConnection, shard: Shard, file: Migration | Function) -> No
         with conn.transaction():
             if isinstance(file, Function):
                 # Function files apply in name order, and one may call a
-                # function of a file after it (a wrapper of its successor):
-                # bodies are checked when called, as pg_dump restores them.
+                # function of a file after it (deliver_signals calls
+                # signal_refusal): bodies are checked when called, as pg_dump
+                # restores them.
                 conn.execute(SQL["defer_body_checks"])
             # No parameters: psycopg sends the file through the simple query
             # protocol, which runs several statements in one call.

@@ -127,6 +127,22 @@ def test_stdlib_queue_wins_in_the_editable_install() -> None:
     assert schema_found == "True"
 
 
+EDITABLE = (
+    "import sys, zipfile; from hatchling.builders.wheel import WheelBuilder; "
+    "(w,) = WheelBuilder(sys.argv[1]).build(directory=sys.argv[2], versions=['editable']); "
+    "print(*zipfile.ZipFile(w).namelist(), sep='\\n')"
+)
+
+
+def test_the_editable_wheel_is_only_the_path_entry(tmp_path: Path) -> None:
+    """The editable install is `.pkgroot` on sys.path and nothing else: a file the
+    wheel forces in (as a force-include of py.typed did) would land in a real
+    site-packages/shardq/ folder beside the checkout's."""
+    out = subprocess.run([sys.executable, "-c", EDITABLE, str(ROOT), str(tmp_path)],
+                         capture_output=True, text=True, check=True, timeout=120)
+    assert {n for n in out.stdout.splitlines() if ".dist-info/" not in n} == {"_shardq.pth"}
+
+
 def test_stdlib_queue_wins_in_a_wheel_install(built: Built, tmp_path: Path) -> None:
     wheel = built.wheel
     names = zipfile.ZipFile(wheel).namelist()

@@ -37,6 +37,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from shardq.queue.client import Client
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
@@ -360,6 +361,18 @@ def fresh_databases(pg_server: Server) -> Callable[[int], list[str]]:
 def pools(shard_map: ShardMap) -> Iterator[ShardPools]:
     with ShardPools(shard_map) as opened:
         yield opened
+
+
+@pytest.fixture
+def client(pools: ShardPools, request: pytest.FixtureRequest) -> Client:
+    """A Client over the test's shards (its `pools`) for the workflows of the `registry`
+    its module defines or imports. A module whose client differs (other shards, a
+    registry made by a fixture) defines a `client` fixture of its own."""
+    registry = getattr(request.module, "registry", None)
+    if not isinstance(registry, Registry):
+        pytest.fail(f"{request.module.__name__} has no module-level `registry` (a shardq "
+                    "Registry) for the `client` fixture to serve")
+    return Client(Store(pools), registry)
 
 
 @pytest.fixture

@@ -115,12 +115,6 @@ def spawn(tmp_path: Path) -> Iterator[Spawn]:
             worker.kill()
 
 
-@pytest.fixture
-def client(shard_map: ShardMap) -> Iterator[Client]:
-    with Client.connect(shard_map, registry) as opened:
-        yield opened
-
-
 # -- observing -----------------------------------------------------------------
 
 

@@ -55,11 +55,6 @@ def parked(ctx: WorkflowContext) -> Any:
     return ctx.wait_for_signal("never")
 
 
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
-
-
 def test_a_runaway_run_fails_at_its_history_bound_with_a_clear_error(
     client: Client, start_worker: StartWorker
 ) -> None:

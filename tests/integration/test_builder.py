@@ -60,11 +60,6 @@ def test_a_bad_definition_is_refused_when_it_is_built(
         build()
 
 
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
-
-
 def test_gates_keep_an_early_signal_and_take_only_the_first_of_each_event(
     client: Client, start_worker: StartWorker
 ) -> None:

@@ -24,10 +24,8 @@ from shardq.queue.errors import (
 )
 from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
-from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
-from shardq.shards.pools import ShardPools
 
 from ..support import wait_until
 
@@ -109,11 +107,6 @@ class Napper:
     def note(self, text: str) -> list[str]:
         self.notes.append(text)
         return list(self.notes)
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 def count(shard_map: ShardMap, table: str) -> int:

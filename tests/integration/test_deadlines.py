@@ -130,11 +130,6 @@ registry.register_definition(Workflow("gated_interrupt").step("prepare", _prepar
                              .step("finish", _finish).build())
 
 
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
-
-
 def parked(client: Client, workflow: str, key: str) -> str:
     run = str(client.start(workflow, key).execution_id)
     wait_until(lambda: client.get(run).state in (State.WAITING, State.INPUT_REQUIRED),

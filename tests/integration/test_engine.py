@@ -22,7 +22,7 @@ from shardq.queue.registry import Registry
 from shardq.queue.retry import RetryPolicy
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker, WorkerConfig
-from shardq.shards.config import Shard, ShardMap
+from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 
@@ -43,11 +43,6 @@ def count(key: str) -> int:
 @pytest.fixture(autouse=True)
 def _reset_calls() -> None:
     calls.clear()
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 def finish(client: Client, execution_id: object, timeout: float = 15) -> Execution:

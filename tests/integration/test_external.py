@@ -6,17 +6,12 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExternalSignalFailed
 from shardq.queue.models import State
 from shardq.queue.registry import Registry
-from shardq.queue.store import Store
 from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
-from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, new_execution_id
 
 from ..support import all_rows, wait_until
@@ -24,11 +19,6 @@ from ..support import all_rows, wait_until
 StartWorker = Callable[..., Worker]
 registry = Registry()
 keys = itertools.count()
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 @registry.workflow("receiver")

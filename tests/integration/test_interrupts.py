@@ -22,7 +22,6 @@ from shardq.queue.models import State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 
 from ..support import all_rows, wait_until
@@ -46,11 +45,6 @@ def review(ctx: WorkflowContext) -> dict[str, Any]:
     ctx.sleep("after", 0.01)  # a replay after the decision must return the same one
     return {"proposal": proposal, "action": decision.action, "payload": decision.payload,
             "decision_id": decision.decision_id, "actor": decision.actor}
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 def parked(client: Client, key: str, **settings: Any) -> str:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg.types.json import Jsonb
 
 from shardq.queue.client import Client
@@ -25,7 +24,6 @@ from shardq.queue.models import ExternalRequest, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 
@@ -36,11 +34,6 @@ registry = Registry()
 step_entered = threading.Event()
 step_release = threading.Event()
 effects: list[str] = []
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 @registry.workflow("lock_receiver")

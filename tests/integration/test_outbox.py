@@ -49,11 +49,6 @@ def sender(ctx: WorkflowContext) -> list[Any]:
 
 
 @pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
-
-
-@pytest.fixture
 def relay(pools: ShardPools) -> Iterator[Callable[..., Relay]]:
     started: list[Relay] = []
 

@@ -14,10 +14,7 @@ from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
 from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
-from shardq.queue.store import Store
 from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
-from shardq.shards.pools import ShardPools
 from shardq.shards.routing import InvalidExecutionId
 
 from ..support import all_rows, wait_until
@@ -28,9 +25,10 @@ release = threading.Event()
 
 
 @pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
+def client(client: Client) -> Client:
+    """The shared client, with two_payments' gate closed again for this test."""
     release.clear()
-    return Client(Store(pools), registry)
+    return client
 
 
 @registry.workflow("two_payments")

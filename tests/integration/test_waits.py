@@ -8,27 +8,17 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import SignalRefused, SignalTimedOut
 from shardq.queue.models import Signal, State
 from shardq.queue.registry import Registry
-from shardq.queue.store import Store
 from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
-from shardq.shards.pools import ShardPools
 
 from ..support import all_rows, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 @registry.workflow("gate")

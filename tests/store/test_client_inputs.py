@@ -3,7 +3,7 @@ statement runs: deep nesting, NUL characters and lone surrogates, on every entry
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,12 +23,6 @@ def nested(depth: int) -> Any:
     for _ in range(depth):
         value = [value]
     return value
-
-
-@pytest.fixture
-def client(shard_map: ShardMap) -> Iterator[Client]:
-    with Client.connect(shard_map, registry) as opened:
-        yield opened
 
 
 def _counts(shard_map: ShardMap) -> list[int]:

@@ -33,11 +33,6 @@ def job(ctx: WorkflowContext) -> Any:
 
 
 @pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
-
-
-@pytest.fixture
 def store(pools: ShardPools) -> Store:
     return Store(pools)
 

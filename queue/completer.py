@@ -161,7 +161,9 @@ class Completer:
                 if item is None:
                     self._queue.put(None)
                     break
-                if item[0].execution_id in ids:  # cannot happen today; keep order if it ever does
+                # One commit per run per call, and a run has one in flight: a
+                # second would go in the next batch, after its first.
+                if item[0].execution_id in ids:
                     self._queue.put(item)
                     break
                 batch.append(item)

@@ -253,7 +253,7 @@ def fresh_token() -> uuid.UUID:
     A token is only ever compared for equality with the one a run's task row
     carries, so it needs to be unique, not unpredictable. uuid4() per commit is
     an urandom() syscall, which releases the GIL: among a worker's hundred turn
-    threads that was a thread switch per commit.
+    threads that would be a thread switch per commit.
     """
     return uuid.UUID(int=_token_prefix | next(_token_counter))
 

@@ -347,8 +347,8 @@ class Worker:
         Under a backlog of short turns, slots free up many per millisecond, and
         waiting for a full batch of them keeps claims large (a claim statement
         costs the server about as much as several jobs), so while slots keep
-        freeing the loop keeps waiting. (Waiting for half a batch, as before,
-        left two shards' loops claiming 57 runs on average at batch size 100;
+        freeing the loop keeps waiting. (Waiting for half a batch left two
+        shards' loops claiming 57 runs on average at batch size 100;
         full batches take about two fifths fewer claims and context switches
         per job: README, "Performance".) Turns that hold their threads
         (a long step) free nothing, and a due run must not wait behind them

@@ -1,6 +1,5 @@
--- No release calls these: commit_turns (one jsonb batch), signal_with_start
--- (no gates) and deliver_signals without origins were wrappers of the
--- functions that replace them, and their files are gone.
+-- Nothing calls these and no file defines them: commit_turns (one jsonb
+-- batch), signal_with_start (no gates) and deliver_signals without origins.
 DROP FUNCTION IF EXISTS shardq.commit_turns(float8, jsonb);
 DROP FUNCTION IF EXISTS shardq.signal_with_start(
     text, text, integer, text, uuid, jsonb, text, jsonb, text, integer, integer);

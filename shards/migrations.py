@@ -49,9 +49,8 @@ MIGRATION_LOCK_KEY = int.from_bytes(b"shardqmg", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CURRENT_SCHEMA_FILE = "current.sql"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _FUNCTION_FILE = re.compile(r"^([a-z][a-z0-9_]*)\.sql$")
-# A migration whose text was rewritten after it shipped (its function bodies
-# moved to functions/) names the checksums it replaces; shards that applied
-# those keep working.
+# A migration may name the checksums of texts it replaces (`-- replaces
+# checksum: ...`): a shard that applied one of those has applied it.
 _REPLACES = re.compile(r"^-- replaces checksum: ([0-9a-f]{64})$", re.MULTILINE)
 
 

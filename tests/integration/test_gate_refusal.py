@@ -16,7 +16,6 @@ from shardq.queue.models import State
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker
-from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 
@@ -42,11 +41,6 @@ def notifier(ctx: WorkflowContext) -> dict[str, Any]:
     except ExternalSignalFailed as exc:
         return {"reason_code": exc.reason_code, "detail": str(exc)}
     return {"queued": sent.queued, "delivered": sent.delivered}
-
-
-@pytest.fixture
-def client(shard_map: ShardMap, pools: ShardPools) -> Client:
-    return Client(Store(pools), registry)
 
 
 @pytest.fixture

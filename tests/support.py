@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from shardq.shards.config import ShardMap
 
@@ -253,3 +254,16 @@ def scrape(port: int, timeout: float = 10.0) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def allow_connections(urls: list[str], allowed: bool) -> None:
+    """Make shard databases refuse new connections (ending those they have), or take them:
+    a shard that is down, or out of slots, as far as any process can tell."""
+    with psycopg.connect(urls[0], dbname="postgres", autocommit=True) as admin:
+        for url in urls:
+            name = str(conninfo_to_dict(url)["dbname"])
+            admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
+                sql.Identifier(name), sql.Literal(allowed)))
+            if not allowed:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = %s AND pid <> pg_backend_pid()", [name])

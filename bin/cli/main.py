@@ -29,6 +29,7 @@ from shardq.shards.config import ENV_SHARDS
 
 
 @click.group()
+@click.version_option(package_name="shardq", prog_name="shardq")
 @click.option(
     "--shards", metavar="URLS", help=f"Comma-separated PostgreSQL URLs [env {ENV_SHARDS}]"
 )

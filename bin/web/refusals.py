@@ -28,7 +28,7 @@ from shardq.queue.errors import (
     UpdateTimedOut,
 )
 from shardq.shards.config import ShardMap, redact
-from shardq.shards.errors import ShardqError, ShardUnavailable
+from shardq.shards.errors import MapMismatch, SchemaBehind, ShardqError, ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId
 
 STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
@@ -36,7 +36,9 @@ STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = 
     ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler), 404),
     ((UpdateRefused, DecisionRefused, SignalRefused), 409),
     ((UpdateFailed, UpdateRejected, QueryFailed), 422),
-    (ShardUnavailable, 503),
+    # A shard found, late, to hold another map or an older schema: the server's
+    # configuration is at fault, not the request, and nothing was written.
+    ((ShardUnavailable, MapMismatch, SchemaBehind), 503),
     (ShardqError, 400),  # InvalidArgument, PayloadInvalid and every other refusal
 )
 """The status of each refusal, first match wins (the more special kinds first)."""

@@ -14,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shardq.outbox.relay import FAILPOINT_ENV
@@ -34,6 +33,7 @@ from ..conftest import TABLES, Server
 from ..support import (
     Daemon,
     TcpProxy,
+    allow_connections,
     free_port,
     rows,
     run_cli,
@@ -311,18 +311,6 @@ def test_the_tenant_cancel_example_fans_out_over_three_shards(
     assert relay.wait_exit(30) == 0
 
 
-def _allow_connections(urls: list[str], allowed: bool) -> None:
-    """Make the databases refuse new connections (and drop the ones they have), or take them."""
-    with psycopg.connect(urls[0], dbname="postgres", autocommit=True) as admin:
-        for url in urls:
-            name = str(conninfo_to_dict(url)["dbname"])
-            admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
-                sql.Identifier(name), sql.Literal(allowed)))
-            if not allowed:
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
-
-
 def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
     client: Client, worker: Worker, shards: ShardMap, daemons: Callable[..., Daemon],
 ) -> None:
@@ -337,7 +325,7 @@ def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
     before = {s.name: rows(s.url, "SELECT count(*) FROM shardq.history")[0][0]
               for s in shards.shards}
     wrong = urls(shards)[:2]
-    _allow_connections(urls(shards), allowed=False)
+    allow_connections(urls(shards), allowed=False)
     try:
         relay = daemons(["--shards", ",".join(wrong), "outbox-relay", "--poll-interval", "1"])
         running = daemons(["--shards", ",".join(wrong), "worker", "--app",
@@ -347,7 +335,7 @@ def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
         time.sleep(1)  # both have tried the shards, and been refused
         assert relay.proc.poll() is None and running.proc.poll() is None
     finally:
-        _allow_connections(urls(shards), allowed=True)
+        allow_connections(urls(shards), allowed=True)
     assert relay.wait_exit(20) == 4, relay.stderr()
     assert running.wait_exit(20) == 4, running.stderr()
     for daemon in (relay, running):

@@ -260,8 +260,6 @@ def test_the_installed_command_migrates_and_runs_the_demo(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="`shardq --version` needs click.version_option(package_name='shardq') "
-                          "on the CLI group (bin/ is being reorganized)", strict=False)
 def test_shardq_version_prints_the_metadata_version(venv: Venv) -> None:
     out = venv.run(venv.root / "bin" / "shardq", "--version")
     assert out.returncode == 0, out.stderr

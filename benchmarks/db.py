@@ -246,9 +246,29 @@ def machine_facts() -> Row:
         "engine_fingerprint": engine_fingerprint(root),
         "engine_files_modified": [line[3:] for line in status.splitlines() if line.strip()],
         "cores": os.cpu_count(),
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name"),
+        "memory_gib": _memory_gib(),
         "load_average_1m_at_start": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
         "executable": sys.executable,
         "commit": commit or None,
     }
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    """The first `key: value` line of a /proc file, or None off Linux."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _memory_gib() -> float | None:
+    total = _proc_field("/proc/meminfo", "MemTotal")  # "24576000 kB"
+    return round(int(total.split()[0]) / 2**20, 1) if total else None

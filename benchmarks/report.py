@@ -154,6 +154,21 @@ def table(doc: Result) -> str:
         f"batch size {cfg['batch_size']}, poll {cfg['poll_interval_s']:g} s",
         "",
     ]
+    rows = scenario_rows(sc)
+    widths = [max(len(r[i]) for r in rows) if rows else 0 for i in range(3)]
+    for r in rows:
+        lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
+    lines += ratio_lines(doc["headline"])
+    lines.append("\ntargets (2 cores, PG15, fsync on):")
+    for t in doc["targets"]:
+        mark = {True: "met", False: "MISSED", None: "not run"}[t["met"]]
+        lines.append(f"  {t['metric']:<24} {t['target']:>8}  {_n(t['value']):>10}  {mark:<7}  "
+                     f"{t['what']}")
+    return "\n".join(lines)
+
+
+def scenario_rows(sc: dict[str, Result]) -> list[tuple[str, str, str, str]]:
+    """(scenario, what, figure, details) for every figure of every scenario that ran."""
     rows: list[tuple[str, str, str, str]] = []
     if "floor" in sc:
         for r in sc["floor"]["runs"]:
@@ -232,10 +247,21 @@ def table(doc: Result) -> str:
              f"ratio {p['ratio']:.3f}; parked rows inserted by SQL at "
              f"{_n(p['parked_insert_per_s'])}/s"),
         ]
-    widths = [max(len(r[i]) for r in rows) if rows else 0 for i in range(3)]
-    for r in rows:
-        lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
-    head = doc["headline"]
+    if "http" in sc:
+        h = sc["http"]
+        rows.append(("http", "keyed signals, Client.signal", _n(h["client_signals_per_s"])
+                     + " signals/s", "the same signals in-process, no HTTP"))
+        rows.append(("http", "keyed signals through shardq serve",
+                     _n(h["http_signals_per_s"]) + " signals/s",
+                     f"{h['http_over_client']:.2f}x Client.signal"
+                     + (f"; two server processes {h['http_2_processes_over_client']:.2f}x"
+                        if h.get("http_2_processes_over_client") is not None else "")))
+    return rows
+
+
+def ratio_lines(head: Result) -> list[str]:
+    """The ratios to the floors and the ceilings a CPU-free worker would meet."""
+    lines: list[str] = []
     if "shardq_over_floor" in head:
         lines.append(f"\nshardq / floor at k={head['floor_batch']}: "
                      f"{head['shardq_over_floor']:.3f}")
@@ -252,24 +278,46 @@ def table(doc: Result) -> str:
         lines.append(f"  with a client that cost no CPU: {', '.join(ceilings)}  (raw floor CPU "
                      f"per job, {head['floor_cpu_us_per_job']:g} us, / shardq's PostgreSQL CPU "
                      "per job)")
-    lines.append("\ntargets (2 cores, PG15, fsync on):")
-    for t in doc["targets"]:
-        mark = {True: "met", False: "MISSED", None: "not run"}[t["met"]]
-        lines.append(f"  {t['metric']:<24} {t['target']:>8}  {_n(t['value']):>10}  {mark:<7}  "
-                     f"{t['what']}")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str]) -> int:
-    """`python -m shardq.benchmarks.report RESULT.json`: the table of a saved result."""
-    if len(argv) != 1:
-        print("usage: python -m shardq.benchmarks.report RESULT.json", file=sys.stderr)
-        return 2
-    doc = json.loads(Path(argv[0]).read_text())
+    """`python -m shardq.benchmarks.report RESULT.json`: the table of a saved result.
+
+    With `--page PAGE.md [--scaling A.json B.json ...]` it writes the documentation's
+    performance page from the result instead, and its plots beside the page
+    (benchmarks/page.py; the `--scaling` results, one per shard count, feed the
+    scaling plot).
+    """
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(prog="python -m shardq.benchmarks.report")
+    parser.add_argument("result", type=Path, help="a result saved with --out")
+    parser.add_argument("--page", type=Path, help="write the docs' performance page here")
+    parser.add_argument("--scaling", type=Path, nargs="*", default=[],
+                        help="results of one shard count each, for the scaling plot")
+    args = parser.parse_args(argv)
+    if args.page is not None:
+        from shardq.benchmarks.page import write  # noqa: PLC0415
+
+        for path in write(args.result, args.page, args.scaling, page_command(
+                args.result, args.page, args.scaling)):
+            print(f"wrote {path}")
+        return 0
+    if args.scaling:
+        parser.error("--scaling goes with --page")
+    doc = json.loads(args.result.read_text())
     # Derived afresh: a result saved by an older build gains the newer figures.
     head = headline(doc["scenarios"])
     print(table({**doc, "headline": head, "targets": targets(head)}))
     return 0
+
+
+def page_command(result: Path, page: Path, scaling: list[Path]) -> str:
+    """The command that regenerates a page, as the page states it."""
+    return " ".join(["python -m shardq.benchmarks.report", result.as_posix(), "--page",
+                     page.as_posix(), *(["--scaling"] if scaling else []),
+                     *(p.as_posix() for p in scaling)])
 
 
 if __name__ == "__main__":

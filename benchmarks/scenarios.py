@@ -316,6 +316,8 @@ def wake(b: Bench) -> dict[str, Any]:
         "p50_ms": step["p50"], "p95_ms": step["p95"], "p99_ms": step["p99"],
         # Whether the tail is scattered or one stall: when in the sampling each came.
         "slowest": sorted(slowest, reverse=True)[:10],
+        # Every sample, for the distribution plot of the docs' performance page.
+        "step_ms_samples": sorted(round(v, 3) for v in stepped),
         "worker_log_problems": problems[:10],
     }
 

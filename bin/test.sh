@@ -9,6 +9,7 @@ for folder in shards queue outbox bin tests benchmarks; do
   if compgen -G "$folder/*.py" >/dev/null; then packages+=(-p "shardq.$folder"); fi
 done
 echo "== mypy" && mypy "${packages[@]}"
+echo "== mkdocs" && NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet
 # The whole suite runs on two xdist workers, one test file each at a time (a
 # file's fixtures and daemons stay together): 2.5 minutes instead of 4.3 on CI's
 # two cores, most tests waiting on PostgreSQL or a subprocess. Every worker

@@ -1,0 +1,65 @@
+"""The documentation site's generated parts, and what the README promises CI.
+
+`mkdocs build --strict` (bin/test.sh) checks links, pages and docstrings; these
+check what a build cannot see: that docs/performance.md is what its saved
+benchmark result generates (nobody edited a figure by hand), and that the test
+command the README names is the one CI runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from shardq.benchmarks.page import DRAIN_PNG, SHARDS_PNG, WAKE_PNG, page
+from shardq.benchmarks.report import page_command
+
+from ..support import ROOT
+
+DOCS = ROOT / "docs"
+RESULT = DOCS / "benchmarks" / "result.json"
+PERFORMANCE = DOCS / "performance.md"
+
+
+def _scaling() -> list[Path]:
+    """The per-shard-count results, in the order the page was written with: by shard count."""
+    found = sorted(DOCS.glob("benchmarks/shards-*.json"),
+                   key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    return [p.relative_to(ROOT) for p in found]
+
+
+def test_the_performance_page_is_generated_from_the_saved_result() -> None:
+    scaling = _scaling()
+    command = page_command(RESULT.relative_to(ROOT), PERFORMANCE.relative_to(ROOT), scaling)
+    expected = page(json.loads(RESULT.read_text()),
+                    [(p.relative_to("docs").as_posix(), json.loads((ROOT / p).read_text()))
+                     for p in scaling],
+                    result_link="benchmarks/result.json", command=command)
+    assert PERFORMANCE.read_text() == expected, (
+        f"docs/performance.md is not what its saved result generates: run `{command}` "
+        "(never edit the page by hand)")
+
+
+def test_the_plots_the_performance_page_shows_exist() -> None:
+    text = PERFORMANCE.read_text()
+    shown = set(re.findall(r"\]\(([^)]+\.png)\)", text))
+    assert shown <= {DRAIN_PNG, WAKE_PNG, SHARDS_PNG}
+    for name in shown:
+        assert (DOCS / name).is_file(), name
+
+
+def test_every_page_in_the_nav_exists() -> None:
+    nav = re.findall(r":\s+([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    generated = {"http-api-reference.md"}  # made at build time by docs/_hooks/generated.py
+    missing = [p for p in nav if p not in generated and not (DOCS / p).is_file()]
+    assert nav and not missing, missing
+
+
+def test_the_readme_names_the_test_command_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^bash bin/test\.sh\b", readme, re.M), "README lost its test command"
+    assert re.search(r"^bash bin/test\.sh\s*$", ci, re.M), ".ci/run no longer runs it"
+    assert re.search(r"^bash bin/demo\.sh\b", readme, re.M), "README lost its demo command"
+

@@ -311,7 +311,7 @@ def wake(b: Bench) -> dict[str, Any]:
         "completed_ms": _ms(percentiles(finished)),
         "signal_call_ms": _ms(percentiles(signal_call)),
         # The part after the signal's commit returned: NOTIFY -> claim -> replay -> step.
-        # The signal call is one durable commit, whose tail is the disk's (see README).
+        # The signal call is one durable commit, whose tail is the disk's (CHANGELOG.md).
         "after_commit_ms": _ms(percentiles(after_commit)),
         "p50_ms": step["p50"], "p95_ms": step["p95"], "p99_ms": step["p99"],
         # Whether the tail is scattered or one stall: when in the sampling each came.

@@ -1,4 +1,5 @@
-"""The newcomer's path: `shardq dev`, the demo twice, then the README's own-module worker."""
+"""The newcomer's path: `shardq dev`, the demo twice, then the README's own-module worker
+(README, "An example"; docs/tutorial.md goes on from it)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def greet(name):
 def greet_workflow(ctx):
     return ctx.step("greet", greet, ctx.input["name"])
 '''
-"""The README's "Next steps" module, word for word."""
+"""The README's own module (its "An example" section), word for word."""
 
 SHARDQ = Path(sys.executable).with_name("shardq")
 """The console script, as a user runs it: from their own folder, not the repository."""

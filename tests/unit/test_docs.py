@@ -63,3 +63,8 @@ def test_the_readme_names_the_test_command_ci_runs() -> None:
     assert re.search(r"^bash bin/test\.sh\s*$", ci, re.M), ".ci/run no longer runs it"
     assert re.search(r"^bash bin/demo\.sh\b", readme, re.M), "README lost its demo command"
 
+
+
+def test_the_readme_stays_short() -> None:
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines: move detail into docs/"

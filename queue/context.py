@@ -46,6 +46,7 @@ from shardq.queue.models import (
     OutboxRequest,
     PendingSignal,
     Signal,
+    SignalRequest,
     State,
     TaskAction,
 )
@@ -53,6 +54,7 @@ from shardq.queue.names import check_name, check_signal_name, check_text
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
 from shardq.queue.schemas import check_schema, validate
+from shardq.queue.signaling import check_signal
 from shardq.shards.routing import bucket_of, parse_execution_id
 
 T = TypeVar("T")
@@ -60,6 +62,8 @@ MAX_ERROR_TEXT = 8000
 _STEP_COMPLETED, _STEP_RETRIED, _STEP_FAILED = (
     STEP_ATTEMPTS.labels(o) for o in ("completed", "retried", "failed"))
 MAX_PROMPT = 4000
+MAX_EXTERNAL_BATCH = 10_000
+"""Signals one `signal_external_many` call may send: its targets are locked in one commit."""
 """Characters of an interrupt's prompt: what a reviewer reads, not a document store."""
 
 
@@ -599,41 +603,58 @@ class WorkflowContext:
         event in this run's history. Replay returns the recorded outcome and
         sends nothing, even if the code now computes another key.
         """
-        check_signal_name(name)
-        ident = parse_execution_id(target)
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key.strip()
-        ):
-            raise InvalidArgument("idempotency_key must be a non-empty string when given")
+        (sent,) = self.signal_external_many(
+            [SignalRequest(target, name, payload, idempotency_key)])
+        if sent.error is not None:
+            raise sent.error
+        return sent
+
+    def signal_external_many(self, signals: Sequence[SignalRequest]) -> list[ExternalSignal]:
+        """Signal many runs in one commit: a fan-out pays one round trip, not one per target.
+
+        Each signal is what `signal_external` makes of it, and takes a call
+        position of its own, in the order given; results come back in that order.
+        A signal a target of this shard refused carries `error` (an
+        ExternalSignalFailed with its `reason_code`) instead of raising, so the
+        others stand. A bad name, key or payload raises before anything is sent.
+        """
+        if len(signals) > MAX_EXTERNAL_BATCH:
+            raise InvalidArgument(f"at most {MAX_EXTERNAL_BATCH} signals in one call, "
+                                  f"got {len(signals)}")
+        targets = [parse_execution_id(s.execution_id) for s in signals]
+        for s in signals:
+            check_signal_name(s.name)
         self._guard()
-        position, recorded = self._replay.next("external", name)
-        if recorded:
-            return _external_outcome(recorded[0].payload)
-        limits = Limits()
-        if idempotency_key is not None:
-            limits.check_key(idempotency_key)
-        what = f"payload of signal {name!r}"
-        try:
-            encoded = json.dumps(payload, allow_nan=False)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
-        limits.check_payload(encoded, what)
+        calls = [self._replay.next("external", s.name) for s in signals]
+        # Checked only when sent: a replay returns what was recorded, whatever the
+        # code computes now.
+        checked = {i: check_signal(s.name, s.payload, s.idempotency_key, Limits())
+                   for i, (s, (_, recorded)) in enumerate(zip(signals, calls, strict=True))
+                   if not recorded}
         journal = self._journal
-        if self._on_this_shard is not None and self._on_this_shard(ident):
-            journal.externals.append(
-                ExternalRequest(position, ident, name, encoded, idempotency_key)
-            )
+        results: list[ExternalSignal | None] = [None] * len(signals)
+        here: list[int] = []
+        for index, (ident, (position, recorded)) in enumerate(zip(targets, calls, strict=True)):
+            if recorded:
+                results[index] = _external_result(recorded[0].payload)
+                continue
+            name, encoded, key = checked[index]
+            if self._on_this_shard is not None and self._on_this_shard(ident):
+                journal.externals.append(ExternalRequest(position, ident, name, encoded, key))
+                here.append(index)
+            else:
+                queued = {"target": str(ident), "name": name, "idempotency_key": key,
+                          "queued": True}
+                journal.outbox.append(
+                    OutboxRequest(position, ident, bucket_of(ident), name, encoded, key))
+                journal.events.append(NewEvent(position, Event.EXTERNAL_QUEUED, name, queued))
+                results[index] = _external_result(queued)
+        if journal.externals or journal.outbox:
+            journal.sent = ()
             self._cancel = journal.flush() or self._cancel
-            (outcome,) = journal.sent
-            return _external_outcome(outcome)
-        queued = {"target": str(ident), "name": name, "idempotency_key": idempotency_key,
-                  "queued": True}
-        journal.outbox.append(
-            OutboxRequest(position, ident, bucket_of(ident), name, encoded, idempotency_key)
-        )
-        journal.events.append(NewEvent(position, Event.EXTERNAL_QUEUED, name, queued))
-        self._cancel = journal.flush() or self._cancel
-        return _external_outcome(queued)
+            for index, outcome in zip(here, journal.sent, strict=True):
+                results[index] = _external_result(outcome)
+        return [r for r in results if r is not None]
 
     def now(self) -> datetime:
         """The database's current time, recorded so replay sees the same instant."""
@@ -656,13 +677,14 @@ class WorkflowContext:
         return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
 
 
-def _external_outcome(recorded: Mapping[str, Any]) -> ExternalSignal:
-    """What a signal_external call returns, or raises, from its recorded outcome."""
-    if "reason_code" in recorded:
-        detail = recorded.get("detail") or f"execution {recorded['target']} not found"
-        raise ExternalSignalFailed(recorded["reason_code"], detail)
+def _external_result(recorded: Mapping[str, Any]) -> ExternalSignal:
+    """What a signal_external call returns from its recorded outcome (a refusal in `error`)."""
     target, name, key = uuid.UUID(recorded["target"]), recorded["name"], recorded.get(
         "idempotency_key")
+    if "reason_code" in recorded:
+        detail = recorded.get("detail") or f"execution {recorded['target']} not found"
+        return ExternalSignal(target, name, None, delivered=False, idempotency_key=key,
+                              error=ExternalSignalFailed(recorded["reason_code"], detail))
     if recorded.get("queued"):
         return ExternalSignal(target, name, None, delivered=False, idempotency_key=key,
                               queued=True)

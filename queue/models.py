@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from shardq.queue.errors import WorkflowError
+from shardq.queue.errors import ExternalSignalFailed, WorkflowError
 
 
 class State(StrEnum):
@@ -136,7 +136,7 @@ class Signal:
 
 @dataclass(frozen=True)
 class SignalRequest:
-    """One signal for `Client.signal_many`."""
+    """One signal for `Client.signal_many` (and `ctx.signal_external_many`)."""
 
     execution_id: str | uuid.UUID
     name: str
@@ -328,6 +328,8 @@ class ExternalSignal:
     delivered: bool
     idempotency_key: str | None
     queued: bool = False
+    error: ExternalSignalFailed | None = None
+    """Set, in `ctx.signal_external_many`'s results, for a signal the target refused."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExternalSignalFailed
-from shardq.queue.models import State
+from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
 from shardq.queue.worker import Worker
 from shardq.shards.routing import bucket_for, new_execution_id
@@ -104,3 +104,100 @@ def test_another_tenant_s_run_is_not_found(client: Client, start_worker: StartWo
         {"skipped": "target_not_found"}
     ]
     assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
+
+
+@registry.workflow("fan_out_many")
+def fan_out_many(ctx: WorkflowContext) -> list[Any]:
+    """Every target in one call; keys computed anew on every turn (replay must not resend)."""
+    sent = ctx.signal_external_many([
+        SignalRequest(t, "go", {"from": ctx.workflow_id}, f"m-{next(keys)}")
+        for t in ctx.input["targets"]])
+    ctx.sleep("settle", 0.05)  # the output is computed again on the replay after this
+    return [{"skipped": s.error.reason_code} if s.error else
+            {"queued": True} if s.queued else {"delivered": s.delivered} for s in sent]
+
+
+@registry.workflow("fan_out_bad")
+def fan_out_bad(ctx: WorkflowContext) -> Any:
+    return ctx.signal_external_many([
+        SignalRequest(ctx.input["target"], "go", "fine"),
+        SignalRequest(ctx.input["target"], "go", float("nan")),
+    ])
+
+
+def test_a_fan_out_in_one_call_sends_every_signal_in_one_commit(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry, poll_interval_s=60.0)
+    here = [client.start("receiver", _key_on(client, 0, "receiver", f"many-{i}"))
+            for i in range(5)]
+    wait_until(lambda: all(client.get(r.execution_id).state is State.WAITING for r in here),
+               what="parked")
+    elsewhere = client.start("receiver", _key_on(client, 1, "receiver", "many-e"))
+    unknown = new_execution_id(client.map.shards[0].first_bucket)
+    targets = [str(r.execution_id) for r in here] + [str(unknown),
+                                                     str(elsewhere.execution_id)]
+    sender = client.start("fan_out_many", _key_on(client, 0, "fan_out_many", "s"),
+                          {"targets": targets})
+    done = client.wait(sender.execution_id, timeout=10)
+    assert done.state is State.COMPLETED, done.error
+    assert done.output == [{"delivered": True}] * 5 + [{"skipped": "target_not_found"},
+                                                       {"queued": True}]
+    for run in here:
+        assert client.wait(run.execution_id, timeout=10).output == {
+            "from": client.get(sender.execution_id).workflow_id}
+    events = [e for e in client.history(sender.execution_id) if e.kind.startswith("external.")]
+    assert sorted((e.position, e.kind) for e in events) == [
+        *((i, "external.sent") for i in range(5)), (5, "external.failed"),
+        (6, "external.queued")]
+    # One commit: every call's event was written by the same transaction.
+    assert len({e.recorded_at for e in events}) == 1
+
+
+def test_a_bad_signal_in_a_fan_out_sends_none_of_them(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    target = client.start("receiver", _key_on(client, 0, "receiver", "bad-t"))
+    sender = client.start("fan_out_bad", _key_on(client, 0, "fan_out_bad", "b"),
+                          {"target": str(target.execution_id)})
+    done = client.wait(sender.execution_id, timeout=10)
+    assert done.state is State.FAILED
+    assert "not JSON" in str(done.error), done.error
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
+
+
+HOSTILE: dict[str, tuple[Callable[[str], list[SignalRequest]], str]] = {
+    "not an id": (lambda t: [SignalRequest("not-an-id", "go")], "execution id"),
+    "empty name": (lambda t: [SignalRequest(t, "")], "signal name"),
+    "reserved name": (lambda t: [SignalRequest(t, "shardq:update:x")], "reserved"),
+    "empty key": (lambda t: [SignalRequest(t, "go", None, " ")], "idempotency_key"),
+    "NUL in key": (lambda t: [SignalRequest(t, "go", None, "a\x00b")], "NUL"),
+    "lone surrogate": (lambda t: [SignalRequest(t, "go", None, "a\ud800")], "surrogate"),
+    "NaN payload": (lambda t: [SignalRequest(t, "go", float("nan"))], "not JSON"),
+    "payload too big": (lambda t: [SignalRequest(t, "go", "x" * 2_000_000)], "bytes"),
+    "too many": (lambda t: [SignalRequest(t, "go")] * 10_001, "at most 10000"),
+}
+
+
+@registry.workflow("fan_out_hostile")
+def fan_out_hostile(ctx: WorkflowContext) -> Any:
+    make, _ = HOSTILE[ctx.input["case"]]
+    return ctx.signal_external_many(make(ctx.input["target"]))
+
+
+def test_hostile_fan_outs_fail_the_sender_and_send_nothing(
+    client: Client, start_worker: StartWorker
+) -> None:
+    start_worker(registry)
+    target = str(client.start("receiver", _key_on(client, 0, "receiver", "h-t")).execution_id)
+    senders = {case: client.start("fan_out_hostile", _key_on(client, 0, "fan_out_hostile",
+                                                             f"h-{i}"),
+                                  {"case": case, "target": target}).execution_id
+               for i, case in enumerate(HOSTILE)}
+    for case, sender in senders.items():
+        done = client.wait(sender, timeout=15)
+        assert done.state is State.FAILED, case
+        assert HOSTILE[case][1] in str(done.error), (case, done.error)
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.outbox") == [(0,), (0,)]

@@ -138,15 +138,16 @@ def commit_proposal(proposal: dict[str, Any]) -> dict[str, Any]:
 def proposal_review(ctx: WorkflowContext) -> dict[str, Any]:
     """Prepare a proposal, ask a manager (approve, edit or reject, a day at most), commit.
 
-    An edit replaces the proposal with the manager's version (checked against
-    PROPOSAL_SCHEMA before it is stored); a rejection or a timeout ends the
-    run with that outcome and commits nothing.
+    The proposal is the value under review: the inbox shows it and starts the
+    edit form from it. An edit replaces the proposal with the manager's version
+    (checked against PROPOSAL_SCHEMA before it is stored); a rejection or a
+    timeout ends the run with that outcome and commits nothing.
     """
     proposal = ctx.step("prepare", prepare_proposal, ctx.input or {})
     decision = ctx.interrupt(
         "manager_review", f"Approve, edit or reject: {proposal['amount']} for "
         f"{proposal['reason']}", schema=PROPOSAL_SCHEMA,
-        timeout=float((ctx.input or {}).get("hours", 24)) * 3600,
+        timeout=float((ctx.input or {}).get("hours", 24)) * 3600, value=proposal,
     )
     if decision.action in ("reject", "timed_out"):
         return {"outcome": decision.action, "by": decision.actor}
@@ -232,7 +233,7 @@ approval = registry.register_definition(
     .step("prepare", prepare_for_review)
     .wait_for_signal_or_timeout("wait_for_documents", "documents_ready", timeout=24 * 3600)
     .interrupt("manager_review", "Approve, edit, or reject this proposal",
-               schema=PROPOSAL_SCHEMA)
+               schema=PROPOSAL_SCHEMA, value=lambda run: run.steps["prepare"])
     .timer("cooldown", 0.5)
     .step("commit", commit_decision)
     .build()

@@ -76,7 +76,9 @@ def serve_command(
             raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     options: dict[str, Any] = {"host": host, "port": port, "log_level": "warning",
                                "access_log": False, "server_header": False}
-    click.echo(f"shardq API on http://{host}:{port}/api/shardq", err=True)
+    # The two places a newcomer goes next; an IPv6 address needs its brackets in a URL.
+    origin = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    click.echo(f"shardq API on {origin}/api/shardq\ninbox at {origin}/inbox", err=True)
     if workers == 1:
         with errors_as_exit_codes():
             application = build_app(config)

@@ -350,7 +350,7 @@ async def interrupts(request: Request, tenant: str) -> Response:
     return JSONResponse({"unavailable_shards": list(page.unavailable_shards), "items": [
         {"execution_id": str(p.execution_id), "workflow": p.workflow_name,
          "workflow_id": p.workflow_id, "name": p.name, "prompt": p.prompt,
-         "actions": list(p.actions), "schema": p.schema,
+         "actions": list(p.actions), "schema": p.schema, "value": p.value,
          "requested_at": p.requested_at.isoformat(),
          "deadline": p.deadline.isoformat() if p.deadline else None}
         for p in page.items], "next_cursor": page.next_cursor})
@@ -372,6 +372,22 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(shared(request).document)
 
 
+async def index(request: Request) -> Response:
+    """The API's root, the URL `shardq serve` prints: where to go from here. No token
+    needed: it names public paths only, for whoever opens the printed URL first."""
+    return JSONResponse(INDEX)
+
+
+INDEX = {
+    "service": "shardq management API",
+    "openapi": PREFIX + "/openapi.json",
+    "healthz": PREFIX + "/healthz",
+    "inbox": "/inbox",
+    "authentication": "Authorization: Bearer TOKEN (`shardq api-token TENANT` makes one)",
+}
+"""The root's answer; paths, not URLs, so it stays right behind a proxy."""
+
+
 ROUTES = [
     Route(PREFIX + path, endpoint, methods=[method]) for path, endpoint, method in (
         ("/workflows/{name}/start", start, "POST"),
@@ -389,6 +405,9 @@ ROUTES = [
         ("/interrupts", interrupts, "GET"),
         ("/healthz", healthz, "GET"),
         ("/openapi.json", openapi, "GET"),
+        ("", index, "GET"),
+        # Without it the router would redirect (307) every method, not refuse (405).
+        ("/", index, "GET"),
     )
 ]
 """The API's routes, in match order (a literal segment before the parameter it shadows)."""

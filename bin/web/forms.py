@@ -6,6 +6,11 @@ objects, arrays, unions) is a JSON text area. The input carries what the
 browser can check itself (required, min/max, lengths, pattern); the server
 checks the whole payload against the schema again (Client.decide) and the
 violations are shown next to their fields.
+
+The form starts from the value under review (`ctx.interrupt(value=...)`), so a
+reviewer changes the fields they mean to change and sends the rest as it was.
+A value that a field cannot hold as it is leaves that field empty: a browser
+would otherwise alter it silently (a text input drops a string's line breaks).
 """
 
 from __future__ import annotations
@@ -102,6 +107,43 @@ def payload_from(
             if not problems or problems[-1]["field_path"] != field.path:
                 payload[field.name] = value
     return payload, problems
+
+
+def initial_form(fields: list[Field] | None, value: Any) -> dict[str, str]:
+    """The form's starting contents from `value`, by input name, as `payload_from` reads
+    them back: each field the value fills, as the text its input shows."""
+    if value is None:
+        return {}
+    if fields is None:
+        return {"payload": json.dumps(value, indent=2, ensure_ascii=False)}
+    if not isinstance(value, dict):
+        return {}
+    shown = {}
+    for field in fields:
+        if field.name in value:
+            text = _shown(field, value[field.name])
+            if text is not None:
+                shown[f"field:{field.name}"] = text
+    return shown
+
+
+def _shown(field: Field, value: Any) -> str | None:
+    """The text `field`'s input holds for `value`, None when it cannot hold it unaltered."""
+    if field.kind == "json":
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    if field.kind in ("string", "enum"):
+        fits = isinstance(value, str) and (
+            value in field.options if field.kind == "enum"
+            # A text input holds one line: the browser would strip the line breaks.
+            else not any(c in value for c in "\r\n"))
+        return value if fits else None
+    if field.kind == "boolean":
+        return "true" if value is True else None  # unticked: false, or not a boolean
+    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(
+        value) and (field.kind == "number" or float(value).is_integer())
+    if not number:
+        return None
+    return str(int(value)) if field.kind == "integer" else json.dumps(value)
 
 
 def _number(raw: str, integer: bool) -> int | float | None:

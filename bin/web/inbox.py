@@ -13,7 +13,10 @@ event handler, and a Content-Security-Policy forbids anything else.
 
 A decision carries a decision id made when the page was rendered, so a double
 click or a resubmitted form is the same decision; a decision that lost to
-another reviewer's shows the one that stands.
+another reviewer's shows the one that stands. An open interrupt's page asks
+`.../state` (JSON) every second, so a decision made elsewhere replaces its
+buttons before anyone clicks them. A refusal is shown as a sentence for the
+reviewer, its reason code in small print for whoever they ask for help.
 
 The pages are the table ROUTES: one module-level handler each, reading the
 application's client, tokens and settings from `shared(request)`
@@ -31,16 +34,29 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Route
 
-from shardq.bin.web.forms import fields_of, payload_from
-from shardq.bin.web.refusals import public_text, status_of, unavailable_shards, unavailable_text
+from shardq.bin.web.forms import fields_of, initial_form, payload_from
+from shardq.bin.web.refusals import (
+    FORM_UNREADABLE,
+    for_reviewer,
+    public_text,
+    status_of,
+    unavailable_shards,
+    unavailable_text,
+)
 from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
 from shardq.queue.errors import DecisionRefused, InvalidArgument, PayloadInvalid
@@ -62,11 +78,13 @@ MAX_FORM = 256 << 10
 
 
 class Refused(Exception):
-    """A request the inbox answers with an error page and this status."""
+    """A request the inbox answers with an error page and this status (and a reason
+    code in small print, when a reviewer may need to quote one)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
 
 
 def _templates() -> Environment:
@@ -76,6 +94,7 @@ def _templates() -> Environment:
     templates.filters["when"] = _when
     templates.filters["ago"] = _ago
     templates.filters["duration"] = _duration
+    templates.filters["for_reviewer"] = for_reviewer
     return templates
 
 
@@ -94,6 +113,12 @@ def _tenant_of(request: Request, token: str) -> str | None:
     return tenant_for(token, shared(request).tokens)
 
 
+def _signed_in(request: Request) -> str | None:
+    """The tenant of the request's token cookie; None: not signed in."""
+    token = request.cookies.get(TOKEN_COOKIE)
+    return _tenant_of(request, token) if token else None
+
+
 Page = Callable[[Request, str], Awaitable[Response]]
 """A signed-in page's body: the request and the tenant its token cookie names."""
 
@@ -102,8 +127,7 @@ def _page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
     """A signed-in page: the tenant from the token cookie, errors as pages."""
 
     async def endpoint(request: Request) -> Response:
-        token = request.cookies.get(TOKEN_COOKIE)
-        tenant = _tenant_of(request, token) if token else None
+        tenant = _signed_in(request)
         if tenant is None:
             return _secured(RedirectResponse("/inbox/login", 303))
         try:
@@ -129,11 +153,13 @@ async def login(request: Request) -> Response:
         return _secured(_error(request, exc, shared(request).map))
     token, actor = form.get("token", "").strip(), form.get("actor", "").strip()
     if not actor or len(actor) > 255:
-        return _secured(render(request, "login.html", 400,
+        return _secured(render(request, "login.html", 400, typed=actor,
                                error="your name is needed (at most 255 characters): it "
                                      "is recorded with every decision you make"))
     if _tenant_of(request, token) is None:
-        return _secured(render(request, "login.html", 401, error="the token is not valid"))
+        # The name stays typed: only the token was wrong (the token is never echoed).
+        return _secured(render(request, "login.html", 401, typed=actor,
+                               error="the token is not valid"))
     response = RedirectResponse("/inbox", 303)
     secure = request.url.scheme == "https"
     for name, value in ((TOKEN_COOKIE, token), (ACTOR_COOKIE, actor)):
@@ -189,10 +215,15 @@ async def _detail(request: Request, tenant: str, decision_id: str, status: int =
     if asked is None:
         raise Refused(404, f"this run has asked for no interrupt named {name!r}")
     request_, outcome = asked
+    fields = fields_of(request_.payload.get("schema"))
+    posted: dict[str, str] | None = extra.pop("posted", None)
     return render(
         request, "detail.html", status, execution=execution, name=name,
-        request_=request_, outcome=outcome, decision_id=decision_id,
-        fields=fields_of(request_.payload.get("schema")),
+        request_=request_, outcome=outcome, decision_id=decision_id, fields=fields,
+        state_url=f"/inbox/runs/{execution.id}/interrupts/{quote(name, safe='')}/state",
+        # What was posted comes back as it was; a fresh form starts from the value.
+        form=posted if posted is not None else initial_form(
+            fields, request_.payload.get("value")),
         steps=[e for e in events if e.kind == Event.STEP_COMPLETED],
         audit=[e for e in events if e.name == name and e.kind in (
             Event.INTERRUPT_DECIDED, Event.INTERRUPT_REFUSED, Event.INTERRUPT_TIMED_OUT)],
@@ -225,7 +256,49 @@ async def decide(request: Request, tenant: str) -> Response:
                              violations=exc.violations, posted=form)
     except DecisionRefused as exc:
         return await _detail(request, tenant, uuid.uuid4().hex, 409, refusal=exc)
+    except InvalidArgument as exc:
+        # The page only sends what it offered: this form was altered or is broken.
+        # The client's message is for developers; the log keeps it.
+        log.info("inbox decision refused: %s", exc, extra={"path": request.url.path})
+        raise Refused(400, for_reviewer(FORM_UNREADABLE), FORM_UNREADABLE) from None
     return RedirectResponse(request.url.path, 303)
+
+
+async def interrupt_state(request: Request) -> Response:
+    """Whether interrupt `name` of the run is still open, as JSON: the page of an open
+    interrupt polls this and replaces its buttons once it was decided elsewhere."""
+    tenant = _signed_in(request)
+    if tenant is None:
+        return _secured(JSONResponse({"error": "sign in first"}, 401))
+    try:
+        client = shared(request).client
+        ident = _execution_id(request)
+        name = request.path_params["name"]
+        events = await run_in_threadpool(client.history, ident, tenant=tenant)
+        asked = _interrupt(events, name)
+        if asked is None:
+            raise Refused(404, f"this run has asked for no interrupt named {name!r}")
+        return _secured(JSONResponse(_state(*asked)))
+    except Exception as exc:
+        status, message, _ = _failure(request, exc, shared(request).map)
+        return _secured(JSONResponse({"error": message}, status))
+
+
+def _state(request_: HistoryEvent, outcome: HistoryEvent | None) -> dict[str, Any]:
+    """An interrupt's state for the page: `requested` tells a request asked again (a
+    later one of the same name) from the one the page shows."""
+    state: dict[str, Any] = {"open": outcome is None, "requested": request_.seq}
+    if outcome is None:
+        return state
+    decided = outcome.payload
+    timed_out = outcome.kind == Event.INTERRUPT_TIMED_OUT
+    summary = (f"Timed out at {_when(decided.get('decided_at'))}: nobody decided."
+               if timed_out else
+               f"Decided by {decided.get('actor') or 'nobody'} at "
+               f"{_when(decided.get('decided_at'))}: {decided.get('action')}.")
+    return {**state, "action": "timed_out" if timed_out else decided.get("action"),
+            "actor": None if timed_out else decided.get("actor"),
+            "decided_at": decided.get("decided_at"), "summary": summary}
 
 
 @_page
@@ -266,6 +339,8 @@ ROUTES = [
     Route("/inbox/runs/{execution_id}", run_history, methods=["GET"]),
     Route("/inbox/runs/{execution_id}/interrupts/{name}", detail, methods=["GET"]),
     Route("/inbox/runs/{execution_id}/interrupts/{name}", decide, methods=["POST"]),
+    Route("/inbox/runs/{execution_id}/interrupts/{name}/state", interrupt_state,
+          methods=["GET"]),
 ]
 """The inbox's pages, all under /inbox."""
 
@@ -325,9 +400,17 @@ def _interrupt(
 
 def _error(request: Request, exc: Exception, shard_map: ShardMap) -> Response:
     """The error page: shards named by name alone (see refusals.py)."""
+    status, message, code = _failure(request, exc, shard_map)
+    return render(request, "error.html", status, message=message, code=code)
+
+
+def _failure(
+    request: Request, exc: Exception, shard_map: ShardMap
+) -> tuple[int, str, str | None]:
+    """A failed request's status, what the reviewer is told and its reason code if any."""
     if isinstance(exc, Refused):
-        status, message = exc.status, str(exc)
-    elif isinstance(exc, InvalidArgument | InvalidExecutionId):
+        return exc.status, str(exc), exc.code
+    if isinstance(exc, InvalidArgument | InvalidExecutionId):
         status, message = 400, str(exc)
     elif isinstance(exc, ShardUnavailable):
         log.warning("inbox request refused: %s", exc, extra={"path": request.url.path})
@@ -338,7 +421,7 @@ def _error(request: Request, exc: Exception, shard_map: ShardMap) -> Response:
         if status == 500:
             log.error("inbox request failed", extra={"path": request.url.path}, exc_info=exc)
             message = "internal error"
-    return render(request, "error.html", status, message=message)
+    return status, message, None
 
 
 def _secured(response: Response) -> Response:

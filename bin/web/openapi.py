@@ -116,8 +116,19 @@ _LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Pa
 _PAGE_ITEMS: dict[str, Any] = {"items": {"type": "array", "items": {"type": "object"}},
                                "next_cursor": {"type": ["string", "null"]}}
 _PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": _PAGE_ITEMS}
+_INTERRUPT = {"type": "object", "required": [
+    "execution_id", "workflow", "workflow_id", "name", "prompt", "actions", "schema", "value",
+    "requested_at", "deadline"], "properties": {
+    "execution_id": {"type": "string", "format": "uuid"}, "workflow": _STRING,
+    "workflow_id": _STRING, "name": _STRING, "prompt": _STRING,
+    "actions": {"type": "array", "items": _STRING},
+    "schema": {"type": ["object", "null"], "description": "What an `edit` payload must match"},
+    "value": {**ANY_JSON, "description": "What is under review (`ctx.interrupt(value=...)`): "
+              "where an edit starts from; null when the request has none"},
+    "requested_at": _STRING, "deadline": {"type": ["string", "null"]}}}
 _INTERRUPTS_PAGE = {"type": "object", "required": ["items", "next_cursor", "unavailable_shards"],
-                    "properties": {**_PAGE_ITEMS, "unavailable_shards": _SHARD_NAMES}}
+                    "properties": {**_PAGE_ITEMS, "items": {"type": "array", "items": _INTERRUPT},
+                                   "unavailable_shards": _SHARD_NAMES}}
 _AFTER_START = {
     name: {"operationId": op_id, "parameters": {"execution_id": "$response.body#/execution_id"}}
     for name, op_id in (("GetRun", "getRun"), ("History", "getHistory"),
@@ -217,6 +228,12 @@ OPENAPI: dict[str, Any] = {
             _query("workflow", _NAME, "Only interrupts of this workflow's runs"), _LIMIT,
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{32}$"},
                    "The next_cursor of the previous page"))},
+        PREFIX: {"get": {
+            "operationId": "index", "summary": "Where to go from here: the OpenAPI document, "
+            "/healthz and the review inbox (no token needed)",
+            "responses": {"200": {"description": "OK", "content": _json_content(_obj(
+                ["openapi", "healthz", "inbox"], service=_STRING, openapi=_STRING,
+                healthz=_STRING, inbox=_STRING, authentication=_STRING))}}}},
         f"{PREFIX}/healthz": {"get": {
             "operationId": "healthz", "summary": "Per-shard reachability (no token needed)",
             "responses": {code: {"description": text, "content": _json_content(_obj(

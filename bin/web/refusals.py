@@ -2,7 +2,9 @@
 
 Each refusal kind has one status (first match wins, the more special kinds
 first) and one body: its text and what a caller acts on. Anything that is not
-a refusal is a bug: status 500, logged by the caller, never shown.
+a refusal is a bug: status 500, logged by the caller, never shown. A reviewer
+in the inbox reads a sentence for each reason code (REVIEWER_TEXT), not the
+client's message, which is written for developers.
 
 A caller sees shards by name only. The shard layer's messages name a shard by
 its label (name and redacted URL) for operators; its host, port, user and
@@ -43,6 +45,35 @@ STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = 
 )
 """The status of each refusal, first match wins (the more special kinds first)."""
 
+
+FORM_UNREADABLE = "form_unreadable"
+"""The inbox's own code: a posted decision the client refused as malformed (the page
+sends only what it offered, so the form was altered or broken)."""
+
+REVIEWER_TEXT: dict[str, tuple[str, str]] = {
+    "decided": ("Someone else decided first.", "someone else decided first"),
+    "not_open": ("The run no longer waits for this decision: it has moved on, was "
+                 "cancelled or asked again. Reload the page to see where it stands.",
+                 "no longer waiting for a decision"),
+    "timed_out": ("The time allowed for this decision ran out before your answer "
+                  "arrived.", "too late"),
+    "action_refused": ("This review does not offer that answer.", "answer not offered"),
+    "decision_id_reused": ("This form was already used for another decision. Reload the "
+                           "page and decide again.", "form used twice"),
+    FORM_UNREADABLE: ("The decision could not be read. Reload the page and decide again.",
+                      "unreadable form"),
+}
+"""What a reviewer is told of each reason code the inbox can show: (the sentence on the
+page that was refused, the short form in an audit trail). The messages the client
+raises are written for developers (they name API calls); the code itself is kept in
+small print, for whoever the reviewer asks for help."""
+
+
+def for_reviewer(code: str | None, short: bool = False) -> str:
+    """The sentence (or, `short`, the phrase) a reviewer reads for reason code `code`."""
+    sentence, phrase = REVIEWER_TEXT.get(code or "", (
+        "The decision could not be applied.", "not applied"))
+    return phrase if short else sentence
 
 
 def status_of(exc: BaseException) -> int:

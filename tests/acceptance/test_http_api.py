@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -121,6 +122,8 @@ def test_a_decision_over_http(api: Api, start_worker: StartWorker) -> None:
                          json={"workflow_id": "p-1", "input": {"amount": 10}})
     run = made.json()["execution_id"]
     wait_until(lambda: api.http.get("/interrupts").json()["items"], what="the interrupt")
+    (item,) = api.http.get("/interrupts").json()["items"]
+    assert item["value"] == {"amount": 10, "reason": "travel"}  # the proposal under review
     path = f"/workflows/{run}/interrupts/manager_review/decision"
     bad = api.http.post(path, json={"action": "edit", "payload": {"amount": -1},
                                     "decision_id": "d", "actor": "ann"})
@@ -214,6 +217,11 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
     ("interface-unknown", "GET", "/workflows/registered/nope/interface", {}, 404),
     ("no-route", "GET", "/nothing/here", {}, 404),
     ("wrong-method", "DELETE", "/workflows", {}, 405),
+    ("root-wrong-method", "POST", "", {"json": {}}, 405),
+    ("root-slash-wrong-method", "DELETE", "/", {}, 405),
+    # The inbox's state poll is the inbox's: its cookie, never a bearer token, opens it.
+    ("inbox-state-bearer-token", "GET", "{origin}/inbox/runs/{run}/interrupts/x/state", {},
+     401),
 ]
 
 
@@ -228,9 +236,10 @@ def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(
     run = start_park(api, "h-4")
     cart = api.http.post("/workflows/cart/start", json={
         "workflow_id": "c-4", "input": {"customer": "ann"}}).json()["execution_id"]
+    origin = str(api.http.base_url.copy_with(path="/")).rstrip("/")
     before = counts(shard_map)
     for case, method, path, kwargs, status in BAD_REQUESTS:
-        target = path.replace("{run}", run).replace("{cart}", cart)
+        target = path.replace("{run}", run).replace("{cart}", cart).replace("{origin}", origin)
         answer = api.http.request(method, target, **kwargs)  # type: ignore[arg-type]  # a table of mixed keyword arguments
         assert answer.status_code == status, (case, answer.status_code, answer.text)
         body = answer.json()
@@ -238,6 +247,28 @@ def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(
         assert "Traceback" not in answer.text, case
     assert counts(shard_map) == before
     assert json.loads(api.http.get("/openapi.json").text)["openapi"] == "3.1.0"
+
+
+def test_the_urls_serve_prints_lead_somewhere(
+    shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    _, server = start_api(daemons, shard_map, tmp_path, {TOKEN: "acme"})
+    printed = re.findall(r"^(shardq API on|inbox at) (\S+)$", server.stderr(), re.M)
+    assert [what for what, _ in printed] == ["shardq API on", "inbox at"], server.stderr()
+    (_, root), (_, inbox) = printed
+    with httpx.Client(timeout=30) as http:
+        index = http.get(root)  # no token: a newcomer opens the printed URL first
+        assert index.status_code == 200, index.text
+        named = index.json()
+        assert {key: named[key] for key in ("openapi", "healthz", "inbox")} == {
+            "openapi": "/api/shardq/openapi.json", "healthz": "/api/shardq/healthz",
+            "inbox": "/inbox"}
+        for path in (named["openapi"], named["healthz"]):
+            assert http.get(httpx.URL(root).join(path)).status_code == 200, path
+        assert http.get(root + "/").json() == named
+        page = http.get(inbox, follow_redirects=True)
+        assert page.status_code == 200 and "Sign in" in page.text
+        assert str(page.url) == str(httpx.URL(root).join(named["inbox"])) + "/login"
 
 
 def test_an_unknown_body_key_is_named_and_nothing_starts(api: Api) -> None:

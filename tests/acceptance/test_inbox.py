@@ -159,14 +159,85 @@ def test_two_reviewers_at_once_one_wins_and_the_other_sees_the_winner(
     assert len(refused) == 1
     loser = refused[0]
     winner, action = ("bob", "reject") if loser is ann else ("ann", "approve")
-    assert f"{winner} decided {action}" in loser.locator(".refusal").inner_text()
+    refusal = loser.locator(".refusal").inner_text()
+    assert f"{winner} decided {action}" in refusal
+    # A sentence for the reviewer; the code in small print, for whoever they ask.
+    assert "Someone else decided first." in refusal
+    assert loser.locator(".refusal small.code").inner_text() == "reason code: decided"
     decided = [e for e in site.client.history(run, tenant="acme")
                if e.kind == "interrupt.decided"]
     assert [(e.payload["actor"], e.payload["action"]) for e in decided] == [(winner, action)]
-    # Every attempt is in the audit trail, the refused one too.
+    # Every attempt is in the audit trail, the refused one too, while the run is open:
+    # once the worker has finished it, a refusal stores nothing (its history ends with
+    # its outcome), and the worker may well finish before the losing request lands.
     loser.goto(detail_url(site, run))
     audit = loser.locator("table.audit").inner_text()
-    assert "accepted" in audit and "refused: decided" in audit
+    assert "accepted" in audit
+    if any(e.kind == "interrupt.refused" for e in site.client.history(run, tenant="acme")):
+        assert "refused: someone else decided first" in audit
+        assert loser.locator("table.audit small.code").inner_text() == "decided"
+
+
+def test_the_edit_form_starts_from_the_value_under_review(browser: Any, site: Site) -> None:
+    run = review(site, "p-prefill", amount=120, reason="team offsite")
+    page = signed_in(browser, site, ACME, "ann")
+    page.goto(detail_url(site, run))
+    shown = json.loads(page.locator("pre.value").inner_text())
+    assert shown == {"amount": 120, "reason": "team offsite"}
+    assert page.input_value("input[name='field:reason']") == "team offsite"
+    page.fill("input[name='field:amount']", "90")  # the one field the reviewer changes
+    page.click("button.action-edit")
+    assert "Decided: edit by ann" in page.locator(".outcome").inner_text()
+    assert site.client.wait(run, tenant="acme", timeout=10).output["result"] == {
+        "committed": True, "amount": 90, "reason": "team offsite"}
+    # A value a field cannot hold as it is (a text input holds one line) leaves that
+    # field empty, for the reviewer to fill; the page shows the value whole.
+    lines = review(site, "p-lines", amount=4, reason="first line\nsecond line")
+    answer = page.goto(detail_url(site, lines))
+    assert answer.status == 200
+    assert "second line" in page.locator("pre.value").inner_text()
+    assert page.input_value("input[name='field:amount']") == "4"
+    assert page.input_value("input[name='field:reason']") == ""
+
+
+def test_a_decision_made_elsewhere_replaces_the_buttons(browser: Any, site: Site) -> None:
+    run = review(site, "p-elsewhere", amount=8, reason="lunch")
+    page = signed_in(browser, site, ACME, "ann")
+    page.goto(detail_url(site, run))
+    assert page.locator("button.action-approve").count() == 1
+    site.client.decide(run, "manager_review", "reject", decision_id="cli-1", actor="bob",
+                       tenant="acme")
+    settled = page.locator(".outcome.elsewhere")
+    settled.wait_for(timeout=5000)  # the page polls every second
+    assert "Decided by bob at" in settled.inner_text() and "reject" in settled.inner_text()
+    assert page.locator("button.action-approve, button.action-edit").count() == 0
+    state = page.request.get(detail_url(site, run) + "/state").json()
+    assert (state["open"], state["action"], state["actor"]) == (False, "reject", "bob")
+
+
+def test_a_bad_token_keeps_the_name_typed(browser: Any, site: Site) -> None:
+    page = browser.new_context().new_page()
+    page.goto(f"{site.base}/inbox/login")
+    page.fill("input[name=token]", "sq_not-a-token")
+    page.fill("input[name=actor]", "Ann Example")
+    page.click("button[type=submit]")
+    assert "the token is not valid" in page.locator(".error").inner_text()
+    assert page.input_value("input[name=actor]") == "Ann Example"
+    assert page.input_value("input[name=token]") == ""  # a token is never sent back
+
+
+def test_the_list_fits_a_phone(browser: Any, site: Site, tmp_path: Path) -> None:
+    review(site, "p-phone-with-a-rather-long-business-key-0001", amount=1,
+           reason="a prompt long enough to wrap over several lines on a phone's screen")
+    review(site, "p-phone-2", amount=2, reason="pens")
+    page = signed_in(browser, site, ACME, "ann", viewport={"width": 390, "height": 844})
+    page.goto(f"{site.base}/inbox")
+    assert page.locator("tr.item").count() == 2
+    page.screenshot(path=str(tmp_path / "inbox-390.png"), full_page=True)
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+    page.locator("tr.item a.open").first.click()
+    page.screenshot(path=str(tmp_path / "detail-390.png"), full_page=True)
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
 
 
 def test_caller_values_render_as_text(browser: Any, site: Site) -> None:

@@ -56,6 +56,14 @@ CASES: list[tuple[str, str, str, dict[str, str] | bytes, dict[str, str], int]] =
     ("list-bad-workflow", "GET", "/inbox?workflow=bad%20name!", b"", {}, 400),
     ("list-bad-cursor", "GET", "/inbox?cursor=zz", b"", {}, 400),
     ("static-traversal", "GET", "/inbox/static/..%2Finbox.py", b"", {}, 404),
+    ("state-bad-run-id", "GET", "/inbox/runs/not-a-run/interrupts/x/state", b"", {}, 404),
+    ("state-unknown-run", "GET",
+     "/inbox/runs/01a23b00-a581-8495-a55e-808a42654d6c/interrupts/manager_review/state", b"",
+     {}, 404),
+    ("state-unknown-interrupt", "GET", "/inbox/runs/{run}/interrupts/nope/state", b"", {}, 404),
+    ("state-bad-name", "GET", "/inbox/runs/{run}/interrupts/bad%20name!/state", b"", {}, 404),
+    ("state-post", "POST", "/inbox/runs/{run}/interrupts/manager_review/state",
+     {"action": "approve", "decision_id": "d"}, {}, 405),
 ]
 
 
@@ -90,8 +98,12 @@ def test_hostile_requests_get_a_4xx_page_and_store_nothing(
                                   headers={"content-type": FORM, **headers} if body else headers)
         assert answer.status_code == status, (case, answer.status_code, answer.text[-500:])
         assert "Traceback" not in answer.text and "internal error" not in answer.text, case
+        assert "Client." not in answer.text, case  # a reviewer's page names no API
         if answer.headers["content-type"].startswith("text/html"):  # not a JSON 404
             assert "script-src 'self'" in answer.headers["content-security-policy"], case
+    state = f"/inbox/runs/{run.execution_id}/interrupts/manager_review/state"
+    signed_out = httpx.get(str(http.base_url.join(state)), timeout=30)
+    assert (signed_out.status_code, signed_out.json()) == (401, {"error": "sign in first"})
     after = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in TABLES}
     # A refused decision attempt is audited (interrupt.refused): the only row it may add.
     refused = all_rows(shard_map, "SELECT count(*) FROM shardq.history "

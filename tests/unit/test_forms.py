@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardq.bin.web.forms import fields_of, payload_from
+from shardq.bin.web.forms import fields_of, initial_form, payload_from
 
 SCHEMA = {
     "type": "object",
@@ -58,3 +58,29 @@ def test_the_posted_form_becomes_the_payload_with_its_problems_at_their_fields()
     assert [p["field_path"] for p in problems] == ["/amount", "/seats", "/lines"]
     _, infinite = payload_from(fields, {"field:amount": "1e999"})
     assert infinite[0]["field_path"] == "/amount"
+
+
+def test_the_form_starts_from_the_value_and_reads_back_as_it() -> None:
+    fields = fields_of(SCHEMA)
+    value = {"reason": "travel", "amount": 12.5, "seats": 2, "currency": "EUR",
+             "urgent": True, "lines": ["a", {"b": 1}]}
+    shown = initial_form(fields, value)
+    assert shown == {"field:reason": "travel", "field:amount": "12.5", "field:seats": "2",
+                     "field:currency": "EUR", "field:urgent": "true",
+                     "field:lines": '[\n  "a",\n  {\n    "b": 1\n  }\n]'}
+    # Sent back unchanged, the form is the value: a reviewer changes only what they mean to.
+    assert payload_from(fields, shown) == (value, [])
+    assert initial_form(fields, {"amount": 120, "seats": 3.0, "urgent": False}) == {
+        "field:amount": "120", "field:seats": "3"}
+
+
+def test_a_value_a_field_cannot_hold_leaves_that_field_empty() -> None:
+    fields = fields_of(SCHEMA)
+    assert initial_form(fields, {
+        "reason": "two\nlines", "amount": "lots", "seats": 2.5, "currency": "GBP",
+        "urgent": "yes", "lines": ["kept"]}) == {"field:lines": '[\n  "kept"\n]'}
+    assert initial_form(fields, {"amount": True, "seats": float("inf")}) == {}
+    assert initial_form(fields, ["not", "an", "object"]) == {}
+    assert initial_form(fields, None) == {}
+    # Without fields the payload is one JSON text, and the value fills it.
+    assert initial_form(None, [1, "two"]) == {"payload": '[\n  1,\n  "two"\n]'}

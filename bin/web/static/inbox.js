@@ -3,8 +3,11 @@
 // shown next to its field. The server checks the payload against the schema
 // again and shows its violations in the same places. Keeps the list of open
 // interrupts current: every second, while the tab is visible, it fetches the
-// same page and swaps in its list. No inline handlers: the page's
-// Content-Security-Policy allows this file only.
+// same page and swaps in its list. Keeps an open interrupt's page honest: every
+// second it asks the interrupt's state, and once someone decided elsewhere (or
+// the deadline passed) it replaces the buttons with who decided what and when,
+// so nobody clicks a decision that can no longer apply. No inline handlers:
+// the page's Content-Security-Policy allows this file only.
 "use strict";
 
 function showViolation(form, name, message) {
@@ -41,7 +44,53 @@ async function refreshList(region) {
   }
 }
 
+// The decide section of an open interrupt, replaced by what closed it: built with
+// textContent only (the summary holds the decider's name, a caller's value).
+function closeDecision(section, state) {
+  const outcome = document.createElement("div");
+  outcome.className = "outcome elsewhere";
+  outcome.setAttribute("role", "status");
+  const winner = document.createElement("p");
+  winner.className = "winner";
+  winner.textContent = state.open ? "This review was asked again." : state.summary;
+  const next = document.createElement("p");
+  next.className = "meta";
+  next.append(state.open ? "It changed while this page was open. "
+                         : "This was settled elsewhere while this page was open. ");
+  const reload = document.createElement("a");
+  reload.href = location.pathname;
+  reload.textContent = "Reload";
+  next.append(reload, state.open ? " to see what is asked now." : " for the details.");
+  outcome.append(winner, next);
+  section.replaceWith(outcome);
+}
+
+function watchDecision(section) {
+  const timer = setInterval(async () => {
+    if (document.hidden) return;
+    // A decision this page is sending is shown by the page that answers it.
+    if (section.querySelector("form[data-sent]") || !section.isConnected) {
+      clearInterval(timer);
+      return;
+    }
+    try {
+      const answer = await fetch(section.dataset.state,
+                                 {credentials: "same-origin", cache: "no-store"});
+      if (!answer.ok) return;
+      const state = await answer.json();
+      if (state.open && String(state.requested) === section.dataset.requested) return;
+      if (section.querySelector("form[data-sent]")) return;
+      clearInterval(timer);
+      closeDecision(section, state);
+    } catch (e) {
+      // The next tick tries again, as the list does.
+    }
+  }, 1000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  const decide = document.querySelector("section.decide[data-state]");
+  if (decide) watchDecision(decide);
   if (document.querySelector("[data-live]")) {
     setInterval(() => {
       const region = document.querySelector("[data-live]");

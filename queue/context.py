@@ -650,10 +650,11 @@ class WorkflowContext:
                 journal.events.append(NewEvent(position, Event.EXTERNAL_QUEUED, name, queued))
                 results[index] = _external_result(queued)
         if journal.externals or journal.outbox:
-            journal.sent = ()
             self._cancel = journal.flush() or self._cancel
-            for index, outcome in zip(here, journal.sent, strict=True):
-                results[index] = _external_result(outcome)
+            # journal.sent answers this flush's externals; with none it is an earlier one's.
+            if here:
+                for index, outcome in zip(here, journal.sent, strict=True):
+                    results[index] = _external_result(outcome)
         return [r for r in results if r is not None]
 
     def now(self) -> datetime:

@@ -432,10 +432,16 @@ def relay(b: Bench) -> dict[str, Any]:
         for label, target in (("same_shard", 0), ("cross_shard", 1)):
             b.reset()
             out[f"{label}_latency_ms"] = _relay_latency(b, target, label)
+        for label, batch in (("fanout_single_calls", False), ("fanout_one_call", True)):
+            b.reset()
+            out[label] = _fanout(b, batch, label)
         problems = relays.errors()
     finally:
         relays.stop()
         b.reset()
+    single, many = (out["fanout_single_calls"]["sender_seconds"],
+                    out["fanout_one_call"]["sender_seconds"])
+    out["fanout_one_call_speedup"] = round(single / many, 1) if many else None
     same, cross = out["same_shard"]["signals_per_s"], out["cross_shard"]["signals_per_s"]
     out["cross_over_same_throughput"] = round(cross / same, 3) if same else None
     p99s = out["same_shard_latency_ms"].get("p99"), out["cross_shard_latency_ms"].get("p99")
@@ -475,6 +481,34 @@ def _relay_throughput(b: Bench, target: int, label: str) -> dict[str, Any]:
     seconds = last - started
     return {"signals": n, "seconds": round(seconds, 3),
             "signals_per_s": round(n / seconds, 1) if seconds > 0 else None}
+
+
+FANOUT_TARGETS = 1_000
+
+
+def _fanout(b: Bench, batch: bool, label: str) -> dict[str, Any]:
+    """One run on shard 0 signals FANOUT_TARGETS parked runs of its shard; timed from its
+    start to the last target's completion."""
+    prefix = f"fo-{label}-"
+    sinks = b.client.start_many("relay_sink", [(k, None) for k in _keys_on(
+        b, 0, "relay_sink", prefix, FANOUT_TARGETS)])
+    _parked(b, FANOUT_TARGETS, label)
+    (key,) = _keys_on(b, 0, "fanout_source", f"fos-{label}", 1)
+    started = time.time()
+    source = b.client.start("fanout_source", key, {
+        "targets": [str(s.execution_id) for s in sinks], "batch": batch}).execution_id
+    wait_for(lambda: sum(int(r["completed"]) for u in b.urls for r in query(
+        u, "drain_result", {"workflow": "relay_sink", "prefix": prefix + "%"})),
+        FANOUT_TARGETS, label=f"{label}: signals consumed", timeout=120.0)
+    seconds = b.finished("relay_sink", prefix, FANOUT_TARGETS) - started
+    sender = b.client.get(source)
+    assert sender.finished_at is not None
+    # The sender's own time, its start to the commit that finished it: what the
+    # batch form changes. The targets' turns after it are the same work both ways.
+    sending = (sender.finished_at - sender.created_at).total_seconds()
+    return {"signals": FANOUT_TARGETS, "seconds": round(seconds, 3),
+            "signals_per_s": round(FANOUT_TARGETS / seconds, 1) if seconds > 0 else None,
+            "sender_seconds": round(sending, 3)}
 
 
 def _relay_latency(b: Bench, target: int, label: str) -> dict[str, float]:

@@ -12,7 +12,8 @@ product imports the benchmarks or the benchmarks import a tool of the product:
   (wake);
 - `nap`: park on a 90-day timer (the other half of the parked runs);
 - `relay_sink`, `relay_source`, `relay_probe`: signals between runs with
-  `ctx.signal_external`, on one shard or through the outbox relay (relay).
+  `ctx.signal_external`, on one shard or through the outbox relay (relay);
+- `fanout_source`: one run signalling many, in one call or one call each (relay).
 
 `park` and `nap` runs are also written straight into the tables by the parked
 fixture (parked.py); tests/acceptance/test_benchmarks.py checks those rows equal what the
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 from shardq.queue.context import WorkflowContext
+from shardq.queue.models import SignalRequest
 from shardq.queue.registry import Registry
 
 registry = Registry()
@@ -90,6 +92,20 @@ def relay_source(ctx: WorkflowContext) -> int:
     for target in ctx.input["targets"]:
         ctx.signal_external(target, "msg", {"from": ctx.workflow_id})
     return len(ctx.input["targets"])
+
+
+@registry.workflow("fanout_source")
+def fanout_source(ctx: WorkflowContext) -> int:
+    """Send "msg" to every one of `targets`: in one `signal_external_many` call when
+    `batch`, else one `signal_external` call (and commit) per target."""
+    targets = ctx.input["targets"]
+    if ctx.input["batch"]:
+        ctx.signal_external_many([SignalRequest(t, "msg", {"from": ctx.workflow_id})
+                                  for t in targets])
+    else:
+        for target in targets:
+            ctx.signal_external(target, "msg", {"from": ctx.workflow_id})
+    return len(targets)
 
 
 @registry.workflow("relay_probe")

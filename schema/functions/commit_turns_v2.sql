@@ -72,11 +72,17 @@ DECLARE
     scheduling      uuid[];
     cancelling      uuid[] := '{}';
     i               integer;
-    x               jsonb;
     x_targets       uuid[] := '{}';
+    sender          uuid;
     sender_tenant   text;
-    d               record;
-    outcome         jsonb;
+    sender_sent     jsonb;
+    x_ids           uuid[];
+    x_names         text[];
+    x_payloads      jsonb[];
+    x_keys          text[];
+    x_positions     integer[];
+    x_max           integer;
+    x_max_total     integer;
     sent            jsonb := '{}';
     held            uuid[];
 BEGIN
@@ -270,36 +276,50 @@ BEGIN
 
     -- Deliver them, each as a client signal from the sender's tenant would be,
     -- and record the outcome in the sender's history at the calling position:
-    -- replay returns that, and never sends again.
+    -- replay returns that, and never sends again. One deliver_signals call per
+    -- sender with all its signals in send order (a fan-out of a thousand is one
+    -- set-based statement, not a thousand calls), its outcomes recorded in one
+    -- insert, its reasons deliver_signals', as a client or the relay would be told.
     IF rare ? 'x' THEN
-        FOR x IN SELECT r FROM jsonb_array_elements(rare->'x') AS r LOOP
-            CONTINUE WHEN NOT (x->>0)::uuid = ANY(fenced)
-                          OR (x->>0)::uuid = ANY(cancelling);
-            SELECT e.tenant INTO sender_tenant FROM shardq.executions e
-            WHERE e.id = (x->>0)::uuid;
-            SELECT * INTO d FROM shardq.deliver_signals(
-                sender_tenant, ARRAY[(x->>2)::uuid], ARRAY[x->>3], ARRAY[x->4],
-                ARRAY[x->>5], (x->>6)::integer, (x->>7)::integer, NULL::text[]);
-            outcome := jsonb_build_object('target', (x->>2)::uuid, 'name', x->>3,
-                                          'idempotency_key', x->5);
-            -- deliver_signals' reason, as a client or the relay would be told.
-            IF d.reason_code IS NOT NULL THEN
-                outcome := outcome || jsonb_build_object(
-                    'reason_code', d.reason_code, 'detail', d.detail);
-            ELSE
-                outcome := outcome || jsonb_build_object(
-                    'signal_id', coalesce(d.signal_id, d.earlier_id),
-                    'delivered', d.signal_id IS NOT NULL);
-            END IF;
-            INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-            VALUES ((x->>0)::uuid, (x->>1)::integer,
-                    CASE WHEN outcome ? 'reason_code' THEN 'external.failed'
-                         ELSE 'external.sent' END,
-                    x->>3, outcome);
+        FOR sender, sender_tenant IN
+            SELECT s.id, e.tenant
+            FROM (SELECT (r->>0)::uuid AS id, min(o) AS first
+                  FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
+                  GROUP BY 1) s
+            JOIN shardq.executions e ON e.id = s.id
+            WHERE s.id = ANY(fenced) AND NOT s.id = ANY(cancelling)
+            ORDER BY s.first
+        LOOP
+            SELECT array_agg((r->>2)::uuid ORDER BY o), array_agg(r->>3 ORDER BY o),
+                   array_agg(r->4 ORDER BY o), array_agg(r->>5 ORDER BY o),
+                   array_agg((r->>1)::integer ORDER BY o),
+                   min((r->>6)::integer), min((r->>7)::integer)
+            INTO x_ids, x_names, x_payloads, x_keys, x_positions, x_max, x_max_total
+            FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
+            WHERE (r->>0)::uuid = sender;
+            WITH outcomes AS (
+                SELECT d.ord,
+                       jsonb_build_object('target', x_ids[d.ord], 'name', x_names[d.ord],
+                                          'idempotency_key', x_keys[d.ord])
+                       || CASE WHEN d.reason_code IS NOT NULL
+                               THEN jsonb_build_object('reason_code', d.reason_code,
+                                                       'detail', d.detail)
+                               ELSE jsonb_build_object(
+                                   'signal_id', coalesce(d.signal_id, d.earlier_id),
+                                   'delivered', d.signal_id IS NOT NULL) END AS outcome
+                FROM shardq.deliver_signals(sender_tenant, x_ids, x_names, x_payloads, x_keys,
+                                            x_max, x_max_total, NULL::text[]) AS d
+            ), recorded AS (
+                INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+                SELECT sender, x_positions[o.ord],
+                       CASE WHEN o.outcome ? 'reason_code' THEN 'external.failed'
+                            ELSE 'external.sent' END,
+                       x_names[o.ord], o.outcome
+                FROM outcomes o ORDER BY o.ord
+            )
+            SELECT jsonb_agg(o.outcome ORDER BY o.ord) INTO sender_sent FROM outcomes o;
             -- Keyed by the sender's id as uuid text (the document spells it as hex).
-            sent := jsonb_set(sent, ARRAY[(x->>0)::uuid::text],
-                              coalesce(sent->((x->>0)::uuid::text), '[]')
-                              || jsonb_build_array(outcome));
+            sent := sent || jsonb_build_object(sender::text, sender_sent);
         END LOOP;
     END IF;
 

@@ -243,12 +243,13 @@ class ShardPools:
                 if self._on_fatal is not None:
                     self._on_fatal(exc)
                 raise
-            if down is not None:
-                self._renew_pool(shard)
-                log.warning("shard reachable again", extra={"shard": shard.name})
-            elif self._probe and shard.name not in self._opened:
+            if self._probe and shard.name not in self._opened:
                 self._pools[shard.name].open(wait=False)
                 self._opened.add(shard.name)
+            elif down is not None:
+                self._renew_pool(shard)
+            if down is not None:
+                log.warning("shard reachable again", extra={"shard": shard.name})
             self._down.pop(shard.name, None)
 
     def _went_down(self, shard: Shard, error: ShardUnavailable) -> ShardUnavailable:
@@ -260,7 +261,7 @@ class ShardPools:
 
     def _renew_pool(self, shard: Shard) -> None:
         """Swap in a fresh pool: the old one may sit in a reconnection backoff of minutes."""
-        if self._closed or (self._probe and shard.name not in self._opened):
+        if self._closed:
             return
         old = self._pools[shard.name]
         fresh = self._new_pool(shard)

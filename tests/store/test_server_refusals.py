@@ -4,6 +4,7 @@ a raw database error that an API would turn into a 500."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -19,7 +20,7 @@ from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 
-from ..support import rows
+from ..support import allow_connections, rows, wait_until
 
 registry = Registry()
 
@@ -68,3 +69,33 @@ def test_a_statement_the_server_cancels_is_unavailable_not_a_crash(
                 client.cancel(run)
     assert "statement timeout" in str(refused.value)
     assert [k for (k,) in rows(url, "SELECT kind FROM shardq.history")] == []
+
+
+@pytest.mark.parametrize("probe", [True, False], ids=["probing pools", "background pools"])
+def test_a_shard_that_refused_its_first_reach_is_used_once_it_answers(
+    fresh_databases: Callable[..., list[str]], probe: bool
+) -> None:
+    """Down at the first use (refused), then back: the next use a second later goes
+    through, on a pool that was opened (probing) or renewed (background) for it."""
+    shard_map = ShardMap.from_urls(fresh_databases(1, "back"))
+    migrate(shard_map)
+    urls = [s.url for s in shard_map.shards]
+    with ShardPools(shard_map, probe=probe, timeout=2.0) as pools:
+        client = Client(Store(pools), registry)
+        allow_connections(urls, allowed=False)
+        try:
+            with pytest.raises(ShardUnavailable):
+                client.start("noop", "k-1")
+        finally:
+            allow_connections(urls, allowed=True)
+        started = time.monotonic()
+        run = wait_until(lambda: _started(client), timeout=10, what="the shard taken back")
+        assert time.monotonic() - started < 5
+    assert rows(urls[0], "SELECT id FROM shardq.executions") == [(run,)]
+
+
+def _started(client: Client) -> object:
+    try:
+        return client.start("noop", "k-1").execution_id
+    except ShardUnavailable:
+        return None

@@ -18,8 +18,9 @@ over a newer one. That is also why a body must stay compatible with the callers
 of the release before it (rolling deploys run both): a change of signature, of
 the batch document, or of the answer gets a new function name
 (`commit_turns_v2`), and a migration drops the old one once no process calls it
-(README, "Storage"). The migrator creates and replaces functions and never
-drops one: a function whose file is deleted stays until a migration drops it.
+(docs/storage.md, "SQL functions and rolling deploys"). The migrator creates and
+replaces functions and never drops one: a function whose file is deleted stays
+until a migration drops it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 A function kept only for the processes of the release before carries a line
 `-- retire: NNNN_words.sql` in its file, naming the migration that drops it
-(README, "Storage"). A body or a statement that calls it would break when that
-migration runs, and meanwhile gets the old version's answer.
+(docs/storage.md, "SQL functions and rolling deploys"). A body or a statement that
+calls it would break when that migration runs, and meanwhile gets the old version's
+answer.
 """
 
 from __future__ import annotations

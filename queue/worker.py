@@ -350,7 +350,7 @@ class Worker:
         freeing the loop keeps waiting. (Waiting for half a batch left two
         shards' loops claiming 57 runs on average at batch size 100;
         full batches take about two fifths fewer claims and context switches
-        per job: README, "Performance".) Turns that hold their threads
+        per job: CHANGELOG.md, "Performance work".) Turns that hold their threads
         (a long step) free nothing, and a due run must not wait behind them
         while a thread is idle: a partial batch is claimed as soon as a wait of
         COALESCE_S freed no slot. Slots are reserved before the claim, so the

@@ -1,6 +1,6 @@
 """What every `shardq` command shares: its settings, its options, and how it fails.
 
-Exit codes (also in the README):
+Exit codes (also in docs/cli.md):
   0 success · 1 unexpected error (a bug: it prints a traceback) · 2 bad usage or
   configuration · 3 a shard is unavailable · 4 shard map mismatch · 5 schema
   behind · 6 a migration failed · 7 a workflow-level refusal · 8 partial: a

@@ -11,7 +11,7 @@
 -- The batch arrives as parallel arrays, one group per kind of write, which
 -- the calling statement (queue/queries.sql) builds from one text per column:
 -- a JSON document of rows would cost the server a jsonb pass per value
--- (README, "Performance").
+-- (CHANGELOG.md, "Performance work").
 --   c_*: a commit each: the run, its lease token, the next token (a checkpoint
 --        rotates it), state, output (SQL NULL: none set; a workflow may
 --        return null, which is jsonb 'null'), error, task action, delay,

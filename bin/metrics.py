@@ -1,7 +1,8 @@
 """Prometheus endpoints: the daemons' own metrics, and the store exporter (`shardq metrics`).
 
 The exporter answers a scrape with gauges read from the shards (queue/store.py
-`Store.health`: one indexed query per family). Shards are read in parallel;
+`Store.health`, and outbox/store.py for the backlog: one indexed query per
+family). Shards are read in parallel;
 a shard that does not answer within the scrape timeout is reported with
 `shardq_shard_up 0` and no other series, so a scrape never hangs on it. The
 answers are cached for `cache_s`: scrapes from several Prometheus servers, or
@@ -22,12 +23,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
+from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardq.outbox.models import OutboxBacklog
+from shardq.outbox.store import OutboxStore
 from shardq.queue.models import ShardHealth, StaleBounds, State
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
@@ -74,17 +78,17 @@ class StoreCollector(Collector):
         self._down: set[str] = set()
         """Shards whose last read failed: logged once when they go, once when they return."""
         self._read_at = float("-inf")
-        self._snapshot: dict[str, ShardHealth | None] = {}
+        self._snapshot: dict[str, Scrape | None] = {}
         # Reads of a shard that stopped answering may outlive a scrape; they
         # end with their statement timeout and never pile up past one per shard.
         self._pool = ThreadPoolExecutor(2 * len(shard_map.shards),
                                         thread_name_prefix="shardq-scrape")
-        self._pending: dict[str, Future[ShardHealth]] = {}
+        self._pending: dict[str, Future[Scrape]] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield from families(self._map, self.snapshot())
 
-    def snapshot(self) -> dict[str, ShardHealth | None]:
+    def snapshot(self) -> dict[str, Scrape | None]:
         """Each shard's health, None for a shard that did not answer in time."""
         with self._lock:
             if time.monotonic() - self._read_at < self._cache_s:
@@ -113,11 +117,12 @@ class StoreCollector(Collector):
                 store = self._stores[shard.name] = self._open_store()
             return store
 
-    def _read(self, shard: Shard) -> ShardHealth:
+    def _read(self, shard: Shard) -> Scrape:
         store = self._store(shard)
         try:
             health = store.health(shard, self._bounds, overdue_grace_s=self._overdue_grace_s,
                                   timeout_s=self._timeout_s)
+            outbox = OutboxStore(store).backlog(shard, timeout_s=self._timeout_s)
         except ShardUnavailable as exc:
             if shard.name not in self._down:
                 self._down.add(shard.name)
@@ -133,17 +138,25 @@ class StoreCollector(Collector):
         if shard.name in self._down:
             self._down.discard(shard.name)
             log.warning("shard answers again", extra={"shard": shard.name})
-        return health
+        return Scrape(health, outbox)
 
 
-def _result(future: Future[ShardHealth]) -> ShardHealth | None:
+@dataclass(frozen=True)
+class Scrape:
+    """What one scrape read of one shard: the queue's health and the outbox's backlog."""
+
+    health: ShardHealth
+    outbox: list[OutboxBacklog]
+
+
+def _result(future: Future[Scrape]) -> Scrape | None:
     if not future.done() or future.exception() is not None:
         return None
     return future.result()
 
 
 def families(
-    shard_map: ShardMap, snapshot: dict[str, ShardHealth | None]
+    shard_map: ShardMap, snapshot: dict[str, Scrape | None]
 ) -> Iterable[GaugeMetricFamily]:
     """The exporter's gauges from a snapshot; a shard missing from it (or None) is down."""
     up = GaugeMetricFamily("shardq_shard_up", "1 when the shard answered this scrape in time",
@@ -178,10 +191,11 @@ def families(
                                       "Cross-shard signals that failed for good",
                                       labels=["source_shard", "target_shard"])
     for shard in shard_map.shards:
-        health = snapshot.get(shard.name)
-        up.add_metric([shard.name], 0 if health is None else 1)
-        if health is None:
+        scrape = snapshot.get(shard.name)
+        up.add_metric([shard.name], 0 if scrape is None else 1)
+        if scrape is None:
             continue
+        health = scrape.health
         for kind, workflow, n in health.open_waits:
             waits.add_metric([shard.name, kind, workflow], n)
         for kind, workflow, n, oldest in health.stale_waits:
@@ -193,7 +207,7 @@ def families(
         for state in State:
             runs.add_metric([shard.name, state.value], health.runs_by_state.get(state.value, 0))
         by_target: dict[str, list[float]] = {}
-        for b in health.outbox:
+        for b in scrape.outbox:
             t = by_target.setdefault(shard_map.for_bucket(b.target_bucket).name, [0, 0, 0, 0])
             t[0] += b.pending
             t[1] += b.retrying

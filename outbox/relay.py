@@ -55,6 +55,9 @@ from dataclasses import dataclass
 import psycopg
 from tenacity import RetryCallState, wait_exponential_jitter
 
+from shardq.outbox.instruments import RELAY_DELIVERY_SECONDS, RELAY_ROUND_SECONDS, RELAY_ROWS
+from shardq.outbox.models import OutboxRow, OutboxSettlement
+from shardq.outbox.store import OutboxStore, listen_for_outbox
 from shardq.queue.errors import (
     ExecutionNotFound,
     ShardUnavailable,
@@ -62,12 +65,11 @@ from shardq.queue.errors import (
     StoreConflict,
     StoreRejected,
 )
-from shardq.queue.instruments import RELAY_DELIVERY_SECONDS, RELAY_ROUND_SECONDS, RELAY_ROWS
 from shardq.queue.listener import WakeSource
-from shardq.queue.models import OutboxRow, OutboxSettlement, SignalResult
+from shardq.queue.models import SignalResult
 from shardq.queue.params import SignalDelivery
 from shardq.queue.signaling import deliver
-from shardq.queue.store import Store, listen_for_outbox
+from shardq.queue.store import Store
 from shardq.queue.worker import MIN_POLL_S
 from shardq.shards.config import Shard
 from shardq.shards.fanout import by_shard
@@ -215,6 +217,7 @@ class Relay:
     ) -> None:
         self.config = config or RelayConfig()
         self.store = store
+        self.outbox = OutboxStore(store)
         self.map = store.map
         self.sources = list(sources) if sources is not None else list(self.map.shards)
         self._backoff = Backoff(self.config)
@@ -279,7 +282,7 @@ class Relay:
         """Make the rows deferred for `target` due on every source, and wake the loops."""
         for source in self.sources:
             try:
-                self.store.outbox_target_back(source, target.first_bucket, target.last_bucket)
+                self.outbox.target_back(source, target.first_bucket, target.last_bucket)
             except Exception as exc:
                 # Their retry times stand: they go out then, a little later.
                 log.warning("could not make the rows for a returning shard due",
@@ -288,7 +291,7 @@ class Relay:
             self._wakes[source.name].set()
 
     def _idle_for(self, source: Shard) -> float:
-        due = self.store.outbox_next_due(source)
+        due = self.outbox.next_due(source)
         if due is None:
             return self.config.poll_interval_s
         if due <= 0:
@@ -306,7 +309,7 @@ class Relay:
         return claimed
 
     def _round(self, source: Shard) -> int:
-        with self.store.claim_outbox(source, limit=self.config.batch_size) as (rows, settlement):
+        with self.outbox.claim(source, limit=self.config.batch_size) as (rows, settlement):
             if not rows:
                 return 0
             groups = by_shard(self.map, rows, lambda r: r.target_bucket)

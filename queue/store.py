@@ -38,10 +38,6 @@ from shardq.queue.models import (
     CommitOutcome,
     Execution,
     HistoryEvent,
-    OutboxBacklog,
-    OutboxFailure,
-    OutboxRow,
-    OutboxSettlement,
     PendingInterrupt,
     PendingSignal,
     ShardHealth,
@@ -85,7 +81,7 @@ class Store:
         self.map = pools.map
 
     @contextmanager
-    def _connection(self, shard: Shard) -> Iterator[DictConnection]:
+    def connection(self, shard: Shard) -> Iterator[DictConnection]:
         """An autocommit connection to `shard`: a lone statement is one round trip.
 
         Data errors become StoreRejected.
@@ -106,9 +102,9 @@ class Store:
                     f"{shard.label}: {first[0] if first else exc.sqlstate}") from exc
 
     @contextmanager
-    def _transaction(self, shard: Shard) -> Iterator[DictConnection]:
+    def transaction(self, shard: Shard) -> Iterator[DictConnection]:
         """One transaction on `shard`, for operations of several statements."""
-        with self._connection(shard) as conn, conn.transaction():
+        with self.connection(shard) as conn, conn.transaction():
             yield conn
 
     # -- starting and reading ------------------------------------------------
@@ -126,7 +122,7 @@ class Store:
             "inputs": [r.input_json for r in runs],
             **_workflow_params(batch),
         }
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             # One statement: one round trip, its own transaction.
             rows = {r["workflow_id"]: r for r in conn.execute(SQL["start_executions"], params)}
             missing = [r.workflow_id for r in runs if r.workflow_id not in rows]
@@ -141,12 +137,12 @@ class Store:
         ]
 
     def get_execution(self, shard: Shard, execution_id: uuid.UUID) -> Execution | None:
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["get_execution"], {"id": execution_id}).fetchone()
         return _execution(row) if row else None
 
     def read_history(self, shard: Shard, execution_id: uuid.UUID) -> list[HistoryEvent]:
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             rows = conn.execute(SQL["read_history"], {"id": execution_id}).fetchall()
         return [
             HistoryEvent(r["seq"], r["position"], r["kind"], r["name"], r["payload"],
@@ -156,7 +152,7 @@ class Store:
 
     def list_executions(self, shard: Shard, query: listing.ListQuery) -> list[Execution]:
         statement, params = listing.compile_list(query)
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             return [_execution(r) for r in conn.execute(statement, params)]
 
     # -- claiming and leases -------------------------------------------------
@@ -169,7 +165,7 @@ class Store:
         Also returns the seconds until the next task is due (None when there is
         none), read in the same round trip.
         """
-        with self._connection(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
+        with self.connection(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
             # Tuples: a batch of rows is parsed on the worker's hot path.
             rows = cur.execute(
                 SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
@@ -200,7 +196,7 @@ class Store:
             return set()
         params = {"ids": [x.execution_id for x in leases], "tokens": [x.token for x in leases],
                   **extra}
-        with self._transaction(shard) as conn:
+        with self.transaction(shard) as conn:
             done = {r["execution_id"] for r in conn.execute(statement, params)}
             if notify and done:
                 conn.execute(SQL["notify_wake"])
@@ -218,12 +214,12 @@ class Store:
         mid-commit, ask `landed_commits` before retrying: a retried commit that
         had landed would find its lease token rotated and report a lost lease.
         """
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             return _commit_turns(conn, commits, lease_s)
 
     def landed_commits(self, shard: Shard, commits: Sequence[TurnCommit]) -> set[uuid.UUID]:
         """Which of `commits` are durable: asked after a connection broke mid-commit."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             found = conn.execute(SQL["landed_commits"], {
                 "ids": [c.execution_id for c in commits],
                 "tokens": [c.lease_token for c in commits],
@@ -255,7 +251,7 @@ class Store:
             "max_pending": MAX_PENDING_SIGNALS,
             "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
         }
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             rows = conn.execute(SQL["deliver_signals"], params).fetchall()
         return [
             _signal_result(s.target, s.name, row)
@@ -276,7 +272,7 @@ class Store:
             "payload": request.payload_json, "key": request.idempotency_key,
             "max_pending": MAX_PENDING_SIGNALS, "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
         }
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["signal_with_start"], params).fetchone()
         assert row is not None
         result = _signal_result(row["execution_id"], request.name, row)
@@ -285,71 +281,11 @@ class Store:
         return SignalWithStartResult(row["execution_id"], row["created"], result.delivered,
                                      result.signal_id, result.signal_name)
 
-    # -- the outbox ------------------------------------------------------------
-
-    @contextmanager
-    def claim_outbox(
-        self, shard: Shard, *, limit: int
-    ) -> Iterator[tuple[list[OutboxRow], OutboxSettlement]]:
-        """Lock up to `limit` due outbox rows of `shard`; settle them when the block ends.
-
-        The rows stay locked (other relays skip them) until the block ends, when
-        what the caller put in the settlement is written in the same
-        transaction. A block that raises settles nothing: the rows are due
-        again at once, their attempts untouched.
-        """
-        with self._transaction(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
-            rows = [OutboxRow(*r) for r in cur.execute(SQL["claim_outbox"], {"limit": limit})]
-            settlement = OutboxSettlement()
-            yield rows, settlement
-            if not (settlement.delivered or settlement.retry or settlement.failed):
-                return
-            retry_ids, delays, retry_reasons, retry_details = _columns(settlement.retry, 4)
-            failed_ids, failed_reasons, failed_details = _columns(settlement.failed, 3)
-            cur.execute(SQL["settle_outbox"], {
-                "delivered": settlement.delivered,
-                "retry_ids": retry_ids, "retry_delays": delays,
-                "retry_reasons": retry_reasons, "retry_details": retry_details,
-                "failed_ids": failed_ids, "failed_reasons": failed_reasons,
-                "failed_details": failed_details,
-            })
-
-    def outbox_next_due(self, shard: Shard) -> float | None:
-        """Seconds until `shard`'s next pending outbox row is due; None when there is none."""
-        with self._connection(shard) as conn:
-            row = conn.execute(SQL["outbox_next_due"]).fetchone()
-        return None if row is None or row["seconds"] is None else float(row["seconds"])
-
-    def outbox_target_back(self, shard: Shard, first_bucket: int, last_bucket: int) -> int:
-        """Make `shard`'s pending rows for a bucket range due now; returns how many."""
-        with self._connection(shard) as conn:
-            return conn.execute(SQL["outbox_target_back"],
-                                {"first": first_bucket, "last": last_bucket}).rowcount
-
     def takes_writes(self, shard: Shard) -> bool:
         """Whether `shard` answers and would accept a write (not read-only, not a standby)."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["takes_writes"]).fetchone()
         return bool(row and row["writable"])
-
-    def outbox_backlog(self, shard: Shard) -> list[OutboxBacklog]:
-        """What `shard`'s outbox still owes, by target bucket."""
-        with self._connection(shard) as conn:
-            return [OutboxBacklog(**r) for r in conn.execute(SQL["outbox_backlog"])]
-
-    def outbox_failures(
-        self, shard: Shard, *, after: int = 0, limit: int = 100
-    ) -> list[OutboxFailure]:
-        """`shard`'s permanently failed outbox rows with ids above `after`, by id."""
-        with self._connection(shard) as conn:
-            found = conn.execute(SQL["outbox_failures"], {"after": after, "limit": limit})
-            return [OutboxFailure(**r) for r in found]
-
-    def requeue_outbox(self, shard: Shard, ids: Sequence[int]) -> set[int]:
-        """Make permanently failed rows due again: all of `ids`, or none when one of them
-        is not a failed row. Returns the ids re-queued."""
-        with self._connection(shard) as conn:
-            return {r["id"] for r in conn.execute(SQL["requeue_outbox"], {"ids": list(ids)})}
 
     # -- operations ------------------------------------------------------------
 
@@ -358,7 +294,7 @@ class Store:
         workflow: str | None = None, tenant: str | None = None, limit: int = 100,
     ) -> list[StaleWait]:
         """`shard`'s stale waits (see StaleBounds), oldest first."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             found = conn.execute(SQL["stale_waits"], {
                 **bounds.params(), "kind": kind, "workflow": workflow, "tenant": tenant,
                 "limit": limit,
@@ -370,7 +306,7 @@ class Store:
     ) -> ShardHealth:
         """Every family the store exporter reports for `shard`, each one indexed query,
         in one read-only transaction whose statements stop after `timeout_s`."""
-        with self._transaction(shard) as conn:
+        with self.transaction(shard) as conn:
             conn.execute(SQL["local_statement_timeout"], {"ms": str(int(timeout_s * 1000))})
             waits = [(r["kind"], r["workflow_name"], r["n"])
                      for r in conn.execute(SQL["open_waits_by_workflow"])]
@@ -379,10 +315,8 @@ class Store:
             signals = conn.execute(SQL["pending_signal_count"]).fetchone()
             overdue = conn.execute(SQL["overdue_tasks"], {"grace_s": overdue_grace_s}).fetchone()
             states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"])}
-            outbox = [OutboxBacklog(**r) for r in conn.execute(SQL["outbox_backlog"])]
         assert signals is not None and overdue is not None
-        return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
-                           outbox)
+        return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states)
 
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,
@@ -391,7 +325,7 @@ class Store:
         """Delete up to `limit` finished runs past `retention_s` (of `workflows` when
         `listed`, of every other workflow when not) in one short transaction; how many, or
         None when another purger holds this shard."""
-        with self._transaction(shard) as conn:
+        with self.transaction(shard) as conn:
             held = conn.execute(SQL["purge_lock"]).fetchone()
             if held is None or not held["held"]:
                 return None
@@ -405,7 +339,7 @@ class Store:
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool
     ) -> int:
         """How many runs a purge with these settings would delete now."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["purge_count"], {
                 "retention_s": retention_s, "workflows": list(workflows), "listed": listed,
             }).fetchone()
@@ -418,7 +352,7 @@ class Store:
         oldest first. Two statements however many runs."""
         found: dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]] = {
             i: (None, []) for i in ids}
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             for row in conn.execute(SQL["open_wait"], {"ids": list(ids)}):
                 run = row.pop("execution_id")
                 found[run] = (WaitInfo(**row), found[run][1])
@@ -432,7 +366,7 @@ class Store:
         self, shard: Shard, execution_id: uuid.UUID, update_id: int
     ) -> tuple[dict[str, Any] | None, State | None]:
         """(the update's recorded outcome or None, the run's state; None: no run)."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["update_outcome"], {"id": execution_id,
                                                        "update_id": update_id}).fetchone()
         assert row is not None
@@ -442,7 +376,7 @@ class Store:
         self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str
     ) -> uuid.UUID | None:
         """The run of this workflow key, if one was started."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["find_executions"], {
                 "tenant": tenant, "workflow_name": workflow_name, "workflow_ids": [workflow_id],
             }).fetchone()
@@ -452,7 +386,7 @@ class Store:
         self, shard: Shard, execution_id: uuid.UUID, key: str
     ) -> tuple[int, str] | None:
         """(id, name) of the signal `key` landed as on this run, if it did."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["signal_by_key"], {"id": execution_id, "key": key}
                                ).fetchone()
         return None if row is None else (row["id"], row["name"])
@@ -461,7 +395,7 @@ class Store:
         self, shard: Shard, ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, tuple[str, int]]:
         """The (workflow name, version) of each of these runs of `shard` that exists."""
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             rows = conn.execute(SQL["workflows_of"], {"ids": list(ids)}).fetchall()
         return {r["id"]: (r["workflow_name"], r["workflow_version"]) for r in rows}
 
@@ -474,7 +408,7 @@ class Store:
 
         Position and request are None when the run waits for no such interrupt.
         """
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["open_interrupt"], {"id": execution_id, "name": name}
                                ).fetchone()
         return None if row is None else (row["tenant"], row["position"], row["request"])
@@ -484,7 +418,7 @@ class Store:
     ) -> tuple[str, dict[str, Any] | None, str | None]:
         """(outcome, decision, detail): one statement, shardq.decide_interrupt()."""
         d = decision
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             row = conn.execute(SQL["decide_interrupt"], {
                 "tenant": d.tenant, "id": d.execution_id, "name": d.name, "position": d.position,
                 "action": d.action, "payload": d.payload_json, "decision_id": d.decision_id,
@@ -504,7 +438,7 @@ class Store:
             (_END, uuid.UUID(int=(1 << 128) - 1)) if newest_first else (_EPOCH, uuid.UUID(int=0)))
         statement = SQL["pending_interrupts_newest"] if newest_first else SQL[
             "pending_interrupts"]
-        with self._connection(shard) as conn:
+        with self.connection(shard) as conn:
             found = conn.execute(statement, {
                 "tenant": tenant, "workflow": workflow, "after_at": after_at,
                 "after_id": after_id, "limit": limit, "waited_s": waited_s,
@@ -524,7 +458,7 @@ class Store:
         """
         for _ in range(CANCEL_ATTEMPTS):
             try:
-                with self._transaction(shard) as conn:
+                with self.transaction(shard) as conn:
                     lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
                     target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
                     if target is None or target["tenant"] != tenant:
@@ -568,15 +502,10 @@ class _TaskAppeared(Exception):
 
 def listen_for_wakes(conn: DictConnection) -> None:
     """Make `conn` (autocommit, outside any pool) receive the shard's wake NOTIFYs."""
-    _listen(conn, SQL["listen_statement"])
+    listen(conn, SQL["listen_statement"])
 
 
-def listen_for_outbox(conn: DictConnection) -> None:
-    """Make `conn` (autocommit, outside any pool) receive the NOTIFYs of new outbox rows."""
-    _listen(conn, SQL["listen_outbox_statement"])
-
-
-def _listen(conn: DictConnection, query: str) -> None:
+def listen(conn: DictConnection, query: str) -> None:
     """Run the LISTEN that `query` builds (the channel's name is defined in SQL)."""
     statement = conn.execute(query, {}).fetchone()
     assert statement is not None
@@ -586,11 +515,6 @@ def _listen(conn: DictConnection, query: str) -> None:
 def _workflow_params(batch: StartBatch) -> dict[str, Any]:
     return {"tenant": batch.tenant, "workflow_name": batch.workflow_name,
             "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None}
-
-
-def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """Rows of `width` values as `width` parallel lists (array parameters)."""
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
 
 
 def _commit_turns(

@@ -111,11 +111,12 @@ def outbox_status(settings: Settings) -> None:
 
     A shard that cannot be read is named on stderr (exit 8); the others' rows are
     shown, those owed to it included."""
+    from shardq.outbox.store import OutboxStore
     from shardq.shards.fanout import each_shard
 
     with open_client(settings) as client, errors_as_exit_codes():
         rows: list[dict[str, Any]] = []
-        reached = each_shard(client.map.shards, client.store.outbox_backlog)
+        reached = each_shard(client.map.shards, OutboxStore(client.store).backlog)
         for source, backlog in reached.answers.items():
             totals: dict[str, dict[str, Any]] = {}
             for b in backlog:
@@ -157,11 +158,13 @@ def outbox_failed(settings: Settings, only: tuple[str, ...], limit: int) -> None
     shown."""
     from dataclasses import asdict
 
+    from shardq.outbox.store import OutboxStore
     from shardq.shards.fanout import each_shard
 
     with open_client(settings) as client, errors_as_exit_codes():
         sources = client.map.named(list(only)) if only else list(client.map.shards)
-        reached = each_shard(sources, lambda s: client.store.outbox_failures(s, limit=limit))
+        outbox_store = OutboxStore(client.store)
+        reached = each_shard(sources, lambda s: outbox_store.failures(s, limit=limit))
         found = [(s.name, f) for s, failures in reached.answers.items() for f in failures]
     lines = [f"{shard}  {f.id}  {f.failure_reason}  {f.signal_name!r} from "
              f"{f.source_execution_id} to {f.target_execution_id}: {f.failure_detail}"
@@ -180,9 +183,11 @@ def outbox_retry(settings: Settings, source: str, ids: tuple[int, ...]) -> None:
 
     All or nothing: when one of the ids is not a failed row of that shard,
     none is re-queued."""
+    from shardq.outbox.store import OutboxStore
+
     with open_client(settings) as client, errors_as_exit_codes():
         (shard,) = client.map.named([source])
-        requeued = client.store.requeue_outbox(shard, ids)
+        requeued = OutboxStore(client.store).requeue(shard, ids)
     if not requeued:
         missing = ", ".join(str(i) for i in sorted(set(ids)))
         fail(f"no failed outbox row {missing} on {source}: nothing re-queued", EXIT_WORKFLOW)

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from shardq.outbox.relay import Relay, RelayConfig
+from shardq.outbox.store import OutboxStore
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.models import State
@@ -198,15 +199,15 @@ def test_a_row_waits_behind_an_earlier_row_of_its_pair_until_that_one_is_settled
                                {"target": str(to.execution_id), "count": count})
         client.wait(started.execution_id, timeout=10)
         senders.append(started.execution_id)
-    source, store = client.map.shards[0], client.store
+    source, store = client.map.shards[0], OutboxStore(client.store)
 
     def claimable() -> list[tuple[str, int]]:
-        with store.claim_outbox(source, limit=10) as (claimed, _):
+        with store.claim(source, limit=10) as (claimed, _):
             return [(str(r.target), r.source_position) for r in claimed]
 
     first = (str(target.execution_id), 0)
     assert sorted(claimable()) == sorted([first, (str(other.execution_id), 0)])
-    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+    with store.claim(source, limit=10) as (claimed, settlement):
         head = next(r for r in claimed if (str(r.target), r.source_position) == first)
         settlement.retry.append((head.id, 60.0, "transient", "target down"))
         settlement.delivered += [r.id for r in claimed if r is not head]
@@ -214,20 +215,20 @@ def test_a_row_waits_behind_an_earlier_row_of_its_pair_until_that_one_is_settled
     assert claimable() == []
     # The relay sleeps until the first row's retry, instead of claiming again and
     # again in the meantime, finding nothing.
-    assert 55 < (store.outbox_next_due(source) or 0) <= 60
-    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+    assert 55 < (store.next_due(source) or 0) <= 60
+    with store.claim(source, limit=10) as (claimed, settlement):
         assert claimed == []
-    client.store.requeue_outbox(source, [head.id])  # not failed: nothing happens
+    store.requeue(source, [head.id])  # not failed: nothing happens
     assert rows(source.url, "SELECT source_position, state, attempts, failure_detail "
                             "FROM shardq.outbox ORDER BY id") == [
         (0, "pending", 1, "target down"), (1, "pending", 0, None)]
     with psycopg.connect(source.url) as conn:
         conn.execute("UPDATE shardq.outbox SET next_attempt_at = now() WHERE id = %s", [head.id])
-    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+    with store.claim(source, limit=10) as (claimed, settlement):
         assert [r.source_position for r in claimed] == [0]
         settlement.failed.append((claimed[0].id, "target_refused", "bounds"))
     assert claimable() == [(str(target.execution_id), 1)]
-    assert store.requeue_outbox(source, [head.id]) == {head.id}
+    assert store.requeue(source, [head.id]) == {head.id}
     assert [e.kind for e in client.history(senders[0])
             if e.position is None and e.kind.startswith("external.")] == [
         "external.failed", "external.requeued"]
@@ -235,7 +236,7 @@ def test_a_row_waits_behind_an_earlier_row_of_its_pair_until_that_one_is_settled
 
 def test_a_retry_s_backoff_counts_from_the_settle_not_the_claim(client: Client) -> None:
     """A round that waited on a slow target must not have spent the backoff it sets."""
-    store = client.store
+    store = OutboxStore(client.store)
     source = client.map.shards[0]
     target = new_execution_id(client.map.shards[1].first_bucket)
     with psycopg.connect(source.url, autocommit=True) as conn:
@@ -244,7 +245,7 @@ def test_a_retry_s_backoff_counts_from_the_settle_not_the_claim(client: Client) 
             "target_execution_id, target_bucket, tenant, signal_name, payload) "
             "VALUES (%s, 0, %s, %s, 'default', 'go', 'null')",
             [new_execution_id(source.first_bucket), target, client.map.shards[1].first_bucket])
-    with store.claim_outbox(source, limit=10) as (claimed, settlement):
+    with store.claim(source, limit=10) as (claimed, settlement):
         assert len(claimed) == 1
         time.sleep(1.5)  # a round spent on a target that did not answer
         settlement.retry.append((claimed[0].id, 5.0, "transient", "target silent"))

@@ -58,6 +58,7 @@ def _callee(call: ast.Call) -> str:
     [
         ("shardq.queue", "queries.sql", ["queue/store.py"], {}),
         ("shardq.shards", "queries.sql", ["shards/migrations.py"], {}),
+        ("shardq.outbox", "queries.sql", ["outbox/store.py"], {}),
         ("shardq.benchmarks", "queries.sql", ["benchmarks/*.py"], BENCHMARK_RUNNERS),
     ],
 )

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -252,6 +254,14 @@ def metrics_options(f: F) -> F:
     host = click.option("--metrics-host", default="127.0.0.1", show_default=True,
                         help="Address the metrics endpoint listens on.")
     return port(host(f))
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT: what a long-running command waits on to stop."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
 
 
 def serve_daemon_metrics(host: str, port: int | None) -> None:

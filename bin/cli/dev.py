@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from shardq.bin.cli.common import EXIT_USAGE, errors_as_exit_codes, fail
+from shardq.bin.cli.common import EXIT_USAGE, errors_as_exit_codes, fail, stop_on_signals
 from shardq.shards.config import ENV_SHARDS, ShardMap
 
 
@@ -50,8 +50,6 @@ def dev(ctx: click.Context, shard_count: int, state_file: Path | None) -> None:
     and its data are deleted when it stops.
     """
     import os
-    import signal
-    import threading
 
     from shardq.shards.embedded import EmbeddedPostgres, EmbeddedPostgresError
     from shardq.shards.migrations import migrate as run_migrations
@@ -77,9 +75,7 @@ def dev(ctx: click.Context, shard_count: int, state_file: Path | None) -> None:
         shards = ",".join(urls)
         with errors_as_exit_codes():
             version = run_migrations(ShardMap.from_urls(urls))[0].version
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+        stop = stop_on_signals()
         path.write_text(json.dumps({"pid": os.getpid(), "shards": shards}))
         click.echo(
             f"shardq dev: {shard_count} shard databases on a local PostgreSQL, migrated to "

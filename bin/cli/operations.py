@@ -21,6 +21,7 @@ from shardq.bin.cli.common import (
     open_client,
     pass_settings,
     retention_option,
+    stop_on_signals,
 )
 
 if TYPE_CHECKING:
@@ -208,8 +209,6 @@ def metrics_command(
     host: str, overdue_grace: float, cache_seconds: float, scrape_timeout: float,
 ) -> None:
     """Serve per-shard gauges read from the store (waits, stale waits, backlogs) until SIGTERM."""
-    import signal
-    import threading
 
     from prometheus_client import CollectorRegistry
 
@@ -238,9 +237,7 @@ def metrics_command(
             # may print a traceback after the one line that says what went wrong.
             collector.close()
             raise
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     click.echo(f"store exporter on http://{host}:{port}/metrics for "
                f"{', '.join(s.name for s in shard_map.shards)}", err=True)
     stop.wait()

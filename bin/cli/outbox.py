@@ -27,6 +27,7 @@ from shardq.bin.cli.common import (
     open_client,
     pass_settings,
     serve_daemon_metrics,
+    stop_on_signals,
 )
 from shardq.shards.errors import ConfigError
 
@@ -52,8 +53,6 @@ def outbox_relay(
     max_age: float, max_backoff: float, metrics_port: int | None, metrics_host: str,
 ) -> None:
     """Deliver signals sent to runs of other shards, until SIGTERM."""
-    import signal
-    import threading
 
     from shardq.outbox.relay import Relay, RelayConfig
     from shardq.queue.store import Store
@@ -75,9 +74,7 @@ def outbox_relay(
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         serve_daemon_metrics(metrics_host, metrics_port)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     # A short wait for a target's connection, so a shard that went down costs a
     # round little; the server ends a transaction a stalled relay left open.
     pools = ShardPools(shard_map, timeout=2.0, application_name="shardq-relay",

@@ -18,6 +18,7 @@ from shardq.bin.cli.common import (
     pass_settings,
     retention_option,
     serve_daemon_metrics,
+    stop_on_signals,
 )
 from shardq.shards.errors import ConfigError
 
@@ -48,8 +49,6 @@ def worker(
     default_retention: float, metrics_port: int | None, metrics_host: str,
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
-    import signal
-    import threading
 
     from shardq.queue.store import Store
     from shardq.queue.worker import Worker, WorkerConfig, tune_gc_for_worker
@@ -74,9 +73,7 @@ def worker(
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         serve_daemon_metrics(metrics_host, metrics_port)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     tune_gc_for_worker()  # the application's modules are imported by now
     # A statement stuck behind a lock, or on a shard too slow to be of use,
     # gives up and is retried, rather than holding a turn thread for good.

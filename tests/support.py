@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import socket
 import struct
@@ -21,6 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from shardq.shards.config import ShardMap
+from shardq.shards.routing import bucket_for
 
 T = TypeVar("T")
 
@@ -267,3 +269,18 @@ def allow_connections(urls: list[str], allowed: bool) -> None:
             if not allowed:
                 admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                               "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+
+
+def keys_on(shard_map: ShardMap, index: int, workflow: str, prefix: str, count: int = 1,
+            *, tenant: str = "default") -> list[str]:
+    """`count` workflow ids `<prefix>-<n>` whose runs of `workflow` live on shard `index`."""
+    shard = shard_map.shards[index]
+    found = (k for k in (f"{prefix}-{i}" for i in itertools.count())
+             if shard_map.for_bucket(bucket_for(tenant, workflow, k)) == shard)
+    return list(itertools.islice(found, count))
+
+
+def key_on(shard_map: ShardMap, index: int, workflow: str, prefix: str,
+           *, tenant: str = "default") -> str:
+    """One workflow id `<prefix>-<n>` whose run of `workflow` lives on shard `index`."""
+    return keys_on(shard_map, index, workflow, prefix, 1, tenant=tenant)[0]

@@ -26,7 +26,6 @@ from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for
 from shardq.shards.servers import database_url
 
 from ..conftest import TABLES, Server
@@ -35,6 +34,7 @@ from ..support import (
     TcpProxy,
     allow_connections,
     free_port,
+    keys_on,
     rows,
     run_cli,
     scrape,
@@ -109,16 +109,9 @@ def urls(shard_map: ShardMap) -> list[str]:
     return [s.url for s in shard_map.shards]
 
 
-def keys_on(client: Client, index: int, workflow: str, prefix: str, count: int) -> list[str]:
-    shard = client.map.shards[index]
-    found = (k for k in (f"{prefix}-{i}" for i in range(100_000))
-             if client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
-    return [next(found) for _ in range(count)]
-
-
 def park_targets(client: Client, index: int, count: int) -> list[str]:
     started = client.start_many("parked", [(k, None) for k in
-                                           keys_on(client, index, "parked", "t", count)])
+                                           keys_on(client.map, index, "parked", "t", count)])
     return [str(s.execution_id) for s in started]
 
 
@@ -149,7 +142,7 @@ def test_a_relay_killed_between_the_target_s_commit_and_its_mark_delivers_once(
     client: Client, worker: Worker, spawn: Callable[..., Daemon], shards: ShardMap
 ) -> None:
     targets = park_targets(client, 1, 2)
-    (name,) = keys_on(client, 0, "spray", "s", 1)
+    (name,) = keys_on(client.map, 0, "spray", "s", 1)
     sender = client.start("spray", name, {"targets": targets, "count": 2})
     assert client.wait(sender.execution_id, timeout=20).state is State.COMPLETED
 
@@ -178,7 +171,7 @@ def test_ten_thousand_signals_land_once_in_order_through_two_relays_one_killed_r
     senders: list[tuple[str, dict[str, Any]]] = []
     for i in range(3):
         elsewhere = [t for j, ts in targets.items() if j != i for t in ts]
-        for name in keys_on(client, i, "spray", f"s{i}", 10 if i else 20):
+        for name in keys_on(client.map, i, "spray", f"s{i}", 10 if i else 20):
             senders.append((name, {"targets": elsewhere, "count": 250}))
     assert len(senders) * 250 == 10_000
 
@@ -221,12 +214,12 @@ def test_a_shard_that_goes_away_backs_up_its_rows_while_the_others_flow(
         healthy, away = park_targets(client, 1, 3), park_targets(client, 2, 3)
         proxy.stop()
 
-        first = keys_on(client, 0, "spray", "a", 4)
+        first = keys_on(client.map, 0, "spray", "a", 4)
         client.start_many("spray", [(n, {"targets": healthy + away, "count": 60}) for n in first])
         # Half of each sender's rows go to the shard that is away: those back up
         # while the other half is delivered.
         wait_until(lambda: len(received(shards)) == 120, timeout=30, what="healthy half")
-        second = keys_on(client, 0, "spray", "b", 2)
+        second = keys_on(client.map, 0, "spray", "b", 2)
         client.start_many("spray", [(n, {"targets": healthy, "count": 30}) for n in second])
         wait_until(lambda: len(received(shards)) == 180, timeout=30, what="second wave")
         # A delivered row goes when its relay round settles, just after the target's commit.
@@ -285,14 +278,14 @@ def test_the_tenant_cancel_example_fans_out_over_three_shards(
         running = Worker(Store(pools), examples, config=WorkerConfig(poll_interval_s=1.0)).start()
         try:
             users = [client.start("onboarding", key).execution_id
-                     for i in range(3) for key in keys_on(client, i, "onboarding", f"u{i}", 2)]
+                     for i in range(3) for key in keys_on(client.map, i, "onboarding", f"u{i}", 2)]
             wait_until(lambda: all(client.get(u).state is State.WAITING for u in users),
                        timeout=20, what="users parked")
             finished = [users[0], users[5]]  # on the sender's shard, and on shard 2
             for user in finished:
                 client.signal(user, "tenant_cancelled", {"reason": "by hand"})
                 client.wait(user, timeout=20)
-            (name,) = keys_on(client, 0, "tenant_cancel", "tc", 1)
+            (name,) = keys_on(client.map, 0, "tenant_cancel", "tc", 1)
             sender = client.start("tenant_cancel", name, {"runs": [str(u) for u in users]})
             done = client.wait(sender.execution_id, timeout=20)
             assert done.output["signalled"] == [str(users[1])]
@@ -319,7 +312,7 @@ def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
     and not one queued row or parked run was touched under the wrong map."""
     targets = park_targets(client, 1, 3) + park_targets(client, 2, 3)
     client.start_many("spray", [(n, {"targets": targets, "count": 4})
-                                for n in keys_on(client, 0, "spray", "m", 6)])
+                                for n in keys_on(client.map, 0, "spray", "m", 6)])
     wait_until(lambda: outbox_left(shards) == 24, timeout=30, what="24 rows queued")
     worker.stop()
     before = {s.name: rows(s.url, "SELECT count(*) FROM shardq.history")[0][0]

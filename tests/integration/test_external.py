@@ -12,9 +12,9 @@ from shardq.queue.errors import ExternalSignalFailed
 from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
 from shardq.queue.worker import Worker
-from shardq.shards.routing import bucket_for, new_execution_id
+from shardq.shards.routing import new_execution_id
 
-from ..support import all_rows, wait_until
+from ..support import all_rows, key_on, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -46,27 +46,19 @@ def fan_out(ctx: WorkflowContext) -> list[Any]:
     return results
 
 
-def _key_on(
-    client: Client, shard_index: int, workflow: str, prefix: str, tenant: str = "default"
-) -> str:
-    target = client.map.shards[shard_index]
-    return next(k for k in (f"{prefix}-{i}" for i in range(10_000))
-                if client.map.for_bucket(bucket_for(tenant, workflow, k)) == target)
-
-
 def test_a_signal_to_a_run_of_the_same_shard_wakes_it_in_the_sender_s_commit(
     client: Client, start_worker: StartWorker
 ) -> None:
     start_worker(registry, poll_interval_s=60.0)
-    target = client.start("receiver", _key_on(client, 0, "receiver", "t"))
-    finished = client.start("receiver", _key_on(client, 0, "receiver", "f"))
+    target = client.start("receiver", key_on(client.map, 0, "receiver", "t"))
+    finished = client.start("receiver", key_on(client.map, 0, "receiver", "f"))
     wait_until(lambda: client.get(finished.execution_id).state is State.WAITING, what="parked")
     client.signal(finished.execution_id, "go", "earlier")
     assert client.wait(finished.execution_id, timeout=10).state is State.COMPLETED
     wait_until(lambda: client.get(target.execution_id).state is State.WAITING, what="parked")
     unknown = new_execution_id(client.map.shards[0].first_bucket)
-    elsewhere = client.start("receiver", _key_on(client, 1, "receiver", "e"))
-    sender = client.start("fan_out", _key_on(client, 0, "fan_out", "s"), {"targets": [
+    elsewhere = client.start("receiver", key_on(client.map, 1, "receiver", "e"))
+    sender = client.start("fan_out", key_on(client.map, 0, "fan_out", "s"), {"targets": [
         str(target.execution_id), str(finished.execution_id), str(unknown),
         str(elsewhere.execution_id),
     ]})
@@ -96,9 +88,9 @@ def test_a_signal_to_a_run_of_the_same_shard_wakes_it_in_the_sender_s_commit(
 
 def test_another_tenant_s_run_is_not_found(client: Client, start_worker: StartWorker) -> None:
     start_worker(registry)
-    theirs = client.start("receiver", _key_on(client, 0, "receiver", "x", tenant="other"),
+    theirs = client.start("receiver", key_on(client.map, 0, "receiver", "x", tenant="other"),
                           tenant="other")
-    sender = client.start("fan_out", _key_on(client, 0, "fan_out", "y"),
+    sender = client.start("fan_out", key_on(client.map, 0, "fan_out", "y"),
                           {"targets": [str(theirs.execution_id)]})
     assert client.wait(sender.execution_id, timeout=10).output == [
         {"skipped": "target_not_found"}
@@ -129,15 +121,15 @@ def test_a_fan_out_in_one_call_sends_every_signal_in_one_commit(
     client: Client, start_worker: StartWorker
 ) -> None:
     start_worker(registry, poll_interval_s=60.0)
-    here = [client.start("receiver", _key_on(client, 0, "receiver", f"many-{i}"))
+    here = [client.start("receiver", key_on(client.map, 0, "receiver", f"many-{i}"))
             for i in range(5)]
     wait_until(lambda: all(client.get(r.execution_id).state is State.WAITING for r in here),
                what="parked")
-    elsewhere = client.start("receiver", _key_on(client, 1, "receiver", "many-e"))
+    elsewhere = client.start("receiver", key_on(client.map, 1, "receiver", "many-e"))
     unknown = new_execution_id(client.map.shards[0].first_bucket)
     targets = [str(r.execution_id) for r in here] + [str(unknown),
                                                      str(elsewhere.execution_id)]
-    sender = client.start("fan_out_many", _key_on(client, 0, "fan_out_many", "s"),
+    sender = client.start("fan_out_many", key_on(client.map, 0, "fan_out_many", "s"),
                           {"targets": targets})
     done = client.wait(sender.execution_id, timeout=10)
     assert done.state is State.COMPLETED, done.error
@@ -158,8 +150,8 @@ def test_a_bad_signal_in_a_fan_out_sends_none_of_them(
     client: Client, start_worker: StartWorker
 ) -> None:
     start_worker(registry)
-    target = client.start("receiver", _key_on(client, 0, "receiver", "bad-t"))
-    sender = client.start("fan_out_bad", _key_on(client, 0, "fan_out_bad", "b"),
+    target = client.start("receiver", key_on(client.map, 0, "receiver", "bad-t"))
+    sender = client.start("fan_out_bad", key_on(client.map, 0, "fan_out_bad", "b"),
                           {"target": str(target.execution_id)})
     done = client.wait(sender.execution_id, timeout=10)
     assert done.state is State.FAILED
@@ -190,8 +182,8 @@ def test_hostile_fan_outs_fail_the_sender_and_send_nothing(
     client: Client, start_worker: StartWorker
 ) -> None:
     start_worker(registry)
-    target = str(client.start("receiver", _key_on(client, 0, "receiver", "h-t")).execution_id)
-    senders = {case: client.start("fan_out_hostile", _key_on(client, 0, "fan_out_hostile",
+    target = str(client.start("receiver", key_on(client.map, 0, "receiver", "h-t")).execution_id)
+    senders = {case: client.start("fan_out_hostile", key_on(client.map, 0, "fan_out_hostile",
                                                              f"h-{i}"),
                                   {"case": case, "target": target}).execution_id
                for i, case in enumerate(HOSTILE)}

@@ -17,9 +17,8 @@ from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for
 
-from ..support import wait_until
+from ..support import key_on, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -57,29 +56,23 @@ def relay(pools: ShardPools) -> Iterator[Callable[[], Relay]]:
         running.stop()
 
 
-def key_on(client: Client, shard_index: int, workflow: str, prefix: str) -> str:
-    target = client.map.shards[shard_index]
-    return next(k for k in (f"{prefix}-{i}" for i in range(10_000))
-                if client.map.for_bucket(bucket_for("default", workflow, k)) == target)
-
-
 def test_a_closed_gate_refuses_a_client_a_same_shard_run_and_the_relay_alike(
     client: Client, start_worker: StartWorker, relay: Callable[[], Relay]
 ) -> None:
     start_worker(registry)
-    gated = client.start("two_gates", key_on(client, 1, "two_gates", "g")).execution_id
+    gated = client.start("two_gates", key_on(client.map, 1, "two_gates", "g")).execution_id
     # The finance gate takes this one (kept until the run reaches it) and closes.
     client.signal(gated, "finance", {"by": "first"})
 
     with pytest.raises(SignalRefused) as by_client:
         client.signal(gated, "finance", {"by": "client"})
 
-    near = client.start("notifier", key_on(client, 1, "notifier", "near"),
+    near = client.start("notifier", key_on(client.map, 1, "notifier", "near"),
                         {"target": str(gated)}).execution_id
     same_shard = client.wait(near, timeout=10)
     assert same_shard.state is State.COMPLETED, same_shard.error
 
-    far = client.start("notifier", key_on(client, 0, "notifier", "far"),
+    far = client.start("notifier", key_on(client.map, 0, "notifier", "far"),
                        {"target": str(gated)}).execution_id
     assert client.wait(far, timeout=10).output == {"queued": True, "delivered": False}
     relay()

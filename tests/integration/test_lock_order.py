@@ -25,9 +25,8 @@ from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for
 
-from ..support import rows, wait_until
+from ..support import key_on, rows, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -58,12 +57,6 @@ def _effect() -> str:
     step_release.wait(10)
     effects.append("done")
     return "done"
-
-
-def _key_on(client: Client, workflow: str, prefix: str) -> str:
-    first = client.map.shards[0]
-    return next(k for k in (f"{prefix}-{i}" for i in range(10_000))
-                if client.map.for_bucket(bucket_for("default", workflow, k)) == first)
 
 
 def _parked(client: Client, run: uuid.UUID) -> bool:
@@ -97,14 +90,14 @@ def test_a_batch_of_same_shard_sends_locks_its_targets_in_id_order(
     must wait for T_low before it takes T_high, or the two deadlock."""
     shard = client.map.shards[0]
     store = Store(pools)
-    started = [client.start("lock_receiver", _key_on(client, "lock_receiver", f"r{i}"))
+    started = [client.start("lock_receiver", key_on(client.map, 0, "lock_receiver", f"r{i}"))
                for i in range(2)]
     low, high = sorted(s.execution_id for s in started)
     worker = start_worker(registry, poll_interval_s=60.0)
     for run in (low, high):
         wait_until(functools.partial(_parked, client, run), what="parked")
     worker.stop()
-    senders = [client.start("lock_sender", _key_on(client, "lock_sender", f"s{i}"),
+    senders = [client.start("lock_sender", key_on(client.map, 0, "lock_sender", f"s{i}"),
                             {"targets": []}).execution_id for i in range(2)]
     claims, _ = store.claim(shard, owner="test", limit=10, lease_s=30)
     assert sorted(c.execution_id for c in claims) == sorted(senders)
@@ -154,7 +147,7 @@ def test_cancel_sees_a_lease_taken_while_it_waited_for_the_run(
     step_entered.clear()
     step_release.clear()
     effects.clear()
-    run = client.start("lock_effect", _key_on(client, "lock_effect", "c")).execution_id
+    run = client.start("lock_effect", key_on(client.map, 0, "lock_effect", "c")).execution_id
     worker = start_worker(registry, poll_interval_s=0.2)
     wait_until(lambda: client.get(run).state is State.WAITING, what="parked")
     worker.stop()

@@ -21,9 +21,9 @@ from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for, new_execution_id
+from shardq.shards.routing import new_execution_id
 
-from ..support import rows, run_cli, wait_until
+from ..support import key_on, rows, run_cli, wait_until
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -65,12 +65,6 @@ def relay(pools: ShardPools) -> Iterator[Callable[..., Relay]]:
         running.stop()
 
 
-def key_on(client: Client, shard_index: int, workflow: str, prefix: str) -> str:
-    target = client.map.shards[shard_index]
-    return next(k for k in (f"{prefix}-{i}" for i in range(10_000))
-                if client.map.for_bucket(bucket_for("default", workflow, k)) == target)
-
-
 def outbox_rows(client: Client, shard_index: int) -> list[tuple[Any, ...]]:
     return rows(client.map.shards[shard_index].url,
                 "SELECT state, failure_reason, attempts FROM shardq.outbox ORDER BY id")
@@ -80,8 +74,8 @@ def test_a_signal_to_another_shard_waits_in_the_outbox_until_the_relay_delivers_
     client: Client, start_worker: StartWorker, relay: Callable[..., Relay]
 ) -> None:
     start_worker(registry)
-    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 3})
-    source = client.start("sender", key_on(client, 0, "sender", "s"),
+    target = client.start("inbox", key_on(client.map, 1, "inbox", "t"), {"count": 3})
+    source = client.start("sender", key_on(client.map, 0, "sender", "s"),
                           {"target": str(target.execution_id), "count": 3, "keyed": True})
     done = client.wait(source.execution_id, timeout=10)
     assert done.state is State.COMPLETED, done.error
@@ -109,8 +103,8 @@ def test_one_sender_s_signals_to_one_target_arrive_in_send_order(
 ) -> None:
     relay(batch_size=7)  # several rounds, relaying while the sender still sends
     start_worker(registry)
-    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 40})
-    client.start("sender", key_on(client, 0, "sender", "s"),
+    target = client.start("inbox", key_on(client.map, 1, "inbox", "t"), {"count": 40})
+    client.start("sender", key_on(client.map, 0, "sender", "s"),
                  {"target": str(target.execution_id), "count": 40})
     finished = client.wait(target.execution_id, timeout=20)
     assert finished.output == [{"seq": i} for i in range(40)]
@@ -120,11 +114,11 @@ def test_a_target_that_finished_fails_the_row_for_good_and_the_sender_is_told(
     client: Client, start_worker: StartWorker, relay: Callable[..., Relay], shard_map: ShardMap
 ) -> None:
     start_worker(registry)
-    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 1})
+    target = client.start("inbox", key_on(client.map, 1, "inbox", "t"), {"count": 1})
     unknown = new_execution_id(client.map.shards[1].first_bucket)
-    source = client.start("sender", key_on(client, 0, "sender", "s"),
+    source = client.start("sender", key_on(client.map, 0, "sender", "s"),
                           {"target": str(target.execution_id), "count": 1})
-    other = client.start("sender", key_on(client, 0, "sender", "u"),
+    other = client.start("sender", key_on(client.map, 0, "sender", "u"),
                          {"target": str(unknown), "count": 1})
     client.wait(source.execution_id, timeout=10)
     client.wait(other.execution_id, timeout=10)
@@ -161,9 +155,9 @@ def test_one_event_from_a_webhook_and_a_workflow_lands_once_by_its_key(
     client: Client, start_worker: StartWorker, relay: Callable[..., Relay]
 ) -> None:
     start_worker(registry)
-    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 2})
+    target = client.start("inbox", key_on(client.map, 1, "inbox", "t"), {"count": 2})
     client.signal(target.execution_id, "item", {"seq": "webhook"}, idempotency_key="evt-1")
-    source = client.start("sender", key_on(client, 0, "sender", "s"),
+    source = client.start("sender", key_on(client.map, 0, "sender", "s"),
                           {"target": str(target.execution_id), "count": 1, "key": "evt-1"})
     client.wait(source.execution_id, timeout=10)
     running = relay()
@@ -176,7 +170,7 @@ def test_one_event_from_a_webhook_and_a_workflow_lands_once_by_its_key(
 
 def test_a_relayed_signal_delivered_twice_lands_once_by_its_origin(client: Client) -> None:
     """What a relay killed between the target's commit and the source's mark does."""
-    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 1})
+    target = client.start("inbox", key_on(client.map, 1, "inbox", "t"), {"count": 1})
     shard = client.map.shards[1]
     for attempt in range(2):
         (result,) = client.store.deliver_signals(
@@ -191,11 +185,11 @@ def test_a_row_waits_behind_an_earlier_row_of_its_pair_until_that_one_is_settled
     client: Client, start_worker: StartWorker
 ) -> None:
     start_worker(registry)
-    target = client.start("inbox", key_on(client, 1, "inbox", "t"), {"count": 2})
-    other = client.start("inbox", key_on(client, 1, "inbox", "o"), {"count": 1})
+    target = client.start("inbox", key_on(client.map, 1, "inbox", "t"), {"count": 2})
+    other = client.start("inbox", key_on(client.map, 1, "inbox", "o"), {"count": 1})
     senders = []
     for name, to, count in (("s", target, 2), ("x", other, 1)):
-        started = client.start("sender", key_on(client, 0, "sender", name),
+        started = client.start("sender", key_on(client.map, 0, "sender", name),
                                {"target": str(to.execution_id), "count": count})
         client.wait(started.execution_id, timeout=10)
         senders.append(started.execution_id)

@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 
 from shardq.benchmarks.db import BenchError, Poller, Shards, analyze_as_autovacuum, query
+from shardq.benchmarks.dbcost import DbMeter, Instruments, probe
 from shardq.benchmarks.fleet import Fleet, FleetConfig
 from shardq.benchmarks.measure import CpuMeter, wait_for
 from shardq.benchmarks.pyspy import summarize
@@ -80,6 +81,7 @@ class Bench:
     client: Client = field(init=False)
     _fleet: Fleet | None = None
     _pgss_ok: bool | None = None
+    _instruments: Instruments | None = None
 
     def __post_init__(self) -> None:
         pool_max = max(10, self.sizes.signal_threads + 4)
@@ -178,6 +180,7 @@ class Bench:
         with self.statements() as top, self.profiled(fleet) as profile:
             with fleet.frozen() if backlog else contextlib.nullcontext():
                 if not backlog:
+                    db = self.db_meter().start()
                     meter, t0 = CpuMeter(fleet.pids).start(), time.time()
                 t = time.time()
                 self.client.start_many(workflow, items)
@@ -186,17 +189,29 @@ class Bench:
                 for url in self.urls:
                     analyze_as_autovacuum(url, n / len(self.urls))
                 if backlog:
+                    db = self.db_meter().start()
                     meter, t0 = CpuMeter(fleet.pids).start(), time.time()
             self.wait_drained(n, label)
             cpu = meter.stop(n)
+            cost = db.stop(n)
         end = self.finished(workflow, prefix, n)
         seconds = end - t0
         return {
             "jobs": n, "seconds": round(seconds, 3), "jobs_per_s": round(n / seconds, 1),
-            "insert_s": round(inserted, 3), "cpu": cpu, **top, **profile,
+            "insert_s": round(inserted, 3), "cpu": cpu, **cost, **top, **profile,
         }
 
     # -- optional instruments --------------------------------------------------
+
+    def instruments(self) -> Instruments:
+        """What the servers let the database meter read (asked once; says what is missing)."""
+        if self._instruments is None:
+            self._instruments = probe(self.urls, self.log)
+        return self._instruments
+
+    def db_meter(self) -> DbMeter:
+        """A meter of the database's cost per job: WAL always, per statement where loaded."""
+        return DbMeter(self.urls, self.instruments())
 
     @contextmanager
     def statements(self) -> Iterator[dict[str, Any]]:

@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 
 from shardq.benchmarks.db import SQL, BenchError, query
+from shardq.benchmarks.dbcost import DbMeter, Instruments
 from shardq.benchmarks.measure import CpuMeter, Progress
 from shardq.queue.models import Event, NewEvent, State, TaskAction, TurnCommit
 from shardq.queue.store import Store
@@ -178,12 +179,13 @@ def fill(urls: Sequence[str], rows_per_shard: int) -> None:
 
 
 def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
-              max_seconds: float) -> dict[str, Any]:
+              max_seconds: float, instruments: Instruments | None = None) -> dict[str, Any]:
     """The raw floor: fill, drain with `workers` processes at batch `k`, return the rate."""
     per_shard = max(1, rows // len(urls))
     fill(urls, per_shard)
     try:
-        result = drain(urls, "raw", k=k, workers=workers, max_seconds=max_seconds)
+        result = drain(urls, "raw", k=k, workers=workers, max_seconds=max_seconds,
+                       instruments=instruments)
     finally:
         # Emptied, the table would leave its dead rows to an autovacuum that
         # then runs beside whatever the next scenario times.
@@ -194,8 +196,12 @@ def run_floor(urls: Sequence[str], *, k: int, workers: int, rows: int,
 
 
 def drain(urls: Sequence[str], loop: str, *, k: int, workers: int,
-          max_seconds: float) -> dict[str, Any]:
-    """Drain what is queued with `workers` processes running `loop` at batch `k`."""
+          max_seconds: float, instruments: Instruments | None = None) -> dict[str, Any]:
+    """Drain what is queued with `workers` processes running `loop` at batch `k`.
+
+    Besides the rate and CPU: the database's cost per job over the same window
+    (dbcost.py: WAL always, per statement where `instruments` allow).
+    """
     ctx = mp.get_context("spawn")
     ready, results = ctx.Queue(), ctx.Queue()
     go, release = ctx.Event(), ctx.Event()
@@ -211,6 +217,7 @@ def drain(urls: Sequence[str], loop: str, *, k: int, workers: int,
                 raise BenchError("floor processes did not connect within 60 s") from None
         # The floor processes are this phase's "workers"; they stay alive (and
         # readable in /proc) until `release`.
+        db = DbMeter(urls, instruments).start()
         meter = CpuMeter([p.pid for p in procs if p.pid is not None]).start()
         started = time.time()
         go.set()
@@ -225,6 +232,7 @@ def drain(urls: Sequence[str], loop: str, *, k: int, workers: int,
                     raise BenchError("a floor process died") from None
         bar.close()
         cpu = meter.stop(sum(n for n, _ in outcomes))
+        cost = db.stop(sum(n for n, _ in outcomes))
     finally:
         release.set()
         for p in procs:
@@ -241,4 +249,5 @@ def drain(urls: Sequence[str], loop: str, *, k: int, workers: int,
         "processes": workers,
         "threads_per_process": len(urls),
         "cpu": cpu,
+        **cost,
     }

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from shardq.benchmarks.report import headline, ratio_lines, scenario_rows, targets
+from shardq.benchmarks.report import cost_rows, headline, ratio_lines, scenario_rows, targets
 
 Result = dict[str, Any]
 
@@ -147,6 +147,24 @@ def page(doc: Result, scaling: list[tuple[str, Result]], *, result_link: str,
     ratios = [line.strip() for line in ratio_lines(head) if line.strip()]
     if ratios:
         lines += ["", "Ratios of this run:", ""] + [f"- {r}" for r in ratios]
+    cost = cost_rows(doc["scenarios"], head)
+    if cost:
+        lines += ["", "## What one job costs the database", "",
+                  "The raw floor at shardq's batch size, the durable floor and shardq's backlog "
+                  "drain, each over its timed window. WAL is the server's insert position "
+                  "before and after, divided by the jobs (every database of the server "
+                  "counts), by record type where pg_walinspect could be created: Btree is index "
+                  "maintenance, Transaction the commit records. PostgreSQL CPU is every "
+                  "`postgres` process's, from /proc. Per statement, where the server preloads "
+                  "pg_stat_statements: its execution time (a wall time, waits included, and "
+                  "its share of the time inside statements), WAL and blocks; shardq's claim "
+                  "and commit are one function call each, timed whole with what they do "
+                  "inside, index maintenance included (statements marked nested are that "
+                  "inside, with `pg_stat_statements.track = all`). The commit itself, its WAL "
+                  "flush, is in no statement's time.", "",
+                  "| drain | what | per job | details |", "| --- | --- | --- | --- |"]
+        lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} | {_cell(d)} |"
+                  for a, b, c, d in cost]
     lines += ["", "## Every scenario", "",
               "| scenario | what | figure | details |", "| --- | --- | --- | --- |"]
     lines += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |"

@@ -116,6 +116,38 @@ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY total_exec_time DESC
 LIMIT %(limit)s
 
+-- name: wal_insert_lsn
+-- Where the server inserts its next WAL record: the difference of two readings
+-- is every byte of WAL written between them, on the whole server (all its
+-- databases). The insert position, not pg_current_wal_lsn(), which trails it
+-- by what sits in the WAL buffers unwritten.
+SELECT pg_current_wal_insert_lsn()::text AS lsn
+
+-- name: wal_since
+SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %(start)s::pg_lsn)::bigint AS bytes,
+       least(pg_current_wal_insert_lsn(), pg_current_wal_flush_lsn())::text AS readable_end
+
+-- name: wal_by_rmgr
+-- The WAL between two positions by resource manager (pg_walinspect, a contrib
+-- extension that needs no preloading): Heap and Heap2 are table rows, Btree
+-- index maintenance, Transaction the commit records; fpi_size the full-page
+-- images among them.
+-- Its columns by position (the first is named "resource_manager/record_type").
+SELECT rmgr, records, record_bytes, fpi_bytes, bytes
+FROM pg_get_wal_stats(%(start)s::pg_lsn, %(end)s::pg_lsn, false)
+     AS s(rmgr, records, records_pct, record_bytes, record_pct, fpi_bytes, fpi_pct, bytes,
+          bytes_pct)
+WHERE records > 0
+
+-- name: database_oid
+SELECT oid::bigint AS oid FROM pg_database WHERE datname = current_database()
+
+-- name: statements_snapshot
+-- Every statement pg_stat_statements holds for these databases, as JSON rows so
+-- that the columns a version lacks (toplevel before 14, wal_* before 13) are
+-- simply absent.
+SELECT to_jsonb(s) AS r FROM pg_stat_statements s WHERE s.dbid = ANY(%(dbids)s::oid[])
+
 -- name: table_sizes
 SELECT c.relname AS name, c.reltuples::bigint AS rows,
        pg_total_relation_size(c.oid) AS bytes

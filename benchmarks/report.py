@@ -22,6 +22,10 @@ TARGETS = (
     ("relay_p99_ratio", "<=", 3.0, "cross-shard p99 / same-shard p99, signal -> resumed"),
     ("fanout_one_call_speedup", ">=", 10.0,
      "a run signalling 1,000 of its shard: a call each / one signal_external_many call"),
+    ("wal_over_floor", "<=", 2.0,
+     "WAL bytes per one-step job: backlog drain / raw floor at the same k"),
+    ("pg_cpu_over_floor", "<=", 1.3,
+     "PostgreSQL CPU per one-step job (backlog drain) / the raw floor's whole-job CPU"),
 )
 
 
@@ -50,6 +54,7 @@ def headline(scenarios: dict[str, Result]) -> Result:
             out["shardq_over_durable_floor"] = round(
                 c["drain_jobs_per_s"] / scenarios["durable"]["jobs_per_s"], 3)
     out.update(_ceilings(scenarios, out.get("floor_batch")))
+    out.update(_db_cost(scenarios, out.get("floor_batch"), out.get("floor_cpu_us_per_job")))
     if "wake" in scenarios:
         w = scenarios["wake"]
         out.update(wake_p50_ms=w["p50_ms"], wake_p95_ms=w["p95_ms"], wake_p99_ms=w["p99_ms"])
@@ -109,6 +114,116 @@ def _ceilings(scenarios: dict[str, Result], k: int | None) -> Result:
     return out
 
 
+def _floor_run(scenarios: dict[str, Result], k: int | None) -> Result | None:
+    return next((r for r in scenarios.get("floor", {}).get("runs", []) if r["k"] == k), None)
+
+
+def _cost_drains(scenarios: dict[str, Result], k: int | None) -> list[tuple[str, str, Result]]:
+    """(key prefix, name, drain result) of the three drains whose cost per job is compared:
+    the raw floor at shardq's batch size, the durable floor, shardq's backlog drain."""
+    drains: list[tuple[str, str, Result]] = []
+    floor = _floor_run(scenarios, k)
+    if floor is not None:
+        drains.append(("floor", f"raw floor k={k}", floor))
+    if "durable" in scenarios:
+        drains.append(("durable", f"durable floor k={scenarios['durable']['k']}",
+                       scenarios["durable"]))
+    if "claim" in scenarios:
+        drains.append(("drain", "backlog drain", scenarios["claim"]["backlog"]))
+    return drains
+
+
+def _db_cost(scenarios: dict[str, Result], k: int | None, floor_us: float | None) -> Result:
+    """WAL bytes and PostgreSQL CPU per job of each drain, and over the raw floor's.
+
+    WAL: the floor's own WAL at the same k. CPU: the floor's whole job (its loop
+    and PostgreSQL), the cost a job of the plainest queue has in all.
+    """
+    out: Result = {}
+    for prefix, _, d in _cost_drains(scenarios, k):
+        if d.get("wal", {}).get("bytes_per_job") is not None:
+            out[f"{prefix}_wal_bytes_per_job"] = d["wal"]["bytes_per_job"]
+        if prefix != "floor" and d["cpu"].get("postgres_us_per_job") is not None:
+            out[f"{prefix}_pg_us_per_job"] = d["cpu"]["postgres_us_per_job"]
+    if "durable" in scenarios and scenarios["durable"]["k"] != k:
+        out.pop("durable_wal_bytes_per_job", None)
+        out.pop("durable_pg_us_per_job", None)
+    floor_wal = out.get("floor_wal_bytes_per_job")
+    for prefix, key in (("drain", "wal_over_floor"), ("durable", "durable_wal_over_floor")):
+        if floor_wal and out.get(f"{prefix}_wal_bytes_per_job") is not None:
+            out[key] = round(out[f"{prefix}_wal_bytes_per_job"] / floor_wal, 3)
+    for prefix, key in (("drain", "pg_cpu_over_floor"), ("durable", "durable_pg_cpu_over_floor")):
+        if floor_us and out.get(f"{prefix}_pg_us_per_job") is not None:
+            out[key] = round(out[f"{prefix}_pg_us_per_job"] / floor_us, 3)
+    return out
+
+
+def cost_rows(sc: dict[str, Result], head: Result) -> list[tuple[str, str, str, str]]:
+    """(drain, what, per job, details): what one job of each compared drain cost the database."""
+    rows: list[tuple[str, str, str, str]] = []
+    split_seen = False
+    for prefix, name, d in _cost_drains(sc, head.get("floor_batch")):
+        wal = d.get("wal")
+        if wal is None:
+            continue
+        if "by_rmgr" in wal:
+            kinds = ", ".join(f"{kind} {_n(e['bytes_per_job'])}"
+                              for kind, e in list(wal["by_rmgr"].items())[:5])
+            detail = (f"{_n(wal['records_per_job'])} records/job, full-page images "
+                      f"{_n(wal['fpi_bytes_per_job'])} B/job; by record type (B/job): {kinds}")
+        else:
+            detail = "the whole server's WAL" + (
+                f" ({wal['by_rmgr_error']})" if "by_rmgr_error" in wal
+                else "; by record type: pg_walinspect unavailable")
+        rows.append((name, "WAL", f"{_n(wal['bytes_per_job'])} B/job", detail))
+        pg_us = d["cpu"].get("postgres_us_per_job")
+        if pg_us is not None:
+            whole = (f"; whole job with its loop {_n(d['cpu']['workers_us_per_job'] + pg_us)} us"
+                     if prefix == "floor" else
+                     f"; {_n(head[prefix + '_pg_us_per_job'] / head['floor_cpu_us_per_job'])}x "
+                     f"the raw floor's whole job ({_n(head['floor_cpu_us_per_job'])} us)"
+                     if head.get("floor_cpu_us_per_job") and f"{prefix}_pg_us_per_job" in head
+                     else "")
+            rows.append((name, "PostgreSQL CPU", f"{_n(pg_us)} us/job",
+                         "every postgres process on the machine" + whole))
+        split = d.get("by_statement")
+        if split is None:
+            continue
+        split_seen = True
+        for st in split["statements"]:
+            share = st.get("exec_share")
+            cpu = (f"; ~{_n(round(share * pg_us, 1))} us of PostgreSQL CPU/job at that share"
+                   if st["toplevel"] and share is not None and pg_us is not None else "")
+            rows.append((name, st["statement"],
+                         f"{_n(st['exec_us_per_job'])} us/job"
+                         + (f" ({100 * share:.0f}%)" if st["toplevel"] and share is not None
+                            else ""),
+                         f"{st['calls']:,} calls, {st['rows']:,} rows; WAL "
+                         f"{_n(st['wal_bytes_per_job'])} B/job ({st['wal_records']:,} records, "
+                         f"{st['wal_fpi']:,} full-page images); shared blocks dirtied "
+                         f"{st['shared_blks_dirtied']:,}, written {st['shared_blks_written']:,}"
+                         + (cpu if st["toplevel"] else "; its time is in its caller's too")))
+        if split["more_statements"]:
+            rows.append((name, f"{split['more_statements']} more statements",
+                         f"{_n(split['more_exec_us_per_job'])} us/job", ""))
+        if split["toplevel_exec_us_per_job"] is not None:
+            rows.append((name, "statements in all",
+                         f"{_n(split['toplevel_exec_us_per_job'])} us/job",
+                         "the time inside top-level statements, a wall time: it holds waits "
+                         "for locks, I/O and a free core, so it is no CPU figure; PostgreSQL "
+                         "CPU per job" + (f" was {_n(pg_us)} us" if pg_us is not None else "")
+                         + ". In no statement's time: the commits (their WAL flush), "
+                         "parsing, the protocol"))
+        if split["toplevel_wal_bytes_per_job"] is not None:
+            outside = round(wal["bytes_per_job"] - split["toplevel_wal_bytes_per_job"], 1)
+            rows.append((name, "WAL in no statement", f"{_n(outside)} B/job",
+                         "the commit records, and other databases' WAL on the server"))
+    if rows and not split_seen:
+        rows.append(("-", "per statement", "not measured",
+                     "the server did not preload pg_stat_statements (shared_preload_libraries)"))
+    return rows
+
+
 def targets(head: Result) -> list[Result]:
     rows = []
     for key, op, threshold, what in TARGETS:
@@ -162,6 +277,13 @@ def table(doc: Result) -> str:
     widths = [max(len(r[i]) for r in rows) if rows else 0 for i in range(3)]
     for r in rows:
         lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}")
+    cost = cost_rows(sc, doc["headline"])
+    if cost:
+        lines.append("\nwhat one job cost the database (the timed window of each drain):")
+        widths = [max(len(r[i]) for r in cost) for i in range(3)]
+        for r in cost:
+            lines.append(f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  "
+                         f"{r[3]}")
     lines += ratio_lines(doc["headline"])
     lines.append("\ntargets (2 cores, PG15, fsync on):")
     for t in doc["targets"]:
@@ -290,6 +412,18 @@ def ratio_lines(head: Result) -> list[str]:
         lines.append(f"  with a client that cost no CPU: {', '.join(ceilings)}  (raw floor CPU "
                      f"per job, {head['floor_cpu_us_per_job']:g} us, / shardq's PostgreSQL CPU "
                      "per job)")
+    wal = [f"{what} {head[key]:.3f}" for key, what in
+           (("wal_over_floor", "backlog drain"), ("durable_wal_over_floor", "durable floor"))
+           if key in head]
+    if wal:
+        lines.append(f"WAL per job / raw floor's ({_n(head['floor_wal_bytes_per_job'])} B): "
+                     + ", ".join(wal))
+    cpu = [f"{what} {head[key]:.3f}" for key, what in
+           (("pg_cpu_over_floor", "backlog drain"), ("durable_pg_cpu_over_floor",
+                                                     "durable floor")) if key in head]
+    if cpu:
+        lines.append(f"PostgreSQL CPU per job / raw floor's whole-job CPU "
+                     f"({_n(head['floor_cpu_us_per_job'])} us): " + ", ".join(cpu))
     return lines
 
 

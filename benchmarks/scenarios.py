@@ -13,6 +13,7 @@ from typing import Any
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
+from shardq.benchmarks.dbcost import DbMeter
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
 from shardq.benchmarks.floor import drain, run_floor
 from shardq.benchmarks.http import http_signals
@@ -33,7 +34,7 @@ def floor_at(b: Bench, batches_wanted: tuple[int, ...]) -> dict[str, Any]:
     batches = sorted({*batches_wanted, b.fleet_config.batch_size})
     runs = [
         run_floor(b.urls, k=k, workers=b.fleet_config.workers, rows=b.sizes.floor_rows,
-                  max_seconds=b.sizes.floor_seconds)
+                  max_seconds=b.sizes.floor_seconds, instruments=b.instruments())
         for k in batches
     ]
     return {"runs": runs, "batch_size": b.fleet_config.batch_size,
@@ -50,16 +51,20 @@ def durable(b: Bench) -> dict[str, Any]:
     n, k = b.sizes.claim_n, b.fleet_config.batch_size
     b.stop_fleet()  # nothing but the bare loops may take these runs
     b.reset(checkpoint=True)
+    inserted = DbMeter(b.urls).start()
     t = time.perf_counter()
     b.client.start_many("noop", [(f"df-{i}", None) for i in range(n)])
     insert_s = time.perf_counter() - t
+    insert_wal = inserted.stop(n)["wal"]
     for url in b.urls:
         analyze_as_autovacuum(url, n / len(b.urls))
     result = drain(b.urls, "durable", k=k, workers=b.fleet_config.workers,
-                   max_seconds=max(60.0, n / 100))
+                   max_seconds=max(60.0, n / 100), instruments=b.instruments())
     b.finished("noop", "df-", n)  # every run completed, or the scenario fails
     b.reset()
-    return {**result, "insert_s": round(insert_s, 3)}
+    # The enqueue's WAL, outside the drain's (the floors' fills are not counted either).
+    return {**result, "insert_s": round(insert_s, 3),
+            "insert_wal_bytes_per_job": insert_wal["bytes_per_job"]}
 
 
 def claim(b: Bench) -> dict[str, Any]:

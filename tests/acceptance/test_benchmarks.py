@@ -102,6 +102,66 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
         assert line in text, text
 
 
+@pytest.mark.slow
+def test_what_one_job_costs_the_database_is_reported(pg_server: Server) -> None:
+    """WAL per job always; the per-statement split only where pg_stat_statements is loaded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+    env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
+    result = subprocess.run(
+        [sys.executable, "-m", "shardq.benchmarks", "floor", "durable", "claim", "--quick",
+         "--floor-batches", "100", "--json", "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["failures"] == {}
+    sc = report["scenarios"]
+    floor = next(r for r in sc["floor"]["runs"] if r["k"] == report["floor_batch"])
+    drains = {"floor": floor, "durable": sc["durable"], "drain": sc["claim"]["backlog"]}
+    for prefix, drain in drains.items():
+        wal = drain["wal"]
+        assert wal["bytes"] > 0
+        assert report[f"{prefix}_wal_bytes_per_job"] == wal["bytes_per_job"] > 0
+        assert wal["bytes_per_job"] == pytest.approx(wal["bytes"] / drain["jobs"], abs=0.05)
+    for prefix in ("durable", "drain"):
+        assert report[f"{prefix}_pg_us_per_job"] == drains[prefix]["cpu"]["postgres_us_per_job"]
+        assert report[f"{prefix}_pg_us_per_job"] > 0
+    assert report["floor_cpu_us_per_job"] > 0
+    for key, prefix in (("wal_over_floor", "drain"), ("durable_wal_over_floor", "durable")):
+        assert report[key] == pytest.approx(
+            report[f"{prefix}_wal_bytes_per_job"] / report["floor_wal_bytes_per_job"], abs=0.001)
+    for key, prefix in (("pg_cpu_over_floor", "drain"), ("durable_pg_cpu_over_floor", "durable")):
+        assert report[key] == pytest.approx(
+            report[f"{prefix}_pg_us_per_job"] / report["floor_cpu_us_per_job"], abs=0.001)
+    met = {t["metric"]: t["met"] for t in report["targets"]}
+    assert met["wal_over_floor"] is not None
+    assert met["pg_cpu_over_floor"] is not None
+    # A shardq job writes the rows a raw queue job does and more.
+    assert report["wal_over_floor"] > 1
+    with psycopg.connect(pg_server.admin_dsn) as conn:
+        row = conn.execute("SHOW shared_preload_libraries").fetchone()
+    preloaded = row is not None and "pg_stat_statements" in str(row[0])
+    said = [line for line in result.stderr.splitlines() if "no per-statement split" in line]
+    if preloaded:
+        assert said == []
+        for prefix, names in (("floor", ("floor claim", "floor completion")),
+                              ("drain", ("claim: shardq.claim_tasks()",
+                                         "commit: shardq.commit_turns_v2()"))):
+            split = drains[prefix]["by_statement"]
+            found = {s["statement"] for s in split["statements"] if s["toplevel"]}
+            assert all(any(f.startswith(n) for f in found) for n in names), found
+            assert all(s["exec_us_per_job"] >= 0 for s in split["statements"])
+    else:
+        # Said once, in one line; the split is skipped, nothing failed.
+        assert len(said) == 1, result.stderr
+        assert all("by_statement" not in d for d in drains.values())
+    text = table(report)
+    for line in ("what one job cost the database", "WAL per job / raw floor's",
+                 "PostgreSQL CPU per job / raw floor's whole-job CPU", "wal_over_floor",
+                 "pg_cpu_over_floor"):
+        assert line in text, text
+
+
 def _written(client: Client, execution_id: object) -> tuple[object, ...]:
     """What a run left behind that a user reads: its ending and its history."""
     run = client.get(str(execution_id))

@@ -38,7 +38,9 @@ _CONSTRAINTS = """
 SELECT c.relname, k.conname, pg_get_constraintdef(k.oid)
 FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = 'shardq'
+-- NOT NULL is in the column lines; PostgreSQL 18 also lists it here (contype 'n'),
+-- which would make the picture depend on the server's version.
+WHERE n.nspname = 'shardq' AND k.contype <> 'n'
 ORDER BY c.relname, k.conname
 """
 _INDEXES = """

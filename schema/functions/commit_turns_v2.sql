@@ -281,22 +281,19 @@ BEGIN
     -- set-based statement, not a thousand calls), its outcomes recorded in one
     -- insert, its reasons deliver_signals', as a client or the relay would be told.
     IF rare ? 'x' THEN
-        FOR sender, sender_tenant IN
-            SELECT s.id, e.tenant
-            FROM (SELECT (r->>0)::uuid AS id, min(o) AS first
-                  FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
-                  GROUP BY 1) s
-            JOIN shardq.executions e ON e.id = s.id
-            WHERE s.id = ANY(fenced) AND NOT s.id = ANY(cancelling)
-            ORDER BY s.first
-        LOOP
-            SELECT array_agg((r->>2)::uuid ORDER BY o), array_agg(r->>3 ORDER BY o),
+        FOR sender, sender_tenant, x_ids, x_names, x_payloads, x_keys, x_positions, x_max,
+            x_max_total IN
+            SELECT (r->>0)::uuid, e.tenant,
+                   array_agg((r->>2)::uuid ORDER BY o), array_agg(r->>3 ORDER BY o),
                    array_agg(r->4 ORDER BY o), array_agg(r->>5 ORDER BY o),
                    array_agg((r->>1)::integer ORDER BY o),
                    min((r->>6)::integer), min((r->>7)::integer)
-            INTO x_ids, x_names, x_payloads, x_keys, x_positions, x_max, x_max_total
             FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
-            WHERE (r->>0)::uuid = sender;
+            JOIN shardq.executions e ON e.id = (r->>0)::uuid
+            WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
+            GROUP BY 1, 2
+            ORDER BY min(o)
+        LOOP
             WITH outcomes AS (
                 SELECT d.ord,
                        jsonb_build_object('target', x_ids[d.ord], 'name', x_names[d.ord],

@@ -92,8 +92,10 @@ class WorkflowContext:
         self, claim: Claim, replay: Replay, journal: Journal,
         on_this_shard: Callable[[uuid.UUID], bool] | None = None,
         *, state: object | None = None, updates: Sequence[UpdateSpec] = (),
+        limits: Limits | None = None,
     ) -> None:
         self._claim = claim
+        self._limits = limits or Limits()
         self._state = state
         self._updates = {u.name: u for u in updates}
         self._on_this_shard = on_this_shard
@@ -360,7 +362,7 @@ class WorkflowContext:
             request = {"prompt": prompt, "actions": list(accepted), "schema": schema,
                        "timeout": timeout}
             if value is not None:
-                request["value"] = check_interrupt_value(name, value, schema)
+                request["value"] = check_interrupt_value(name, value, schema, self._limits)
             self._journal.events.append(NewEvent(
                 position, Event.INTERRUPT_REQUESTED, name, request, wake_in=timeout
             ))
@@ -628,7 +630,7 @@ class WorkflowContext:
         calls = [self._replay.next("external", s.name) for s in signals]
         # Checked only when sent: a replay returns what was recorded, whatever the
         # code computes now.
-        checked = {i: check_signal(s.name, s.payload, s.idempotency_key, Limits())
+        checked = {i: check_signal(s.name, s.payload, s.idempotency_key, self._limits)
                    for i, (s, (_, recorded)) in enumerate(zip(signals, calls, strict=True))
                    if not recorded}
         journal = self._journal
@@ -715,14 +717,16 @@ def check_interrupt(
     return accepted
 
 
-def check_interrupt_value(name: str, value: Any, schema: Mapping[str, Any] | None) -> Any:
+def check_interrupt_value(
+    name: str, value: Any, schema: Mapping[str, Any] | None, limits: Limits
+) -> Any:
     """The value under review, as JSON will store it; else InvalidArgument or PayloadInvalid."""
     what = f"value of interrupt {name!r}"
     try:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
-    Limits().check_payload(encoded, what)
+    limits.check_payload(encoded, what)
     stored = json.loads(encoded)
     validate(stored, dict(schema) if schema is not None else None, what)
     return stored

@@ -27,6 +27,7 @@ from shardq.queue.errors import (
     WorkflowTimedOut,
 )
 from shardq.queue.journal import Checkpoint, Journal
+from shardq.queue.limits import Limits
 from shardq.queue.models import Claim, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.replay import Replay
@@ -42,7 +43,7 @@ UNKNOWN_VERSION_RETRY_S = 60.0
 
 def run_turn(
     claim: Claim, registry: Registry, checkpoint: Checkpoint,
-    on_this_shard: Callable[[uuid.UUID], bool] | None = None,
+    on_this_shard: Callable[[uuid.UUID], bool] | None = None, *, limits: Limits | None = None,
 ) -> TurnCommit | None:
     """The commit that ends this turn, still to be made; None when the lease was lost.
 
@@ -66,7 +67,8 @@ def run_turn(
     replay = Replay(claim.history, claim.signals, max_calls=definition.max_history)
     try:
         ctx = WorkflowContext(claim, replay, journal, on_this_shard,
-                              state=definition.new_state(), updates=definition.updates)
+                              state=definition.new_state(), updates=definition.updates,
+                              limits=limits)
         return _play(definition, ctx, claim, replay, journal)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})

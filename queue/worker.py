@@ -35,6 +35,7 @@ from shardq.queue.instruments import (
     TURNS,
     WAKEUPS,
 )
+from shardq.queue.limits import Limits
 from shardq.queue.listener import WakeSource
 from shardq.queue.logcontext import about_run
 from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
@@ -97,6 +98,9 @@ class WorkerConfig:
     commit_batch: int = 500
     """Most commits one transaction groups; also how many finished turns may wait for
     their last commit before the worker stops claiming."""
+    limits: Limits = field(default_factory=Limits)
+    """Bounds on what runs send (`ctx.signal_external` payloads and keys), as a Client's
+    `limits` bound what its callers send: give both the same."""
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -455,7 +459,8 @@ class Worker:
 
         started = time.perf_counter()
         try:
-            return run_turn(claim, self.registry, checkpoint, on_this_shard)
+            return run_turn(claim, self.registry, checkpoint, on_this_shard,
+                            limits=self.config.limits)
         finally:
             TURN_SECONDS.observe(time.perf_counter() - started)
 

@@ -9,6 +9,7 @@ from typing import Any
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import ExternalSignalFailed
+from shardq.queue.limits import Limits
 from shardq.queue.models import SignalRequest, State
 from shardq.queue.registry import Registry
 from shardq.queue.worker import Worker
@@ -193,3 +194,22 @@ def test_hostile_fan_outs_fail_the_sender_and_send_nothing(
         assert HOSTILE[case][1] in str(done.error), (case, done.error)
     assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
     assert all_rows(client.map, "SELECT count(*) FROM shardq.outbox") == [(0,), (0,)]
+
+
+@registry.workflow("send_big")
+def send_big(ctx: WorkflowContext) -> Any:
+    return ctx.signal_external(ctx.input["target"], "go", "x" * 200).delivered
+
+
+def test_a_worker_s_limits_bound_what_its_runs_send(
+    client: Client, start_worker: StartWorker
+) -> None:
+    """The limits a worker is given bound ctx.signal_external as a Client's bound signal."""
+    start_worker(registry, limits=Limits(max_payload_bytes=100))
+    target = client.start("receiver", key_on(client.map, 0, "receiver", "lim-t"))
+    sender = client.start("send_big", key_on(client.map, 0, "send_big", "lim-s"),
+                          {"target": str(target.execution_id)})
+    done = client.wait(sender.execution_id, timeout=10)
+    assert done.state is State.FAILED
+    assert "at most 100 (Limits.max_payload_bytes)" in str(done.error), done.error
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]

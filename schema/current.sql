@@ -47,6 +47,17 @@ CREATE TABLE shardq.outbox (
     queued_at timestamp with time zone NOT NULL DEFAULT now()
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=80);
 
+CREATE TABLE shardq.ownership (
+    singleton boolean NOT NULL DEFAULT true,
+    deployment uuid NOT NULL,
+    map_version bigint NOT NULL,
+    writable bit(4096) NOT NULL,
+    owned bit(4096) NOT NULL,
+    unclean boolean NOT NULL DEFAULT false,
+    fence_move bigint,
+    fence_target text
+);
+
 CREATE TABLE shardq.schema_functions (
     name text NOT NULL,
     checksum text NOT NULL,
@@ -66,6 +77,12 @@ CREATE TABLE shardq.shard_identity (
     fingerprint text NOT NULL,
     layout jsonb NOT NULL,
     recorded_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+CREATE TABLE shardq.shard_maps (
+    version bigint NOT NULL,
+    layout jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL DEFAULT now()
 );
 
 CREATE TABLE shardq.signals (
@@ -106,10 +123,18 @@ ALTER TABLE shardq.history ADD CONSTRAINT history_pkey PRIMARY KEY (execution_id
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_idempotency_key_check CHECK ((idempotency_key <> ''::text));
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])));
+ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_fence_names_both CHECK (((fence_move IS NULL) = (fence_target IS NULL)));
+ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_map_version_fkey FOREIGN KEY (map_version) REFERENCES shardq.shard_maps(version);
+ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_pkey PRIMARY KEY (singleton);
+ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_singleton_check CHECK (singleton);
+ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_writable_is_owned CHECK ((bit_count((writable & (~ owned))) = 0));
 ALTER TABLE shardq.schema_functions ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name, checksum);
 ALTER TABLE shardq.schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_pkey PRIMARY KEY (singleton);
 ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_singleton_check CHECK (singleton);
+ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_layout_check CHECK ((jsonb_typeof(layout) = 'object'::text));
+ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_pkey PRIMARY KEY (version);
+ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_version_check CHECK ((version > 0));
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_idempotency_key_check CHECK ((idempotency_key <> ''::text));
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
@@ -130,6 +155,9 @@ CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
 CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution_id) WHERE (kind = 'interrupt'::text);
 
+-- FUNCTION shardq.bucket(id uuid)
+--   RETURNS integer
+--   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
 --   LANGUAGE plpgsql VOLATILE

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -50,6 +50,27 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+_PASSWORD_PARAMETERS = ("password", "sslpassword")
+
+
+def without_password(url: str) -> str:
+    """The URL with no password left in it, fit to be stored where every shard copies it.
+
+    libpq takes a password from the user part and from the query string alike.
+    """
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hosts = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}@{hosts}"
+    query = parts.query
+    if query:
+        kept = [p for p in query.split("&")
+                if unquote(p.split("=", 1)[0]) not in _PASSWORD_PARAMETERS]
+        query = "&".join(kept)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 @dataclass(frozen=True)

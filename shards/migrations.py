@@ -11,6 +11,8 @@ Per shard: take a session advisory lock (two migrators racing serialize here, so
 each file is applied once), create the bookkeeping tables, check or record the
 shard's place in the map, then apply each missing file in its own transaction
 together with its bookkeeping row: a file that fails half-way leaves nothing.
+Once the migrations are applied, a shard that has no map version yet records
+version 1 and its ownership of buckets (`_record_first_version`).
 
 Every body a function ever had on a shard is recorded, so a migrator of an
 older release finds its bodies already applied and never puts an old body back
@@ -29,6 +31,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
@@ -37,9 +40,10 @@ from typing import Any
 
 import psycopg
 
-from shardq.shards.config import Shard, ShardMap
+from shardq.shards.config import Shard, ShardMap, without_password
 from shardq.shards.errors import MapMismatch, MigrationError, SchemaBehind, ShardUnavailable
 from shardq.shards.pools import DictConnection, connect
+from shardq.shards.routing import BUCKETS
 from shardq.shards.sqlfile import load_queries
 
 log = logging.getLogger(__name__)
@@ -120,6 +124,16 @@ class ShardMigration:
 
 
 @dataclass(frozen=True)
+class _FirstVersion:
+    """Version 1 of the deployment's map: found on `found_on` (a shard's label), or
+    minted by this migrator when no shard had it yet (`found_on` empty)."""
+
+    deployment: uuid.UUID
+    layout: dict[str, Any]
+    found_on: str = ""
+
+
+@dataclass(frozen=True)
 class ShardStatus:
     """What `check_shard` found on one shard; `problem` is None when it is ready."""
 
@@ -174,10 +188,61 @@ def migrate(
 ) -> list[ShardMigration]:
     """Bring every shard (or `shards`) to the newest schema. Re-running is a no-op."""
     schema = load_schema() if schema is None else schema
-    return [_migrate_shard(shard_map, s, schema) for s in shards or shard_map.shards]
+    # Version 1 is read from the shards that have it before any is written, so a
+    # shard migrated alone earlier (`--shard`) gives its deployment to the others
+    # instead of being refused by one minted here.
+    first = _recorded_first_version(shard_map)
+    results = []
+    for shard in shards or shard_map.shards:
+        result, first = _migrate_shard(shard_map, shard, schema, first)
+        results.append(result)
+    return results
 
 
-def _migrate_shard(shard_map: ShardMap, shard: Shard, schema: Schema) -> ShardMigration:
+def _recorded_first_version(shard_map: ShardMap) -> _FirstVersion | None:
+    """Version 1 as the reachable shards of the map record it; None when none does.
+
+    Raises MapMismatch naming a shard whose deployment differs from the first
+    shard's that has one. Unreachable shards are passed over: migrating one
+    reports it, and a migration of the others must not wait for it.
+    """
+    first = None
+    for shard in shard_map.shards:
+        try:
+            with connect(shard, autocommit=True) as conn:
+                found = _read_first_version(conn, shard)
+        except ShardUnavailable:
+            continue
+        first = _agree(first, found, shard)
+    return first
+
+
+def _read_first_version(conn: DictConnection, shard: Shard) -> _FirstVersion | None:
+    present = conn.execute(SQL["has_map_versions"]).fetchone()
+    if present is None or not present["present"]:
+        return None
+    row = conn.execute(SQL["read_first_version"]).fetchone()
+    if row is None:
+        return None
+    return _FirstVersion(row["deployment"], json.loads(row["layout"]), shard.label)
+
+
+def _agree(known: _FirstVersion | None, found: _FirstVersion | None, shard: Shard) -> (
+    _FirstVersion | None
+):
+    if known is None or found is None:
+        return known or found
+    if found.deployment != known.deployment:
+        raise MapMismatch(
+            f"{shard.label}: shard map mismatch: it belongs to deployment {found.deployment}, "
+            f"{known.found_on or 'the shards migrated before it'} to {known.deployment}"
+        )
+    return known
+
+
+def _migrate_shard(
+    shard_map: ShardMap, shard: Shard, schema: Schema, first: _FirstVersion | None
+) -> tuple[ShardMigration, _FirstVersion | None]:
     result = ShardMigration(shard)
     with connect(shard, autocommit=True) as conn:
         conn.execute(SQL["take_migration_lock"], {"key": MIGRATION_LOCK_KEY})
@@ -196,6 +261,7 @@ def _migrate_shard(shard_map: ShardMap, shard: Shard, schema: Schema) -> ShardMi
                         "was applied; add a new migration instead"
                     )
             result.version = max([*done, *result.applied], default=0)
+            first = _record_first_version(conn, shard_map, shard, first)
             applied = _applied_functions(conn)
             # A migration may drop a function whose answer changes; its file
             # then creates it anew even if that text was applied before.
@@ -209,7 +275,7 @@ def _migrate_shard(shard_map: ShardMap, shard: Shard, schema: Schema) -> ShardMi
         finally:
             if not conn.closed:
                 conn.execute(SQL["release_migration_lock"], {"key": MIGRATION_LOCK_KEY})
-    return result
+    return result, first
 
 
 def _applied_functions(conn: DictConnection) -> set[tuple[str, str]]:
@@ -236,6 +302,58 @@ def _apply(conn: DictConnection, shard: Shard, file: Migration | Function) -> No
         raise MigrationError(f"{shard.label}: {file.label} failed, nothing of it applied: "
                              f"{first_line}") from exc
     log.info("applied schema file", extra={"shard": shard.name, "file": file.label})
+
+
+def _record_first_version(
+    conn: DictConnection, shard_map: ShardMap, shard: Shard, known: _FirstVersion | None
+) -> _FirstVersion | None:
+    """Record map version 1 and this shard's ownership, unless the shard has them.
+
+    Called under the migration lock, after the identity check: the shard's
+    recorded name and layout are the map's. Version 1 is the same document on
+    every shard, the one `known` carries (read from another shard, or minted for
+    the first shard that had none).
+    """
+    present = conn.execute(SQL["has_map_versions"]).fetchone()
+    if present is None or not present["present"]:
+        return known  # a schema folder from before migration 0014
+    found = _read_first_version(conn, shard)
+    if found is not None:
+        return _agree(known, found, shard)
+    identity = conn.execute(SQL["read_identity"]).fetchone()
+    assert identity is not None  # recorded before the migrations ran
+    first = known or _FirstVersion(uuid.uuid4(), _first_layout(identity, shard_map))
+    with conn.transaction():
+        conn.execute(SQL["record_map_version"], {"version": 1,
+                                                 "layout": json.dumps(first.layout)})
+        conn.execute(SQL["record_ownership"], {
+            "deployment": first.deployment, "map_version": 1,
+            "owned": _bits(first.layout, identity["shard_name"]),
+        })
+    log.info("recorded map version 1", extra={"shard": shard.name})
+    return first if first.found_on else _FirstVersion(first.deployment, first.layout, shard.label)
+
+
+def _first_layout(identity: dict[str, Any], shard_map: ShardMap) -> dict[str, Any]:
+    """Version 1 from what the shard records of its map (names and ranges: a shard
+    migrated before map versions has only that) and the URLs of `shard_map`."""
+    recorded = sorted(json.loads(identity["layout"])["shards"], key=lambda s: s["buckets"][0])
+    urls = {s.name: without_password(s.url) for s in shard_map.shards}
+    return {
+        "buckets": BUCKETS,
+        "home": recorded[0]["name"],
+        "shards": [{"name": s["name"], "url": urls[s["name"]]} for s in recorded],
+        "ranges": [[*s["buckets"], s["name"]] for s in recorded],
+    }
+
+
+def _bits(layout: dict[str, Any], name: str) -> str:
+    """The buckets `layout` gives shard `name`, as the text of a bit(4096), bucket 0 first."""
+    owned = [False] * BUCKETS
+    for first, last, owner in layout["ranges"]:
+        if owner == name:
+            owned[first:last + 1] = [True] * (last - first + 1)
+    return "".join("1" if bit else "0" for bit in owned)
 
 
 def _check_or_record_identity(conn: DictConnection, shard_map: ShardMap, shard: Shard) -> None:

@@ -65,3 +65,17 @@ SELECT coalesce(max(version), 0) AS version FROM shardq.schema_migrations
 
 -- name: defer_body_checks
 SET LOCAL check_function_bodies = off
+
+-- name: has_map_versions
+SELECT to_regclass('shardq.ownership') IS NOT NULL AS present
+
+-- name: read_first_version
+SELECT o.deployment, m.layout::text AS layout
+FROM shardq.ownership o JOIN shardq.shard_maps m ON m.version = 1
+
+-- name: record_map_version
+INSERT INTO shardq.shard_maps (version, layout) VALUES (%(version)s, %(layout)s::jsonb)
+
+-- name: record_ownership
+INSERT INTO shardq.ownership (deployment, map_version, writable, owned)
+VALUES (%(deployment)s, %(map_version)s, %(owned)s::bit(4096), %(owned)s::bit(4096))

@@ -105,6 +105,8 @@ def test_racing_migrators_apply_each_file_once(fresh_databases: Fresh) -> None:
         assert sorted(v for a in applied for v in a[shard_index]) == [v for v, _ in expected]
     for url in urls:
         assert _recorded(url) == expected
+    # One racer minted the deployment on the first shard; the others took it from there.
+    assert len({tuple(rows(url, "SELECT deployment FROM shardq.ownership")) for url in urls}) == 1
 
 
 def _base_env() -> dict[str, str]:
@@ -401,7 +403,9 @@ def test_a_shard_from_before_the_wrappers_retired_ends_with_exactly_the_current_
     before = tmp_path / "schema"
     shutil.copytree(ROOT / "schema", before)
     (before / "0013_retire_signal_wrappers.sql").unlink()
+    (before / "0014_map_versions.sql").unlink()
     (before / "functions" / "signal_refusal.sql").unlink()
+    (before / "functions" / "bucket.sql").unlink()
     for name, sql in _BEFORE_0013.items():
         (before / "functions" / f"{name}.sql").write_text(sql)
     shard_map = ShardMap.from_urls([url])
@@ -410,8 +414,8 @@ def test_a_shard_from_before_the_wrappers_retired_ends_with_exactly_the_current_
 
     schema = load_schema()
     (result,) = migrate(shard_map, schema=schema)
-    assert result.applied == [13]
-    assert sorted(result.functions) == ["deliver_signals", "signal_refusal",
+    assert result.applied == [13, 14]
+    assert sorted(result.functions) == ["bucket", "deliver_signals", "signal_refusal",
                                         "signal_with_start_v2"]
     migrate(ShardMap.from_urls([fresh_url]))
     assert _functions(url) == _functions(fresh_url)

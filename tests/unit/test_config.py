@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shardq.shards.config import ShardMap
+from shardq.shards.config import ShardMap, without_password
 from shardq.shards.errors import ConfigError
 from shardq.shards.servers import database_url
 
@@ -107,3 +107,19 @@ def test_database_url_keeps_server_and_credentials() -> None:
     sock = database_url("postgresql://postgres@/postgres?host=/tmp/pg%20x&port=5999", "s0")
     assert sock == "postgresql://postgres@/s0?host=/tmp/pg%20x&port=5999"
     assert ShardMap.from_urls([tcp]).shards[0].url == tcp
+
+
+@pytest.mark.parametrize(("url", "stored"), [
+    ("postgresql://app:pw@db1:5433/shardq", "postgresql://app@db1:5433/shardq"),
+    # An encoded '@' or ':' in the password, and hosts of a multi-host URL.
+    ("postgresql://app:p%40w%3Ax@db1,db2/shardq?sslmode=require",
+     "postgresql://app@db1,db2/shardq?sslmode=require"),
+    # libpq takes a password from the query string too.
+    ("postgresql://app@/shardq?host=/run/pg&password=pw&port=5433&sslpassword=k",
+     "postgresql://app@/shardq?host=/run/pg&port=5433"),
+    ("postgresql://app@db1/shardq?pass%77ord=pw", "postgresql://app@db1/shardq"),
+    ("postgresql://db1/shardq", "postgresql://db1/shardq"),
+    ("postgres://app@db1/shardq?application_name=x", "postgres://app@db1/shardq?application_name=x"),
+])
+def test_a_url_is_stored_without_its_password(url: str, stored: str) -> None:
+    assert without_password(url) == stored

@@ -1,0 +1,175 @@
+"""Map version 1 and each shard's ownership, as `shardq migrate` records them
+(docs/design/growing.md, build step 1), and `shardq.bucket()`."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from shardq.shards.config import ShardMap
+from shardq.shards.errors import MapMismatch
+from shardq.shards.migrations import load_schema, migrate
+from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
+
+from ..schema_picture import describe
+from ..support import ROOT, rows
+
+Fresh = Callable[[int], list[str]]
+SECRET = "s3cret-pw"
+
+
+def _with_password(url: str, *, in_query: bool = False) -> str:
+    """`url` carrying SECRET (the servers the suite runs on trust their clients,
+    so any password connects)."""
+    parts = urlsplit(url)
+    if in_query:
+        joiner = "&" if parts.query else ""
+        return parts._replace(query=f"{parts.query}{joiner}password={SECRET}").geturl()
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0] if at else "postgres"
+    return parts._replace(netloc=f"{user}:{SECRET}@{hosts}").geturl()
+
+
+def _recorded(url: str) -> dict[str, Any]:
+    """What one shard records of map versions and its ownership."""
+    ((maps,),) = rows(url, "SELECT jsonb_agg(jsonb_build_object('version', version, "
+                      "'layout', layout) ORDER BY version) FROM shardq.shard_maps")
+    ((ownership,),) = rows(
+        url, "SELECT jsonb_build_object('deployment', deployment, 'map_version', map_version, "
+        "'owned', owned::text, 'writable', writable::text, 'unclean', unclean, "
+        "'fence', ARRAY[fence_move::text, fence_target]) FROM shardq.ownership")
+    return {"maps": maps, "ownership": ownership}
+
+
+def test_bucket_in_sql_is_bucket_of(migrated_map: ShardMap) -> None:
+    chance = random.Random(20261204)
+    ids = [new_execution_id(chance.randrange(BUCKETS), now_ms=chance.getrandbits(48))
+           for _ in range(10_000)]
+    ids += [new_execution_id(edge, now_ms=ms) for edge in (0, BUCKETS - 1)
+            for ms in (0, (1 << 48) - 1)]
+    # The design's example: the bucket bits of ...-8abc-... are 0xabc.
+    ids.append(uuid.UUID("01890000-0000-8abc-8000-000000000000"))
+    url = migrated_map.shards[0].url
+    found = rows(url, "SELECT shardq.bucket(i) FROM unnest(%s::uuid[]) WITH ORDINALITY "
+                 "AS u(i, n) ORDER BY n", ids)
+    assert [b for (b,) in found] == [bucket_of(i) for i in ids]
+    assert [b for (b,) in found[-5:]] == [0, 0, 4095, 4095, 2748]
+    # An index will be built on it (build step 6): that needs IMMUTABLE.
+    assert rows(url, "SELECT provolatile, proparallel FROM pg_proc "
+                "WHERE oid = 'shardq.bucket(uuid)'::regprocedure") == [("i", "s")]
+
+
+def test_migrate_records_version_1_and_each_shards_buckets(fresh_databases: Fresh) -> None:
+    plain = fresh_databases(3)
+    urls = [_with_password(plain[0]), _with_password(plain[1], in_query=True), plain[2]]
+    shard_map = ShardMap.from_urls(urls)
+    migrate(shard_map)
+
+    recorded = [_recorded(url) for url in plain]
+    layout = {
+        "buckets": BUCKETS,
+        "home": "shard-0",
+        "shards": [{"name": "shard-0", "url": plain[0]},
+                   {"name": "shard-1", "url": plain[1]},
+                   {"name": "shard-2", "url": plain[2]}],
+        "ranges": [[0, 1364, "shard-0"], [1365, 2729, "shard-1"], [2730, 4095, "shard-2"]],
+    }
+    assert [r["maps"] for r in recorded] == [[{"version": 1, "layout": layout}]] * 3
+    deployments = {r["ownership"]["deployment"] for r in recorded}
+    assert len(deployments) == 1 and uuid.UUID(deployments.pop()).version == 4
+    for r in recorded:
+        assert SECRET not in str(r)
+    with psycopg.connect(plain[0]) as conn:
+        # shard_identity is the record of version 1 before map versions: no URLs either.
+        stored = conn.execute("SELECT layout::text FROM shardq.shard_identity "
+                              "UNION ALL SELECT layout::text FROM shardq.shard_maps").fetchall()
+    assert stored and all(SECRET not in text for (text,) in stored)
+
+    for shard, url, r in zip(shard_map.shards, plain, recorded, strict=True):
+        first, last = shard.first_bucket, shard.last_bucket
+        own = r["ownership"]
+        assert (own["map_version"], own["unclean"], own["fence"]) == (1, False, [None, None])
+        assert own["writable"] == own["owned"]
+        bits = own["owned"]
+        assert bits.count("1") == last - first + 1
+        assert bits[first] == bits[last] == "1"
+        assert first == 0 or bits[first - 1] == "0"
+        assert last == BUCKETS - 1 or bits[last + 1] == "0"
+        # The same bits as PostgreSQL's own bit functions read them.
+        assert rows(url, "SELECT bit_count(owned), get_bit(owned, %s), get_bit(owned, %s) "
+                    "FROM shardq.ownership", first, last) == [(last - first + 1, 1, 1)]
+
+    # Every bucket is owned by exactly one shard.
+    owners = [sum(r["ownership"]["owned"][b] == "1" for r in recorded) for b in range(BUCKETS)]
+    assert set(owners) == {1}
+
+    migrate(shard_map)
+    assert [_recorded(url) for url in plain] == recorded
+
+
+def test_a_shard_of_another_deployment_is_refused(fresh_databases: Fresh) -> None:
+    a, b, c, d = fresh_databases(4)
+    migrate(ShardMap.from_urls([a, b]))
+    migrate(ShardMap.from_urls([c, d]))
+    before = [_recorded(url) for url in (a, d)]
+    # Same names and ranges, so the recorded layouts agree: only the deployment tells
+    # that shard-1 is another deployment's.
+    mixed = ShardMap.from_urls([a, d])
+    with pytest.raises(MapMismatch, match=r"^shard-1 \(postgresql://.*\): shard map mismatch: "
+                       r"it belongs to deployment [0-9a-f-]{36}, shard-0 \(.*\) to "
+                       r"[0-9a-f-]{36}$"):
+        migrate(mixed)
+    # Refused before anything was written, even with shard-0 migrated alone.
+    with pytest.raises(MapMismatch, match=r"^shard-1 "):
+        migrate(mixed, shards=[mixed.shards[0]])
+    assert [_recorded(url) for url in (a, d)] == before
+
+
+def test_a_shard_migrated_alone_gives_its_deployment_to_the_others(
+    fresh_databases: Fresh,
+) -> None:
+    urls = fresh_databases(2)
+    shard_map = ShardMap.from_urls(urls)
+    migrate(shard_map, shards=[shard_map.shards[1]])
+    (alone,) = rows(urls[1], "SELECT deployment FROM shardq.ownership")
+    migrate(shard_map)
+    assert rows(urls[0], "SELECT deployment FROM shardq.ownership") == [alone]
+    assert _recorded(urls[0])["maps"] == _recorded(urls[1])["maps"]
+
+
+def test_a_deployment_from_before_map_versions_gets_version_1_from_its_record(
+    fresh_databases: Fresh, tmp_path: Path
+) -> None:
+    plain = fresh_databases(2)
+    before = tmp_path / "schema"
+    shutil.copytree(ROOT / "schema", before)
+    (before / "0014_map_versions.sql").unlink()
+    (before / "functions" / "bucket.sql").unlink()
+    urls = [_with_password(url) for url in plain]
+    # Named and ranged by a file: version 1 must carry the recorded names, not shard-N.
+    shard_map = ShardMap.from_document({"shards": [
+        {"name": "eu", "url": urls[0], "buckets": [0, 99]},
+        {"name": "us", "url": urls[1], "buckets": [100, 4095]},
+    ]})
+    migrate(shard_map, schema=load_schema(before))
+    assert rows(plain[0], "SELECT to_regclass('shardq.ownership')") == [(None,)]
+
+    results = migrate(shard_map)
+    assert [(r.applied, r.functions) for r in results] == [([14], ["bucket"])] * 2
+    recorded = [_recorded(url) for url in plain]
+    assert [r["maps"] for r in recorded] == [[{"version": 1, "layout": {
+        "buckets": BUCKETS, "home": "eu",
+        "shards": [{"name": "eu", "url": plain[0]}, {"name": "us", "url": plain[1]}],
+        "ranges": [[0, 99, "eu"], [100, 4095, "us"]],
+    }}]] * 2
+    assert recorded[0]["ownership"]["deployment"] == recorded[1]["ownership"]["deployment"]
+    assert [r["ownership"]["owned"].count("1") for r in recorded] == [100, 3996]
+    assert describe(plain[0]) == (ROOT / "schema" / "current.sql").read_text()

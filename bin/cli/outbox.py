@@ -46,11 +46,16 @@ log = logging.getLogger("shardq.cli")
               help="Seconds a row may keep failing transiently before it fails for good.")
 @click.option("--max-backoff", default=60.0, show_default=True, type=Seconds(),
               help="Longest wait between two attempts of a row, in seconds.")
+@click.option("--delivery-timeout", default=3.0, show_default=True,
+              type=Seconds(maximum=600.0),
+              help="Seconds a round waits for one target shard; past it the target is "
+                   "taken for down and probed until it takes writes again.")
 @metrics_options
 @pass_settings
 def outbox_relay(
     settings: Settings, only: tuple[str, ...], batch_size: int, poll_interval: float,
-    max_age: float, max_backoff: float, metrics_port: int | None, metrics_host: str,
+    max_age: float, max_backoff: float, delivery_timeout: float, metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Deliver signals sent to runs of other shards, until SIGTERM."""
 
@@ -70,7 +75,8 @@ def outbox_relay(
         try:
             config = RelayConfig(batch_size=batch_size, poll_interval_s=poll_interval,
                                  max_age_s=max_age, max_backoff_s=max_backoff,
-                                 initial_backoff_s=min(0.5, max_backoff))
+                                 initial_backoff_s=min(0.5, max_backoff),
+                                 delivery_timeout_s=delivery_timeout)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         serve_daemon_metrics(metrics_host, metrics_port)

@@ -80,6 +80,7 @@ FLOAT_OPTIONS: list[tuple[tuple[str, ...], str]] = [
     (("outbox-relay",), "--poll-interval"),
     (("outbox-relay",), "--max-age"),
     (("outbox-relay",), "--max-backoff"),
+    (("outbox-relay",), "--delivery-timeout"),
     ((*UPDATE, "--arg", ITEM, "--app", APP), "--wait"),
     (("workflow", "update-with-start", "cart", "c8", "add_item", "--input",
       '{"customer": "c"}', "--arg", ITEM, "--app", APP), "--wait"),

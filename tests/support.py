@@ -137,17 +137,22 @@ def start_api(
                       str(tokens_file), *extra])
     server.wait_for("shardq API on")
     base = f"http://127.0.0.1:{port}"
+    wait_for_health(base, 200)
+    return base, server
+
+
+def wait_for_health(base: str, status: int, *, timeout: float = 30.0) -> None:
+    """Until the API at `base` (http://HOST:PORT) answers its /healthz with `status`:
+    200 once it serves every shard, 503 while one is down."""
+    import httpx
 
     def answers() -> bool:
-        import httpx
-
         try:
-            return httpx.get(f"{base}/api/shardq/healthz", timeout=2).status_code == 200
+            return httpx.get(f"{base}/api/shardq/healthz", timeout=5).status_code == status
         except httpx.TransportError:
             return False
 
-    wait_until(answers, what="the API to answer")
-    return base, server
+    wait_until(answers, timeout=timeout, what=f"the API to answer /healthz with {status}")
 
 
 class TcpProxy:

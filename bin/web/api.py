@@ -131,6 +131,14 @@ def _execution_id(request: Request) -> Any:
         raise ApiError(404, "execution not found") from None
 
 
+def _limit(request: Request) -> int:
+    """`?limit=` items a page holds (default 100; the client refuses it outside 1..1000)."""
+    limit = request.query_params.get("limit", "100")
+    if not limit.isdigit():
+        raise ApiError(400, "limit must be an integer within 1..1000")
+    return int(limit)
+
+
 def _wait(request: Request) -> float:
     """`?wait=` seconds an update call waits for its response (default 30, at most 600)."""
     raw = request.query_params.get("wait")
@@ -290,14 +298,12 @@ async def cancel(request: Request, tenant: str) -> Response:
 async def listing(request: Request, tenant: str) -> Response:
     client = shared(request).client
     q = request.query_params
-    limit = q.get("limit", "100")
-    if not limit.isdigit():
-        raise ApiError(400, "limit must be an integer within 1..1000")
+    limit = _limit(request)
     state = q.get("state")
     if state is not None and state not in {s.value for s in State}:
         raise ApiError(400, f"state must be one of {', '.join(s.value for s in State)}")
     page = await run_in_threadpool(client.list_runs, tenant=tenant, state=state,
-                                   workflow=q.get("workflow"), limit=int(limit),
+                                   workflow=q.get("workflow"), limit=limit,
                                    cursor=q.get("cursor"))
     return JSONResponse({"items": [_execution(e) for e in page.items],
                          "next_cursor": page.next_cursor})
@@ -341,12 +347,10 @@ async def history(request: Request, tenant: str) -> Response:
 async def interrupts(request: Request, tenant: str) -> Response:
     client = shared(request).client
     q = request.query_params
-    limit = q.get("limit", "100")
-    if not limit.isdigit():
-        raise ApiError(400, "limit must be an integer within 1..1000")
+    limit = _limit(request)
     page = await run_in_threadpool(lambda: client.pending_interrupts(
         tenant=tenant, workflow=q.get("workflow"), cursor=q.get("cursor"),
-        limit=int(limit), skip_unavailable=True))
+        limit=limit, skip_unavailable=True))
     return JSONResponse({"unavailable_shards": list(page.unavailable_shards), "items": [
         {"execution_id": str(p.execution_id), "workflow": p.workflow_name,
          "workflow_id": p.workflow_id, "name": p.name, "prompt": p.prompt,

@@ -18,7 +18,16 @@ from shardq.bin.web.tokens import hash_token
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 
-from ..support import Daemon, allow_connections, free_port, rows, scrape, value, wait_until
+from ..support import (
+    Daemon,
+    allow_connections,
+    free_port,
+    rows,
+    scrape,
+    value,
+    wait_for_health,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 TOKEN = "sq_late-map-token"
@@ -33,21 +42,15 @@ def test_a_server_and_an_exporter_started_on_refusing_shards_never_use_a_wrong_m
     tokens = tmp_path / "tokens"
     tokens.write_text(f"default {hash_token(TOKEN)}\n")
     api_port, metrics_port = free_port(), free_port()
-    base = f"http://127.0.0.1:{api_port}/api/shardq"
-
-    def listening() -> bool:
-        try:
-            return httpx.get(f"{base}/healthz", timeout=5).status_code == 503
-        except httpx.TransportError:
-            return False
-
+    root = f"http://127.0.0.1:{api_port}"
+    base = f"{root}/api/shardq"
     allow_connections(urls, allowed=False)
     try:
         server = daemons(["--shards", wrong, "serve", "--app", "shardq.bin.examples:registry",
                           "--port", str(api_port), "--tokens-file", str(tokens)])
         exporter = daemons(["--shards", wrong, "metrics", "--port", str(metrics_port),
                             "--cache-seconds", "0"])
-        wait_until(listening, timeout=30, what="the API to answer, its shards down")
+        wait_for_health(root, 503)  # it answers, its shards down
         exporter.wait_for("store exporter on")
         assert value(scrape(metrics_port), "shardq_shard_up", shard="shard-0") == 0
     finally:

@@ -35,6 +35,18 @@ def urls(shard_map: ShardMap) -> list[str]:
     return [s.url for s in shard_map.shards]
 
 
+def proxied(shard_map: ShardMap, *, forward: bool) -> tuple[TcpProxy, list[str]]:
+    """The shards' URLs with shard-1's through a TCP proxy the test starts and stops
+    (`forward=False`: it accepts connections and never answers)."""
+    params = conninfo_to_dict(shard_map.shards[1].url)
+    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432),
+                     forward=forward).start()
+    listed = urls(shard_map)
+    listed[1] = database_url(make_conninfo(listed[1], host="127.0.0.1", port=proxy.port),
+                             str(params["dbname"]))
+    return proxy, listed
+
+
 def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
     shard_map: ShardMap, spawn: Callable[..., Daemon]
 ) -> None:
@@ -101,13 +113,8 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
 def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(
     shard_map: ShardMap, spawn: Callable[..., Daemon]
 ) -> None:
-    params = conninfo_to_dict(shard_map.shards[1].url)
-    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432),
-                     forward=False).start()  # accepts, then never answers
+    proxy, listed = proxied(shard_map, forward=False)  # accepts, then never answers
     try:
-        listed = urls(shard_map)
-        listed[1] = database_url(make_conninfo(listed[1], host="127.0.0.1", port=proxy.port),
-                                 str(params["dbname"]))
         port = free_port()
         exporter = spawn(listed, "metrics", "--port", str(port), "--scrape-timeout", "1",
                          "--cache-seconds", "0")
@@ -126,13 +133,8 @@ def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(
 def test_a_refusing_shard_costs_a_scrape_nothing_and_is_up_on_the_first_scrape_back(
     shard_map: ShardMap, spawn: Callable[..., Daemon]
 ) -> None:
-    params = conninfo_to_dict(shard_map.shards[1].url)
-    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"),
-                     int(params.get("port") or 5432)).start()
+    proxy, listed = proxied(shard_map, forward=True)
     try:
-        listed = urls(shard_map)
-        listed[1] = database_url(make_conninfo(listed[1], host="127.0.0.1", port=proxy.port),
-                                 str(params["dbname"]))
         port = free_port()
         exporter = spawn(listed, "metrics", "--port", str(port), "--scrape-timeout", "10",
                          "--cache-seconds", "0")

@@ -23,7 +23,7 @@ from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for, new_execution_id
 
-from ..support import Daemon, free_port, wait_until
+from ..support import Daemon, free_port, wait_for_health, wait_until
 
 pytestmark = pytest.mark.slow
 TOKEN = "sq_outage-token"
@@ -70,14 +70,7 @@ def site(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
                       str(tokens)])
     server.wait_for("shardq API on")
     base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{base}/api/shardq/healthz", timeout=5).status_code == 503
-        except httpx.TransportError:
-            return False
-
-    wait_until(answers, timeout=30, what="the API to answer")
+    wait_for_health(base, 503)
     with httpx.Client(base_url=base, timeout=30) as http:
         yield Site(http, secrets, key)
 

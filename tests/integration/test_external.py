@@ -151,13 +151,7 @@ def test_a_bad_signal_in_a_fan_out_sends_none_of_them(
     client: Client, start_worker: StartWorker
 ) -> None:
     start_worker(registry)
-    target = client.start("receiver", key_on(client.map, 0, "receiver", "bad-t"))
-    sender = client.start("fan_out_bad", key_on(client.map, 0, "fan_out_bad", "b"),
-                          {"target": str(target.execution_id)})
-    done = client.wait(sender.execution_id, timeout=10)
-    assert done.state is State.FAILED
-    assert "not JSON" in str(done.error), done.error
-    assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]
+    _sender_fails_sending_nothing(client, "fan_out_bad", "not JSON")
 
 
 HOSTILE: dict[str, tuple[Callable[[str], list[SignalRequest]], str]] = {
@@ -206,10 +200,16 @@ def test_a_worker_s_limits_bound_what_its_runs_send(
 ) -> None:
     """The limits a worker is given bound ctx.signal_external as a Client's bound signal."""
     start_worker(registry, limits=Limits(max_payload_bytes=100))
-    target = client.start("receiver", key_on(client.map, 0, "receiver", "lim-t"))
-    sender = client.start("send_big", key_on(client.map, 0, "send_big", "lim-s"),
+    _sender_fails_sending_nothing(client, "send_big", "at most 100 (Limits.max_payload_bytes)")
+
+
+def _sender_fails_sending_nothing(client: Client, workflow: str, says: str) -> None:
+    """A run of `workflow` told to signal a parked run of its shard fails saying `says`,
+    and no signal was stored."""
+    target = client.start("receiver", key_on(client.map, 0, "receiver", f"{workflow}-t"))
+    sender = client.start(workflow, key_on(client.map, 0, workflow, f"{workflow}-s"),
                           {"target": str(target.execution_id)})
     done = client.wait(sender.execution_id, timeout=10)
     assert done.state is State.FAILED
-    assert "at most 100 (Limits.max_payload_bytes)" in str(done.error), done.error
+    assert says in str(done.error), done.error
     assert all_rows(client.map, "SELECT count(*) FROM shardq.signals") == [(0,), (0,)]

@@ -7,7 +7,6 @@ batch) must only retry the rows it concerns.
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 from psycopg import errors
 
@@ -41,10 +40,3 @@ def test_an_error_takes_the_shard_down_only_when_it_speaks_of_the_shard(
 ) -> None:
     assert shard_level(error) is down
 
-
-def test_every_case_is_an_error_the_relay_can_meet() -> None:
-    # Guard against a table of classes the relay never sees: each is one of its
-    # transient errors or a refusal.
-    for _, error, _ in CASES:
-        assert isinstance(error, (ShardUnavailable, StoreConflict, StoreRejected, OSError,
-                                  psycopg.Error))

@@ -114,9 +114,8 @@ class Client:
         and raises MapMismatch or SchemaBehind, so a misconfigured process
         refuses to start.
         """
-        if verify:
-            verify_shards(shard_map)
-        pools = ShardPools(shard_map).open()
+        checked = verify_shards(shard_map) if verify else []
+        pools = ShardPools(shard_map, verified=[s.shard for s in checked if s.reachable]).open()
         client = cls(Store(pools), registry, limits=limits)
         client._owned = pools
         return client

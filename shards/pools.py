@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -129,7 +129,7 @@ class ShardPools:
     def __init__(
         self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq",
         probe: bool = False, options: str | None = None, verify: Verifier | None = None,
-        on_fatal: Callable[[ShardqError], None] | None = None,
+        on_fatal: Callable[[ShardqError], None] | None = None, verified: Iterable[Shard] = (),
     ) -> None:
         self.map = shard_map
         self._timeout = timeout
@@ -139,7 +139,9 @@ class ShardPools:
         self._verify = verify if verify is not None else _default_verifier()
         self._on_fatal = on_fatal
         self._fatal: ShardqError | None = None
-        self._verified: set[str] = set()
+        # Shards the caller checked just before (shards.migrations.verify_shards at
+        # a process's start): not checked a second time on first use.
+        self._verified: set[str] = {shard.name for shard in verified}
         self._opened: set[str] = set()
         self._closed = False
         self._locks = {shard.name: threading.Lock() for shard in shard_map.shards}
@@ -198,7 +200,8 @@ class ShardPools:
         """A pooled autocommit connection to `shard`."""
         if self._fatal is not None:
             raise self._fatal
-        if shard.name in self._down or shard.name not in self._verified:
+        if (shard.name in self._down or shard.name not in self._verified
+                or (self._probe and shard.name not in self._opened)):
             self._reach(shard)
         try:
             with self._pools[shard.name].connection() as conn:
@@ -216,7 +219,8 @@ class ShardPools:
             down = self._down.get(shard.name)
             if down is not None and time.monotonic() < down[1]:
                 raise down[0]
-            if down is None and shard.name in self._verified:
+            opening = self._probe and shard.name not in self._opened
+            if down is None and shard.name in self._verified and not opening:
                 return  # another thread reached it meanwhile
             try:
                 if shard.name not in self._verified:

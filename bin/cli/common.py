@@ -290,8 +290,9 @@ def open_client(settings: Settings, registry: Registry | None = None) -> Iterato
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()
-        verify_shards(shard_map)
-        pools = ShardPools(shard_map, probe=True).open()
+        checked = verify_shards(shard_map)
+        pools = ShardPools(shard_map, probe=True,
+                           verified=[s.shard for s in checked if s.reachable]).open()
         try:
             # Commands that start nothing need no workflow definitions.
             yield Client(Store(pools), registry or Registry())

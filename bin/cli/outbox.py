@@ -68,7 +68,8 @@ def outbox_relay(
         shard_map = settings.shard_map()
         sources = shard_map.named(list(only)) if only else list(shard_map.shards)
         # Every shard may be a target: all of them must have this release's schema.
-        for status in verify_shards(shard_map):
+        checked = verify_shards(shard_map)
+        for status in checked:
             if not status.reachable:
                 log.error("shard unreachable at start; relaying for the others and retrying it",
                           extra={"shard": status.shard.name, "error": status.problem})
@@ -86,7 +87,8 @@ def outbox_relay(
     pools = ShardPools(shard_map, timeout=2.0, application_name="shardq-relay",
                        options="-c idle_in_transaction_session_timeout=60s "
                                "-c statement_timeout=30s",
-                       on_fatal=lambda _: stop.set()).open()
+                       on_fatal=lambda _: stop.set(),
+                       verified=[s.shard for s in checked if s.reachable]).open()
     relay = Relay(Store(pools), sources=sources, config=config).start()
     click.echo(f"outbox relay serving {', '.join(s.name for s in sources)}", err=True)
     stop.wait()

@@ -59,7 +59,8 @@ def worker(
         shard_map = settings.shard_map()
         served = shard_map.named(list(only)) if only else list(shard_map.shards)
         registry = load_registry(app)
-        for status in verify_shards(shard_map, served):
+        checked = verify_shards(shard_map, served)
+        for status in checked:
             if not status.reachable:
                 log.error("shard unreachable at start; serving the others and retrying it",
                           extra={"shard": status.shard.name, "error": status.problem})
@@ -78,7 +79,8 @@ def worker(
     # A statement stuck behind a lock, or on a shard too slow to be of use,
     # gives up and is retried, rather than holding a turn thread for good.
     pools = ShardPools(shard_map, options="-c statement_timeout=60s",
-                       on_fatal=lambda _: stop.set()).open()
+                       on_fatal=lambda _: stop.set(),
+                       verified=[s.shard for s in checked if s.reachable]).open()
     running = Worker(Store(pools), registry, shards=served, config=config).start()
     click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
     stop.wait()

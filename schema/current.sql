@@ -136,7 +136,7 @@ ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_layout_check CHECK ((jso
 ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_pkey PRIMARY KEY (version);
 ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_version_check CHECK ((version > 0));
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_idempotency_key_check CHECK ((idempotency_key <> ''::text));
-ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (id);
+ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (execution_id, id);
 ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
@@ -173,6 +173,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.fence(ids uuid[])
+--   RETURNS void
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE

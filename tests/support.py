@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -289,3 +290,15 @@ def key_on(shard_map: ShardMap, index: int, workflow: str, prefix: str,
            *, tenant: str = "default") -> str:
     """One workflow id `<prefix>-<n>` whose run of `workflow` lives on shard `index`."""
     return keys_on(shard_map, index, workflow, prefix, 1, tenant=tenant)[0]
+
+
+def schema_before(schema: Path, into: Path, version: int, functions: Sequence[str]) -> Path:
+    """A copy of the schema folder as it was before migration `version`: the later
+    migrations and the named function files (those they brought) left out."""
+    shutil.copytree(schema, into)
+    for later in into.glob("[0-9][0-9][0-9][0-9]_*.sql"):
+        if int(later.name[:4]) >= version:
+            later.unlink()
+    for name in functions:
+        (into / "functions" / f"{name}.sql").unlink()
+    return into

@@ -215,8 +215,7 @@ BEGIN
     IF cardinality(s_ids) > 0 THEN
         UPDATE shardq.signals s
         SET consumed_at = now(), consumed_position = s_positions[array_position(s_ids, s.id)]
-        WHERE s.id = ANY(s_ids) AND s.consumed_at IS NULL
-          AND (all_fenced OR s.execution_id = ANY(fenced));
+        WHERE s.execution_id = ANY(fenced) AND s.id = ANY(s_ids) AND s.consumed_at IS NULL;
     END IF;
 
     -- Task rows last: until here they carry the lease token the fence matched.

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import random
-import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from shardq.shards.migrations import load_schema, migrate
 from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
 
 from ..schema_picture import describe
-from ..support import ROOT, rows
+from ..support import ROOT, rows, schema_before
 
 Fresh = Callable[[int], list[str]]
 SECRET = "s3cret-pw"
@@ -149,10 +148,7 @@ def test_a_deployment_from_before_map_versions_gets_version_1_from_its_record(
     fresh_databases: Fresh, tmp_path: Path
 ) -> None:
     plain = fresh_databases(2)
-    before = tmp_path / "schema"
-    shutil.copytree(ROOT / "schema", before)
-    (before / "0014_map_versions.sql").unlink()
-    (before / "functions" / "bucket.sql").unlink()
+    before = schema_before(ROOT / "schema", tmp_path / "schema", 14, ["bucket", "fence"])
     urls = [_with_password(url) for url in plain]
     # Named and ranged by a file: version 1 must carry the recorded names, not shard-N.
     shard_map = ShardMap.from_document({"shards": [
@@ -163,7 +159,7 @@ def test_a_deployment_from_before_map_versions_gets_version_1_from_its_record(
     assert rows(plain[0], "SELECT to_regclass('shardq.ownership')") == [(None,)]
 
     results = migrate(shard_map)
-    assert [(r.applied, r.functions) for r in results] == [([14], ["bucket"])] * 2
+    assert [(r.applied[0], r.functions) for r in results] == [(14, ["bucket", "fence"])] * 2
     recorded = [_recorded(url) for url in plain]
     assert [r["maps"] for r in recorded] == [[{"version": 1, "layout": {
         "buckets": BUCKETS, "home": "eu",

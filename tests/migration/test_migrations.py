@@ -25,7 +25,7 @@ from shardq.shards.migrations import CURRENT_SCHEMA_FILE, check_shard, load_sche
 from shardq.shards.routing import new_execution_id
 
 from ..schema_picture import describe
-from ..support import ROOT, rows, run_cli
+from ..support import ROOT, rows, run_cli, schema_before
 
 Fresh = Callable[[int], list[str]]
 
@@ -400,12 +400,8 @@ def test_a_shard_from_before_the_wrappers_retired_ends_with_exactly_the_current_
 ) -> None:
     """A function whose file is gone stays on a shard until a migration drops it."""
     (url, fresh_url) = fresh_databases(2)
-    before = tmp_path / "schema"
-    shutil.copytree(ROOT / "schema", before)
-    (before / "0013_retire_signal_wrappers.sql").unlink()
-    (before / "0014_map_versions.sql").unlink()
-    (before / "functions" / "signal_refusal.sql").unlink()
-    (before / "functions" / "bucket.sql").unlink()
+    before = schema_before(ROOT / "schema", tmp_path / "schema", 13,
+                           ["signal_refusal", "bucket", "fence"])
     for name, sql in _BEFORE_0013.items():
         (before / "functions" / f"{name}.sql").write_text(sql)
     shard_map = ShardMap.from_urls([url])
@@ -414,8 +410,8 @@ def test_a_shard_from_before_the_wrappers_retired_ends_with_exactly_the_current_
 
     schema = load_schema()
     (result,) = migrate(shard_map, schema=schema)
-    assert result.applied == [13, 14]
-    assert sorted(result.functions) == ["bucket", "deliver_signals", "signal_refusal",
+    assert result.applied == list(range(13, schema.version + 1))
+    assert sorted(result.functions) == ["bucket", "deliver_signals", "fence", "signal_refusal",
                                         "signal_with_start_v2"]
     migrate(ShardMap.from_urls([fresh_url]))
     assert _functions(url) == _functions(fresh_url)

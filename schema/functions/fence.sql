@@ -1,0 +1,50 @@
+-- The fence of a write (growing; docs/design/growing.md, section 3.3): raise
+-- unless every id's bucket is writable on this shard, so the caller's whole
+-- transaction rolls back and nothing of it is stored. Only this shard's own
+-- ownership row decides, in the writing transaction: no process's map is
+-- trusted with it.
+--
+-- Call it after the transaction's first write (or row lock), as a statement
+-- of its own. The write gave the transaction its xid, and this statement's
+-- snapshot is newer than that xid. That is what a move's freeze relies on: a
+-- writer either had its xid when the freeze committed, and the mover waits for
+-- it to end before it copies, or it reads the freeze here and is refused.
+--
+-- Refusals, each with a JSON detail {"bucket", "map_version", "move", "target"}:
+--   SQ001 fenced:    the bucket is owned here but frozen by a move: retry soon.
+--   SQ002 not_owner: the bucket belongs to another shard: read the map version
+--                    named (it is in shardq.shard_maps here) and go there.
+-- A shard with no ownership row was migrated by a release before map versions:
+-- it owns what its map says, as before.
+CREATE OR REPLACE FUNCTION shardq.fence(ids uuid[]) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    own    shardq.ownership;
+    bucket integer;
+BEGIN
+    SELECT * INTO own FROM shardq.ownership;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT b INTO bucket
+    FROM unnest(ids) AS i(id), LATERAL (SELECT shardq.bucket(i.id) AS b) AS x
+    WHERE get_bit(own.writable, x.b) = 0
+    LIMIT 1;
+    IF bucket IS NULL THEN
+        RETURN;
+    END IF;
+    IF get_bit(own.owned, bucket) = 1 THEN
+        RAISE EXCEPTION 'bucket % is frozen by move % to %', bucket, own.fence_move,
+            own.fence_target
+            USING ERRCODE = 'SQ001',
+                  DETAIL = json_build_object('bucket', bucket, 'map_version', own.map_version,
+                                             'move', own.fence_move,
+                                             'target', own.fence_target)::text;
+    END IF;
+    RAISE EXCEPTION 'bucket % is not owned by this shard (map version %)', bucket,
+        own.map_version
+        USING ERRCODE = 'SQ002',
+              DETAIL = json_build_object('bucket', bucket, 'map_version', own.map_version,
+                                         'move', NULL, 'target', NULL)::text;
+END
+$$;

@@ -6,6 +6,13 @@
 -- How it came to be: the numbered files beside it. Function bodies:
 -- schema/functions/.
 
+CREATE TABLE shardq.applied_batches (
+    move_id bigint NOT NULL,
+    batch integer NOT NULL,
+    map_version bigint NOT NULL,
+    switched_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
 CREATE TABLE shardq.executions (
     id uuid NOT NULL,
     tenant text NOT NULL,
@@ -25,6 +32,37 @@ CREATE TABLE shardq.history (
     name text NOT NULL,
     payload jsonb NOT NULL DEFAULT '{}'::jsonb,
     recorded_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
+CREATE TABLE shardq.move_batches (
+    move_id bigint NOT NULL,
+    batch integer NOT NULL,
+    first_bucket smallint NOT NULL,
+    last_bucket smallint NOT NULL,
+    phase text NOT NULL,
+    planned_runs integer NOT NULL,
+    planned_rows bigint NOT NULL,
+    runs integer,
+    rows_copied bigint,
+    paused_ms integer,
+    map_version bigint,
+    released_at timestamp with time zone
+);
+
+CREATE TABLE shardq.moves (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    first_bucket smallint NOT NULL,
+    last_bucket smallint NOT NULL,
+    source text NOT NULL,
+    target text NOT NULL,
+    phase text NOT NULL,
+    from_version bigint NOT NULL,
+    max_batch_runs integer NOT NULL,
+    max_batch_rows integer NOT NULL,
+    grace_s double precision NOT NULL,
+    started_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    finished_at timestamp with time zone
 );
 
 CREATE TABLE shardq.outbox (
@@ -117,9 +155,23 @@ CREATE TABLE shardq.waits (
     request jsonb
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=90);
 
+ALTER TABLE shardq.applied_batches ADD CONSTRAINT applied_batches_pkey PRIMARY KEY (move_id, batch);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_workflow_key UNIQUE (tenant, workflow_name, workflow_id);
 ALTER TABLE shardq.history ADD CONSTRAINT history_pkey PRIMARY KEY (execution_id, seq);
+ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_batch_check CHECK ((batch >= 0));
+ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_check CHECK ((first_bucket <= last_bucket));
+ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_move_id_fkey FOREIGN KEY (move_id) REFERENCES shardq.moves(id);
+ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_phase_check CHECK ((phase = ANY (ARRAY['planned'::text, 'fenced'::text, 'switched'::text, 'released'::text, 'cleaned'::text, 'rolled_back'::text])));
+ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_pkey PRIMARY KEY (move_id, batch);
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_check CHECK (((last_bucket >= first_bucket) AND (last_bucket <= 4095)));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_check1 CHECK ((target <> source));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_first_bucket_check CHECK (((first_bucket >= 0) AND (first_bucket <= 4095)));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_grace_s_check CHECK ((grace_s >= (0)::double precision));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_max_batch_rows_check CHECK ((max_batch_rows > 0));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_max_batch_runs_check CHECK ((max_batch_runs > 0));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_phase_check CHECK ((phase = ANY (ARRAY['moving'::text, 'cleaning'::text, 'done'::text, 'aborted'::text])));
+ALTER TABLE shardq.moves ADD CONSTRAINT moves_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_idempotency_key_check CHECK ((idempotency_key <> ''::text));
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.outbox ADD CONSTRAINT outbox_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])));
@@ -143,6 +195,7 @@ ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
 CREATE INDEX history_finished ON shardq.history USING btree (recorded_at) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
+CREATE UNIQUE INDEX moves_unfinished ON shardq.moves USING btree ((true)) WHERE (phase = ANY (ARRAY['moving'::text, 'cleaning'::text]));
 CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'failed'::text);
 CREATE INDEX outbox_pair ON shardq.outbox USING btree (source_execution_id, target_execution_id, id) WHERE (state = 'pending'::text);
@@ -193,6 +246,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)
 --   RETURNS TABLE(execution_id uuid, kind text, name text, started_at timestamp with time zone, deadline timestamp with time zone)
+--   LANGUAGE sql STABLE
+-- FUNCTION shardq.unclean_writable()
+--   RETURNS bit
 --   LANGUAGE sql STABLE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text

@@ -1,0 +1,675 @@
+"""The mover: moves a bucket range from the shard that owns it to another, online.
+
+Per batch of whole buckets (docs/design/growing.md, section 4; decision 4 of
+the session's brief):
+
+- F1 freeze, on the source A: clear the batch's `writable` bits (it stays
+  `owned`), `unclean`, `fence_move`, `fence_target`. From here on a write to
+  the batch's runs is refused by shardq.fence (SQ001, retry soon).
+- F2 wait until every transaction of A's database that held an xid when F1
+  committed has ended: those may have read the fence before F1 and still
+  write. Bounded by `fence_wait_s`; on timeout unfreeze, back off, retry.
+- S1 the switch, one transaction on the target B: binary COPY of the batch's
+  rows from one REPEATABLE READ READ ONLY snapshot of A, B's sequences past
+  the copied ids, the bits in B's `owned` and `writable`, map version N+1 on B,
+  and the row in B's `applied_batches`. B owns the batch iff that row committed.
+- R release, on A: clear the `owned` bits, version N+1; then home and every
+  other shard get version N+1 (the others best effort).
+- C cleanup, after a grace period: A's rows of the batch deleted in small
+  transactions, then `unclean` cleared once nothing frozen or foreign is left.
+
+Journal first, then act, on the home shard (moves, move_batches); every step is
+re-entrant and a re-run decides from the shards' own state: `applied_batches`
+on B, the bits on A. Only one mover runs per deployment: it holds a session
+advisory lock on home for its whole run.
+
+Crash hooks for tests: SHARDQ_MOVE_CRASH_AT=<point>[@<batch>] SIGKILLs the
+process at that point (of batch 0 unless a batch is named); see CRASH_POINTS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import IsolationLevel
+
+from shardq.moves.plan import (
+    Batch,
+    Layout,
+    PlannedMove,
+    bits,
+    check_layout,
+    describe_ranges,
+    owners,
+    plan_batches,
+    plan_rebalance,
+    reassign,
+    shard_names,
+)
+from shardq.shards.config import Shard, ShardMap, without_password
+from shardq.shards.errors import ConfigError, SchemaBehind, ShardqError, ShardUnavailable
+from shardq.shards.pools import DictConnection, connect
+from shardq.shards.sqlfile import load_queries
+
+log = logging.getLogger(__name__)
+
+SQL = load_queries("shardq.moves", "queries.sql")
+# "shardqmv" as a number, so the lock is recognisable in pg_locks.
+MOVER_LOCK_KEY = int.from_bytes(b"shardqmv", "big") & 0x7FFF_FFFF_FFFF_FFFF
+CRASH_ENV = "SHARDQ_MOVE_CRASH_AT"
+CRASH_POINTS = {
+    "plan": "the move and its batches journaled, nothing frozen",
+    "freeze": "F1 committed on the source, the journal still says planned",
+    "fenced": "F2 over and journaled; nothing copied",
+    "copy": "S1 in flight: executions and history copied, the target's transaction open",
+    "switch": "S1 complete but not committed",
+    "switched": "S1 committed on the target, the journal still says fenced",
+    "release": "R committed on the source; home and the other shards lack the version",
+    "released": "R journaled; cleanup not started",
+    "clean": "C in flight: one chunk of the source's rows deleted",
+    "cleaned": "C journaled for the batch; the move not yet done",
+}
+"""Where SHARDQ_MOVE_CRASH_AT can kill the mover, and the state it leaves."""
+TABLES = ("executions", "history", "signals", "waits", "tasks", "outbox")
+CLEAN_CHUNK = 500
+ORPHAN_WAIT_S = 5.0
+
+
+class MoveRunning(ShardqError):
+    """Another move holds the mover's lock, or is unfinished (resume or abort it first)."""
+
+
+@dataclass(frozen=True)
+class MoveOptions:
+    max_batch_runs: int = 1000
+    max_batch_rows: int = 50_000
+    fence_wait_s: float = 1.0
+    fence_retries: int = 10
+    grace_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_runs <= 0 or self.max_batch_rows <= 0:
+            raise ConfigError("batch sizes must be positive (--batch-runs, --batch-rows)")
+        if not 0 <= self.grace_s <= 1e9 or not 0 < self.fence_wait_s <= 3600:
+            raise ConfigError("--grace must be >= 0 and --fence-wait > 0 seconds")
+
+
+@dataclass
+class BatchResult:
+    batch: int
+    first: int
+    last: int
+    phase: str
+    runs: int | None = None
+    rows: int | None = None
+    paused_ms: int | None = None
+    map_version: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "buckets": [self.first, self.last], "phase": self.phase,
+                "runs": self.runs, "rows": self.rows, "paused_ms": self.paused_ms,
+                "map_version": self.map_version}
+
+
+@dataclass
+class MoveResult:
+    move: int
+    first: int
+    last: int
+    source: str
+    target: str
+    phase: str
+    batches: list[BatchResult] = field(default_factory=list)
+    seconds: float = 0.0
+    map_version: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        runs = sum(b.runs or 0 for b in self.batches)
+        pauses = [b.paused_ms for b in self.batches if b.paused_ms is not None]
+        return {
+            "move": self.move, "buckets": [self.first, self.last], "source": self.source,
+            "target": self.target, "phase": self.phase, "map_version": self.map_version,
+            "runs_moved": runs, "seconds": round(self.seconds, 3),
+            "runs_per_second": round(runs / self.seconds, 1) if self.seconds > 0 else None,
+            "max_pause_ms": max(pauses, default=None),
+            "batches": [b.as_dict() for b in self.batches],
+        }
+
+
+def crash_point(point: str, batch: int) -> None:
+    """SIGKILL this process if SHARDQ_MOVE_CRASH_AT names this point (and batch)."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    name, _, at = wanted.partition("@")
+    if name == point and int(at or 0) == batch:
+        log.warning("crash hook: killing the mover at %s of batch %d", point, batch)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- the deployment as the shards record it ------------------------------------------
+
+
+class Deployment:
+    """The newest map the seeds hold, and a way to reach each shard it names."""
+
+    def __init__(self, seeds: ShardMap, version: int, layout: Layout) -> None:
+        self.seeds = seeds
+        self.version = version
+        self.layout = layout
+
+    @classmethod
+    def load(cls, seeds: ShardMap) -> Deployment:
+        best: tuple[int, Layout] | None = None
+        errors = []
+        for seed in seeds.shards:
+            try:
+                with connect(seed, autocommit=True) as conn:
+                    row = conn.execute(SQL["newest_map"]).fetchone()
+            except ShardUnavailable as exc:
+                errors.append(str(exc))
+                continue
+            except psycopg.errors.UndefinedTable:
+                raise SchemaBehind(f"{seed.label}: no map versions: run `shardq migrate`") from None
+            if row is not None and (best is None or row["version"] > best[0]):
+                best = (int(row["version"]), json.loads(row["layout"]))
+        if best is None:
+            raise ShardUnavailable("no seed shard answered with a map: " + "; ".join(errors)
+                                   if errors else "no seed shard holds a map version")
+        check_layout(best[1])
+        return cls(seeds, *best)
+
+    @property
+    def home(self) -> str:
+        return str(self.layout["home"])
+
+    @property
+    def names(self) -> list[str]:
+        return shard_names(self.layout)
+
+    def shard(self, name: str) -> Shard:
+        """The shard `name` of the map, with the seeds' credentials for its host."""
+        entry = next((s for s in self.layout["shards"] if s["name"] == name), None)
+        if entry is None:
+            raise ConfigError(f"unknown shard {name!r}: the map has {', '.join(self.names)}")
+        url = str(entry["url"])
+        index = self.names.index(name)
+        for seed in self.seeds.shards:
+            if seed.name == name and without_password(seed.url) == url:
+                return seed
+        # Only the name and URL of a Shard serve a direct connection; a seed's
+        # other fields stand in, whatever shape the configured map has.
+        return dataclasses.replace(self.seeds.shards[0], index=index, name=name,
+                                   url=_with_credentials(url, self.seeds))
+
+    def connect(self, name: str, *, autocommit: bool = True) -> DictConnection:
+        return connect(self.shard(name), autocommit=autocommit)
+
+    def refresh(self, conns: dict[str, DictConnection]) -> None:
+        """Take the newest version any of these shards holds."""
+        for conn in conns.values():
+            row = conn.execute(SQL["newest_map"]).fetchone()
+            if row is not None and row["version"] > self.version:
+                self.version, self.layout = int(row["version"]), json.loads(row["layout"])
+
+
+def _with_credentials(url: str, seeds: ShardMap) -> str:
+    parts = urlsplit(url)
+    if parts.password is not None:
+        return url
+    for seed in seeds.shards:
+        s = urlsplit(seed.url)
+        if (s.hostname, s.port) == (parts.hostname, parts.port) and s.password is not None:
+            user = parts.username or s.username or ""
+            host = parts.netloc.rpartition("@")[2]
+            return urlunsplit(parts._replace(netloc=f"{user}:{s.password}@{host}"))
+    return url
+
+
+# -- the mover ------------------------------------------------------------------------
+
+
+@contextmanager
+def mover_lock(dep: Deployment) -> Iterator[DictConnection]:
+    """A connection to home holding the mover's lock; MoveRunning when another has it."""
+    conn = dep.connect(dep.home)
+    try:
+        conn.execute(SQL["set_name"], {"name": "shardq-mover"})
+        taken = conn.execute(SQL["take_mover_lock"], {"key": MOVER_LOCK_KEY}).fetchone()
+        if not (taken and taken["taken"]):
+            holder = conn.execute(SQL["mover_lock_holder"], {
+                "high": MOVER_LOCK_KEY >> 32, "low": MOVER_LOCK_KEY & 0xFFFF_FFFF,
+            }).fetchone()
+            running = conn.execute(SQL["unfinished_move"]).fetchone()
+            what = (f"move {running['id']} (buckets {running['first_bucket']}-"
+                    f"{running['last_bucket']} from {running['source']} to {running['target']}, "
+                    f"{running['phase']})" if running else "a mover")
+            who = (f" by pid {holder['pid']} on {holder['host']} since "
+                   f"{holder['backend_start']:%Y-%m-%d %H:%M:%S}" if holder else "")
+            raise MoveRunning(f"another move is running: {what}{who}")
+        yield conn
+    finally:
+        conn.close()
+
+
+class Mover:
+    """Runs, resumes or aborts one move, under the mover's lock on home."""
+
+    def __init__(self, dep: Deployment, home: DictConnection, options: MoveOptions,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.dep = dep
+        self.home = home
+        self.options = options
+        self.progress = progress or (lambda _line: None)
+        self._conns: dict[str, DictConnection] = {}
+        self.source = self.target = ""
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+    def conn(self, name: str) -> DictConnection:
+        """A direct autocommit connection to shard `name`, kept for the mover's run."""
+        if name == self.dep.home:
+            return self.home
+        found = self._conns.get(name)
+        if found is None or found.closed:
+            found = self._conns[name] = self.dep.connect(name)
+        return found
+
+    # -- starting ----------------------------------------------------------------
+
+    def start(self, first: int, last: int, target: str) -> int:
+        """Check and journal a new move; return its id."""
+        dep = self.dep
+        unfinished = self.home.execute(SQL["unfinished_move"]).fetchone()
+        if unfinished is not None:
+            same = (unfinished["first_bucket"], unfinished["last_bucket"],
+                    unfinished["target"]) == (first, last, target)
+            if same:
+                return int(unfinished["id"])
+            raise MoveRunning(
+                f"move {unfinished['id']} (buckets {unfinished['first_bucket']}-"
+                f"{unfinished['last_bucket']} from {unfinished['source']} to "
+                f"{unfinished['target']}) is unfinished: run `shardq shards move --resume` "
+                "or `--abort` first")
+        dep.refresh({"home": self.home})
+        if target not in dep.names:
+            raise ConfigError(f"unknown shard {target!r}: the map (version {dep.version}) has "
+                              f"{', '.join(dep.names)}")
+        parts = owners(dep.layout, first, last)
+        if len(parts) > 1:
+            listed = "; ".join(f"{a}-{b} on {who}" for a, b, who in parts)
+            raise ConfigError(f"buckets {first}-{last} span {len(parts)} owners ({listed}): "
+                              "move each part on its own")
+        source = parts[0][2]
+        if source == target:
+            raise ConfigError(f"{target} already owns buckets {first}-{last} "
+                              f"(it owns {describe_ranges(dep.layout, target)})")
+        src, dst = self.conn(source), self.conn(target)
+        own = src.execute(SQL["ownership"]).fetchone()
+        if own is None or own["owned"][first:last + 1] != "1" * (last - first + 1):
+            raise ConfigError(f"{source} does not own all of buckets {first}-{last} by its "
+                              "own record: its ownership disagrees with the map")
+        versions = {n: c.execute(SQL["schema_version"]).fetchone() for n, c in
+                    ((source, src), (target, dst))}
+        have = {n: int(v["version"]) if v else 0 for n, v in versions.items()}
+        if have[source] != have[target]:
+            raise SchemaBehind(f"schema versions differ ({source} {have[source]}, {target} "
+                               f"{have[target]}): run `shardq migrate` on both first")
+        counts = {int(r["bucket"]): (int(r["runs"]), int(r["rows"])) for r in src.execute(
+            SQL["bucket_counts"], {"first": first, "last": last})}
+        batches = plan_batches(counts, first, last, self.options.max_batch_runs,
+                               self.options.max_batch_rows)
+        with self.home.transaction():
+            row = self.home.execute(SQL["insert_move"], {
+                "first": first, "last": last, "source": source, "target": target,
+                "from_version": dep.version, "max_runs": self.options.max_batch_runs,
+                "max_rows": self.options.max_batch_rows, "grace_s": self.options.grace_s,
+            }).fetchone()
+            assert row is not None
+            move = int(row["id"])
+            for i, b in enumerate(batches):
+                self.home.execute(SQL["insert_batch"], {
+                    "move": move, "batch": i, "first": b.first, "last": b.last,
+                    "runs": b.runs, "rows": b.rows})
+        self.progress(f"move {move}: buckets {first}-{last} from {source} to {target}, "
+                      f"{len(batches)} batch(es), {sum(b.runs for b in batches)} runs")
+        crash_point("plan", 0)
+        return move
+
+    # -- carrying a move out ------------------------------------------------------
+
+    def run(self, move: int, *, abort: bool = False) -> MoveResult:
+        """Finish (or roll back) the unfinished move `move`, from wherever it stopped."""
+        started = time.monotonic()
+        row = self.home.execute(SQL["move_by_id"], {"id": move}).fetchone()
+        assert row is not None
+        result = MoveResult(move, row["first_bucket"], row["last_bucket"], row["source"],
+                            row["target"], "moving")
+        grace = float(row["grace_s"])
+        self.source, self.target = str(row["source"]), str(row["target"])
+        source = self.source
+        for b in self._batches(move):
+            item = BatchResult(b["batch"], b["first_bucket"], b["last_bucket"], b["phase"],
+                               b["runs"], b["rows_copied"], b["paused_ms"], b["map_version"])
+            result.batches.append(item)
+            if b["phase"] in ("released", "cleaned", "rolled_back"):
+                continue
+            batch = Batch(item.first, item.last, b["planned_runs"], b["planned_rows"])
+            if abort:
+                self._roll_back(move, item, batch)
+            else:
+                self._move_batch(move, item, batch)
+        self._set_move(move, "cleaning")
+        for item, b in zip(result.batches, self._batches(move), strict=True):
+            if b["phase"] == "released":
+                self._clean(move, item, source, grace, b["released_s_ago"])
+        self.conn(source).execute(SQL["mark_clean"])
+        result.phase = "aborted" if abort else "done"
+        self._set_move(move, result.phase)
+        self.dep.refresh({"home": self.home})
+        result.map_version = self.dep.version
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _batches(self, move: int) -> list[dict[str, Any]]:
+        return list(self.home.execute(SQL["batches"], {"move": move}))
+
+    def _set_move(self, move: int, phase: str) -> None:
+        self.home.execute(SQL["set_move_phase"], {"move": move, "phase": phase})
+
+    def _journal(self, move: int, batch: int, phase: str) -> None:
+        self.home.execute(SQL["set_batch_phase"], {"move": move, "batch": batch, "phase": phase})
+
+    def _move_batch(self, move: int, item: BatchResult, batch: Batch) -> None:
+        target = self.target
+        version = self._applied(move, item.batch, target)
+        if version is None:
+            frozen_at = self._freeze(move, item.batch, batch)
+            self._journal(move, item.batch, "fenced")
+            item.phase = "fenced"
+            crash_point("fenced", item.batch)
+            version = self._switch(move, item, batch, frozen_at)
+            self.home.execute(SQL["batch_switched"], {
+                "move": move, "batch": item.batch, "runs": item.runs, "rows": item.rows,
+                "paused_ms": item.paused_ms, "version": version})
+        else:
+            self.home.execute(SQL["batch_switched_found"], {
+                "move": move, "batch": item.batch, "version": version})
+        item.phase, item.map_version = "switched", version
+        self._release(move, item, batch, version)
+
+    def _roll_back(self, move: int, item: BatchResult, batch: Batch) -> None:
+        source, target = self.source, self.target
+        version = self._applied(move, item.batch, target)
+        if version is not None:
+            # Switched: the target owns it, and a finished part of a move is a valid map.
+            item.map_version = version
+            self._release(move, item, batch, version)
+            return
+        self.conn(source).execute(SQL["unfreeze"], {"bits": bits(batch.first, batch.last)})
+        self._journal(move, item.batch, "rolled_back")
+        item.phase = "rolled_back"
+        self.progress(f"batch {item.batch} ({batch.first}-{batch.last}) rolled back: "
+                      f"{source} owns it")
+
+    # -- F1, F2 -------------------------------------------------------------------
+
+    def _freeze(self, move: int, number: int, batch: Batch) -> float:
+        """Freeze the batch on the source and wait out its writers; the freeze's time."""
+        source, target = self.source, self.target
+        src = self.conn(source)
+        mask = bits(batch.first, batch.last)
+        backoff = 0.05
+        for attempt in range(self.options.fence_retries + 1):
+            row = src.execute(SQL["freeze"], {"bits": mask, "move": move,
+                                              "target": target}).fetchone()
+            if row is None:
+                raise ShardqError(f"{source} no longer owns buckets {batch.first}-{batch.last} "
+                                  f"but {target} has no switch of batch {number} of move "
+                                  f"{move}: resolve by hand")
+            frozen_at = time.monotonic()
+            crash_point("freeze", number)
+            blocking = self._wait_for_writers(src)
+            if not blocking:
+                return frozen_at
+            src.execute(SQL["unfreeze"], {"bits": mask})
+            log.warning("writers outlived the fence wait on %s, unfrozen to retry: %s",
+                        source, ", ".join(f"pid {b['pid']} ({b['application_name']}, "
+                                          f"{b['age_s']:.1f} s)" for b in blocking))
+            if attempt < self.options.fence_retries:
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        raise ShardUnavailable(f"{source}: transactions kept writing past the fence wait "
+                               f"({self.options.fence_wait_s:g} s, {self.options.fence_retries}"
+                               " retries): the move stopped with nothing frozen; resume later")
+
+    def _wait_for_writers(self, src: DictConnection) -> list[dict[str, Any]]:
+        """Wait until every transaction holding an xid now has ended; those left at the bound."""
+        writers = list(src.execute(SQL["writers"]))
+        if not writers:
+            return []
+        params = {"pids": [w["pid"] for w in writers], "xids": [w["xid"] for w in writers]}
+        deadline = time.monotonic() + self.options.fence_wait_s
+        while True:
+            left = list(src.execute(SQL["writers_left"], params))
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.005)
+
+    # -- S1 -----------------------------------------------------------------------
+
+    def _applied(self, move: int, batch: int, target: str) -> int | None:
+        """The version batch `batch` switched to on the target, None if it did not.
+
+        Waits first for a switch of that batch still running in an orphaned
+        backend (a killed mover's), ending it after ORPHAN_WAIT_S.
+        """
+        dst = self.dep.connect(target, autocommit=False)
+        try:
+            key = {"move": move, "batch": batch}
+            deadline = time.monotonic() + ORPHAN_WAIT_S
+            with dst.transaction():
+                while True:
+                    got = dst.execute(SQL["try_switch_lock"], key).fetchone()
+                    if got and got["taken"]:
+                        break
+                    if time.monotonic() > deadline:
+                        with dst.transaction():
+                            dst.execute(SQL["orphans"], {"name": _switch_name(move, batch)})
+                        dst.execute(SQL["switch_lock"], key)
+                        break
+                    time.sleep(0.05)
+                row = dst.execute(SQL["applied"], key).fetchone()
+            return int(row["map_version"]) if row else None
+        finally:
+            dst.close()
+
+    def _next_version(self, *names: str) -> tuple[int, Layout]:
+        conns = {n: self.conn(n) for n in (self.dep.home, *names)}
+        self.dep.refresh(conns)
+        return self.dep.version + 1, self.dep.layout
+
+    def _switch(self, move: int, item: BatchResult, batch: Batch, frozen_at: float) -> int:
+        source, target = self.source, self.target
+        version, layout = self._next_version(source, target)
+        new_layout = reassign(layout, batch.first, batch.last, target)
+        mask = bits(batch.first, batch.last)
+        dst = self.dep.connect(target, autocommit=False)
+        src = self.dep.connect(source, autocommit=False)
+        src.isolation_level = IsolationLevel.REPEATABLE_READ
+        src.read_only = True
+        key = {"move": move, "batch": item.batch}
+        try:
+            with dst.transaction():
+                dst.execute(SQL["set_name"], {"name": _switch_name(move, item.batch)})
+                dst.execute(SQL["switch_lock"], key)
+                if dst.execute(SQL["applied"], key).fetchone() is not None:
+                    raise ShardqError(f"batch {item.batch} of move {move} switched under us")
+                own = dst.execute(SQL["ownership"]).fetchone()
+                if own is not None and own["unclean"]:
+                    self._delete_range(dst, batch, chunked=False)
+                with src.transaction():
+                    ids = [r["id"] for r in src.execute(SQL["batch_runs"], {
+                        "first": batch.first, "last": batch.last})]
+                    maxima = src.execute(SQL["batch_maxima"], {"ids": ids}).fetchone()
+                    assert maxima is not None
+                    rows = 0
+                    for table in TABLES:
+                        rows += _copy(src, dst, table, ids)
+                        if table == "history":
+                            crash_point("copy", item.batch)
+                if maxima["history_seq"] is not None:
+                    dst.execute(SQL["advance_history_seq"], {"max": maxima["history_seq"]})
+                if maxima["signal_id"] is not None:
+                    dst.execute(SQL["advance_signal_id"], {"max": maxima["signal_id"]})
+                dst.execute(SQL["add_map"], {"version": version,
+                                             "layout": json.dumps(new_layout)})
+                dst.execute(SQL["take_ownership"], {"bits": mask, "version": version})
+                dst.execute(SQL["record_applied"], {**key, "version": version})
+                dst.execute(SQL["notify_map"], {"version": version})
+                crash_point("switch", item.batch)
+            item.paused_ms = round((time.monotonic() - frozen_at) * 1000)
+            item.runs, item.rows = len(ids), rows
+            crash_point("switched", item.batch)
+        finally:
+            dst.close()
+            src.close()
+        self.progress(f"batch {item.batch} ({batch.first}-{batch.last}): {len(ids)} runs, "
+                      f"{rows} rows switched to {target} as version {version}, paused "
+                      f"{item.paused_ms} ms")
+        return version
+
+    def _delete_range(self, conn: DictConnection, batch: Batch, *, chunked: bool,
+                      number: int = -1) -> int:
+        """Delete the rows of the batch's buckets `conn`'s shard does not own."""
+        deleted = 0
+        while True:
+            ids = [r["id"] for r in conn.execute(SQL["leftover_runs"], {
+                "first": batch.first, "last": batch.last, "limit": CLEAN_CHUNK})]
+            if not ids:
+                return deleted
+            if chunked:
+                with conn.transaction():
+                    conn.execute(SQL["delete_runs"], {"ids": ids})
+                crash_point("clean", number)
+            else:
+                conn.execute(SQL["delete_runs"], {"ids": ids})
+            deleted += len(ids)
+
+    # -- R, C ---------------------------------------------------------------------
+
+    def _release(self, move: int, item: BatchResult, batch: Batch, version: int) -> None:
+        source, target = self.source, self.target
+        found = self.conn(target).execute(SQL["map_at"], {"version": version}).fetchone()
+        assert found is not None, f"{target} lacks map version {version} it switched to"
+        layout = found["layout"]
+        src = self.conn(source)
+        with src.transaction():
+            src.execute(SQL["add_map"], {"version": version, "layout": layout})
+            src.execute(SQL["release"], {"bits": bits(batch.first, batch.last),
+                                         "version": version})
+            src.execute(SQL["notify_map"], {"version": version})
+        crash_point("release", item.batch)
+        self.home.execute(SQL["add_map"], {"version": version, "layout": layout})
+        self.home.execute(SQL["batch_released"], {"move": move, "batch": item.batch,
+                                                  "version": version})
+        item.phase, item.map_version = "released", version
+        for name in self.dep.names:
+            if name in (source, target, self.dep.home):
+                continue
+            try:
+                self.conn(name).execute(SQL["add_map"], {"version": version, "layout": layout})
+            except (ShardUnavailable, psycopg.Error) as exc:
+                # Best effort: a process reading an older version from it is
+                # corrected by the first refusal of the shard it then writes to.
+                log.warning("map version %d not written to %s: %s", version, name, exc)
+                self._conns.pop(name, None)
+        crash_point("released", item.batch)
+
+    def _clean(self, move: int, item: BatchResult, source: str, grace: float,
+               released_s_ago: float | None) -> None:
+        wait = grace - (released_s_ago or 0.0)
+        if wait > 0:
+            self.progress(f"cleanup of batch {item.batch} in {wait:.0f} s (grace period)")
+            time.sleep(wait)
+        deleted = self._delete_range(self.conn(source), Batch(item.first, item.last, 0, 0),
+                                     chunked=True, number=item.batch)
+        self._journal(move, item.batch, "cleaned")
+        item.phase = "cleaned"
+        log.info("cleaned batch %d of move %d: %d runs deleted on %s", item.batch, move,
+                 deleted, source)
+        crash_point("cleaned", item.batch)
+
+
+def _switch_name(move: int, batch: int) -> str:
+    return f"shardq-mover/{move}/{batch}"
+
+
+def _copy(src: DictConnection, dst: DictConnection, table: str, ids: list[Any]) -> int:
+    """Stream one table's rows of `ids` from src to dst in binary COPY; the rows copied."""
+    with src.cursor() as out_cur, dst.cursor() as in_cur:
+        with out_cur.copy(SQL[f"copy_out_{table}"], {"ids": ids}) as out, \
+                in_cur.copy(SQL[f"copy_in_{table}"]) as into:
+            for chunk in out:
+                into.write(chunk)
+        return max(in_cur.rowcount, 0)
+
+
+# -- entry points -----------------------------------------------------------------------
+
+
+def move(seeds: ShardMap, first: int | None, last: int | None, target: str | None,
+         options: MoveOptions | None = None, *, resume: bool = False, abort: bool = False,
+         progress: Callable[[str], None] | None = None) -> MoveResult:
+    """Move buckets first..last to `target`; or resume or abort the unfinished move."""
+    options = options or MoveOptions()
+    dep = Deployment.load(seeds)
+    with mover_lock(dep) as home:
+        mover = Mover(dep, home, options, progress)
+        try:
+            if resume or abort:
+                unfinished = home.execute(SQL["unfinished_move"]).fetchone()
+                if unfinished is None:
+                    raise ConfigError("no unfinished move to " + ("abort" if abort else "resume"))
+                number = int(unfinished["id"])
+            else:
+                assert first is not None and last is not None and target is not None
+                number = mover.start(first, last, target)
+            return mover.run(number, abort=abort)
+        finally:
+            mover.close()
+
+
+def rebalance_plan(seeds: ShardMap) -> tuple[Deployment, list[PlannedMove], dict[str, int]]:
+    """The moves that even runs per shard, and each shard's runs now."""
+    dep = Deployment.load(seeds)
+    runs: dict[int, int] = {}
+    per_shard = {}
+    for name in dep.names:
+        with dep.connect(name) as conn:
+            counted = {int(r["bucket"]): int(r["runs"]) for r in conn.execute(
+                SQL["runs_per_bucket"])}
+        runs.update(counted)
+        per_shard[name] = sum(counted.values())
+    return dep, plan_rebalance(dep.layout, runs), per_shard
+
+
+def rebalance(seeds: ShardMap, options: MoveOptions | None = None, *,
+              progress: Callable[[str], None] | None = None) -> list[MoveResult]:
+    """Carry out the rebalancing plan, one move at a time."""
+    _dep, plan, _runs = rebalance_plan(seeds)
+    return [move(seeds, m.first, m.last, m.target, options, progress=progress) for m in plan]

@@ -1,0 +1,318 @@
+-- Every statement of the mover (moves/mover.py). Three kinds of shard take
+-- part: home (the journal and the mover's lock), the source A and the
+-- target B of a move; the other shards only receive new map versions.
+-- Bit strings are bit(4096), bucket 0 first (get_bit counts from the left).
+
+-- == the map and ownership, on any shard ==
+
+-- name: newest_map
+SELECT version, layout::text AS layout FROM shardq.shard_maps ORDER BY version DESC LIMIT 1
+
+-- name: map_at
+SELECT version, layout::text AS layout FROM shardq.shard_maps WHERE version = %(version)s
+
+-- name: add_map
+-- A version is a pure function of the plan, so a second write of it (a
+-- re-run) is the same document: keep the first.
+INSERT INTO shardq.shard_maps (version, layout) VALUES (%(version)s, %(layout)s::jsonb)
+ON CONFLICT (version) DO NOTHING
+
+-- name: notify_map
+-- A hint for processes that follow the map; the version itself is in shard_maps.
+SELECT pg_notify('shardq_map', %(version)s::text)
+
+-- name: ownership
+SELECT deployment, map_version, writable::text AS writable, owned::text AS owned, unclean,
+       fence_move, fence_target
+FROM shardq.ownership
+
+-- name: set_name
+-- Names the mover's sessions in pg_stat_activity (a re-run finds an orphaned switch by it).
+SELECT set_config('application_name', %(name)s, false)
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) AS version FROM shardq.schema_migrations
+
+-- == the mover's lock and journal, on home ==
+
+-- name: take_mover_lock
+SELECT pg_try_advisory_lock(%(key)s) AS taken
+
+-- name: release_mover_lock
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: mover_lock_holder
+-- A bigint advisory key shows in pg_locks as its high and low 32 bits.
+SELECT a.pid, a.application_name, coalesce(host(a.client_addr), 'local') AS host,
+       a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+        SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = %(high)s::oid AND l.objid = %(low)s::oid AND l.objsubid = 1
+LIMIT 1
+
+-- name: unfinished_move
+SELECT id, first_bucket, last_bucket, source, target, phase, from_version, max_batch_runs,
+       max_batch_rows, grace_s, started_at
+FROM shardq.moves WHERE phase IN ('moving', 'cleaning')
+
+-- name: move_by_id
+SELECT id, first_bucket, last_bucket, source, target, phase, from_version, max_batch_runs,
+       max_batch_rows, grace_s, started_at
+FROM shardq.moves WHERE id = %(id)s
+
+-- name: insert_move
+INSERT INTO shardq.moves (first_bucket, last_bucket, source, target, phase, from_version,
+                          max_batch_runs, max_batch_rows, grace_s)
+VALUES (%(first)s, %(last)s, %(source)s, %(target)s, 'moving', %(from_version)s,
+        %(max_runs)s, %(max_rows)s, %(grace_s)s)
+RETURNING id
+
+-- name: insert_batch
+INSERT INTO shardq.move_batches (move_id, batch, first_bucket, last_bucket, phase,
+                                 planned_runs, planned_rows)
+VALUES (%(move)s, %(batch)s, %(first)s, %(last)s, 'planned', %(runs)s, %(rows)s)
+
+-- name: batches
+SELECT batch, first_bucket, last_bucket, phase, planned_runs, planned_rows, runs, rows_copied,
+       paused_ms, map_version, released_at,
+       extract(epoch FROM now() - released_at)::float8 AS released_s_ago
+FROM shardq.move_batches WHERE move_id = %(move)s ORDER BY batch
+
+-- name: set_batch_phase
+UPDATE shardq.move_batches SET phase = %(phase)s WHERE move_id = %(move)s AND batch = %(batch)s
+
+-- name: batch_switched
+UPDATE shardq.move_batches
+SET phase = 'switched', runs = %(runs)s, rows_copied = %(rows)s, paused_ms = %(paused_ms)s,
+    map_version = %(version)s
+WHERE move_id = %(move)s AND batch = %(batch)s
+
+-- name: batch_switched_found
+-- A re-run found the switch committed on the target; what it copied is not known.
+UPDATE shardq.move_batches SET phase = 'switched', map_version = %(version)s
+WHERE move_id = %(move)s AND batch = %(batch)s AND phase IN ('planned', 'fenced')
+
+-- name: batch_released
+UPDATE shardq.move_batches
+SET phase = 'released', map_version = %(version)s, released_at = coalesce(released_at, now())
+WHERE move_id = %(move)s AND batch = %(batch)s AND phase IN ('planned', 'fenced', 'switched')
+
+-- name: set_move_phase
+UPDATE shardq.moves
+SET phase = %(phase)s, updated_at = now(),
+    finished_at = CASE WHEN %(phase)s IN ('done', 'aborted') THEN now() END
+WHERE id = %(move)s
+
+-- == planning, on the source ==
+
+-- name: bucket_counts
+-- One scan of the range's runs (there is no index on the bucket: every start
+-- would pay for it, and moves are rare). Rows: the run, its history (probed
+-- by the history key) and about three more (task, wait, a signal or two).
+SELECT shardq.bucket(e.id) AS bucket, count(*)::bigint AS runs,
+       (count(*) * 4 + sum((SELECT count(*) FROM shardq.history h
+                            WHERE h.execution_id = e.id)))::bigint AS rows
+FROM shardq.executions e
+WHERE shardq.bucket(e.id) BETWEEN %(first)s AND %(last)s
+GROUP BY 1
+
+-- name: runs_per_bucket
+-- Rebalancing's picture of a shard: its runs per bucket, owned buckets only.
+SELECT shardq.bucket(e.id) AS bucket, count(*)::bigint AS runs
+FROM shardq.executions e, shardq.ownership o
+WHERE get_bit(o.owned, shardq.bucket(e.id)) = 1
+GROUP BY 1
+
+-- == F1, F2: the freeze, on the source ==
+
+-- name: freeze
+-- Only where the source owns every bucket of the batch: a re-run that finds
+-- it released does not freeze what it no longer has.
+UPDATE shardq.ownership
+SET writable = writable & ~%(bits)s::bit(4096), unclean = true,
+    fence_move = %(move)s, fence_target = %(target)s
+WHERE owned & %(bits)s::bit(4096) = %(bits)s::bit(4096)
+RETURNING map_version
+
+-- name: unfreeze
+-- Writable again where still owned; the fence's names go when nothing is frozen.
+UPDATE shardq.ownership
+SET writable = writable | (owned & %(bits)s::bit(4096)),
+    fence_move = CASE WHEN (writable | (owned & %(bits)s::bit(4096))) = owned THEN NULL
+                      ELSE fence_move END,
+    fence_target = CASE WHEN (writable | (owned & %(bits)s::bit(4096))) = owned THEN NULL
+                        ELSE fence_target END
+
+-- name: writers
+-- Transactions of this database holding an xid now, other than ours.
+SELECT pid, backend_xid::text AS xid
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+
+-- name: writers_left
+SELECT a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::float8 AS age_s
+FROM pg_stat_activity a
+JOIN unnest(%(pids)s::int[], %(xids)s::text[]) AS w(pid, xid)
+  ON a.pid = w.pid AND a.backend_xid::text = w.xid
+
+-- == S1: the copy, read on the source in one REPEATABLE READ READ ONLY snapshot ==
+
+-- name: batch_runs
+SELECT id FROM shardq.executions WHERE shardq.bucket(id) BETWEEN %(first)s AND %(last)s
+
+-- name: batch_maxima
+SELECT (SELECT max(seq) FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[]))
+           AS history_seq,
+       (SELECT max(id) FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[]))
+           AS signal_id
+
+-- The column lists of each pair below must match (binary COPY carries no
+-- names): tests/integration/test_move_basics.py checks them against the
+-- tables, so a migration adding a column fails there first.
+
+-- name: copy_out_executions
+COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates
+      FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_executions
+COPY shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input,
+                        created_at, gates) FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_history
+COPY (SELECT execution_id, seq, position, kind, name, payload, recorded_at
+      FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[])
+      ORDER BY execution_id, seq) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_history
+-- COPY writes an identity column from its input: the events keep their seq.
+COPY shardq.history (execution_id, seq, position, kind, name, payload, recorded_at)
+FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_signals
+COPY (SELECT id, execution_id, tenant, name, payload, idempotency_key, received_at, consumed_at,
+             consumed_position, origin
+      FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])
+      ORDER BY execution_id, id) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_signals
+COPY shardq.signals (id, execution_id, tenant, name, payload, idempotency_key, received_at,
+                     consumed_at, consumed_position, origin) FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_waits
+-- Deadlines are absolute times: a timer wakes on the same second on the target.
+COPY (SELECT execution_id, position, kind, name, started_at, deadline, request
+      FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_waits
+COPY shardq.waits (execution_id, position, kind, name, started_at, deadline, request)
+FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_tasks
+-- Leases are released on the copy: a turn in flight on the source is refused
+-- at its commit there (the bucket is frozen) and runs again on the target, as
+-- after a lost lease. A live lease's run_at is its expiry: due now instead.
+COPY (SELECT execution_id,
+             CASE WHEN lease_token IS NOT NULL THEN least(run_at, now()) ELSE run_at END,
+             claims, NULL::text, NULL::uuid, cancel_requested
+      FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_tasks
+COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested)
+FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_outbox
+-- Rows sent by the batch's runs, in their order: the target numbers them anew
+-- from its own identity, after every row it has, so each sender's order holds.
+COPY (SELECT source_execution_id, source_position, target_execution_id, tenant, signal_name,
+             payload, idempotency_key, state, attempts, next_attempt_at, failure_reason,
+             failure_detail, created_at, finished_at, target_bucket, queued_at
+      FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])
+      ORDER BY id) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_outbox
+COPY shardq.outbox (source_execution_id, source_position, target_execution_id, tenant,
+                    signal_name, payload, idempotency_key, state, attempts, next_attempt_at,
+                    failure_reason, failure_detail, created_at, finished_at, target_bucket,
+                    queued_at) FROM STDIN (FORMAT BINARY)
+
+-- == S1: the switch, one transaction on the target ==
+
+-- name: switch_lock
+-- Held until the switch commits or aborts: a re-run after a kill waits here
+-- for an orphaned switch to end before it asks whether it committed.
+SELECT pg_advisory_xact_lock(%(move)s::int4, %(batch)s::int4)
+
+-- name: try_switch_lock
+SELECT pg_try_advisory_xact_lock(%(move)s::int4, %(batch)s::int4) AS taken
+
+-- name: orphans
+SELECT pg_terminate_backend(pid) AS ended
+FROM pg_stat_activity
+WHERE application_name = %(name)s AND pid <> pg_backend_pid()
+
+-- name: applied
+SELECT map_version FROM shardq.applied_batches WHERE move_id = %(move)s AND batch = %(batch)s
+
+-- name: leftover_runs
+-- Rows of buckets this shard does not own (a move off it not cleaned yet):
+-- stale by definition, found before a copy of the same runs comes back.
+SELECT e.id
+FROM shardq.executions e, shardq.ownership o
+WHERE shardq.bucket(e.id) BETWEEN %(first)s AND %(last)s
+  AND get_bit(o.owned, shardq.bucket(e.id)) = 0
+LIMIT %(limit)s
+
+-- name: delete_runs
+-- Every row of these runs, in one statement (the tables have no foreign keys
+-- between them): outbox rows they sent, tasks, waits, signals, history, runs.
+WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
+     t AS (DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])),
+     w AS (DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])),
+     s AS (DELETE FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])),
+     h AS (DELETE FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[]))
+DELETE FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: advance_history_seq
+-- Later events of the moved runs must sort after the copied ones. nextval,
+-- not last_value, decides: it never goes back, whatever runs beside us.
+SELECT setval(x.s, %(max)s)
+FROM (SELECT pg_get_serial_sequence('shardq.history', 'seq')::regclass AS s) AS x
+WHERE nextval(x.s) < %(max)s
+
+-- name: advance_signal_id
+-- A later signal to a moved run gets a larger id (replay consumes in id order).
+SELECT setval(x.s, %(max)s)
+FROM (SELECT pg_get_serial_sequence('shardq.signals', 'id')::regclass AS s) AS x
+WHERE nextval(x.s) < %(max)s
+
+-- name: take_ownership
+UPDATE shardq.ownership
+SET owned = owned | %(bits)s::bit(4096), writable = writable | %(bits)s::bit(4096),
+    map_version = greatest(map_version, %(version)s)
+
+-- name: record_applied
+INSERT INTO shardq.applied_batches (move_id, batch, map_version)
+VALUES (%(move)s, %(batch)s, %(version)s)
+
+-- == R: the release, on the source ==
+
+-- name: release
+-- The fence's names go once nothing else is frozen here.
+UPDATE shardq.ownership
+SET owned = owned & ~%(bits)s::bit(4096), writable = writable & ~%(bits)s::bit(4096),
+    map_version = greatest(map_version, %(version)s),
+    fence_move = CASE WHEN writable & ~%(bits)s::bit(4096) = owned & ~%(bits)s::bit(4096)
+                      THEN NULL ELSE fence_move END,
+    fence_target = CASE WHEN writable & ~%(bits)s::bit(4096) = owned & ~%(bits)s::bit(4096)
+                        THEN NULL ELSE fence_target END
+
+-- == C: cleanup, on the source ==
+
+-- name: mark_clean
+-- Clean again once nothing is frozen and no run of a bucket it does not own is left.
+UPDATE shardq.ownership o
+SET unclean = false
+WHERE o.unclean AND o.writable = o.owned
+  AND NOT EXISTS (SELECT 1 FROM shardq.executions e
+                  WHERE get_bit(o.owned, shardq.bucket(e.id)) = 0)

@@ -178,7 +178,8 @@ def _take(layout: Layout, runs: Mapping[int, int], full: str, empty: str,
         if len(taken) == hi - lo:  # leave the range at least one bucket
             break
         count = runs.get(bucket, 0)
-        if moved and abs(want - moved - count) >= abs(want - moved):
+        # Empty buckets come along for free; a full one only while it brings us closer.
+        if count and moved and abs(want - moved - count) >= abs(want - moved):
             break
         taken.append(bucket)
         moved += count

@@ -1,12 +1,181 @@
 """`shardq shards move` and `shardq shards rebalance`: moving bucket ranges between shards.
 
 Registered into the `shards` group (bin/cli/shards.py) by `register`.
+
+Exit codes: those of common.py (2 usage or configuration, 3 a shard unavailable,
+4 map, 5 schema) and EXIT_MOVE_RUNNING, 9: another move holds the mover's lock,
+or an unfinished move must be resumed (`--resume`) or aborted (`--abort`) first.
+
+`python -m shardq.bin.cli.moves shards move ...` runs the `shardq` command with
+these commands in its `shards` group, whatever shape bin/cli/shards.py has.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from shardq.bin.cli.common import (
+    EXIT_USAGE,
+    Seconds,
+    Settings,
+    emit,
+    errors_as_exit_codes,
+    fail,
+    json_option,
+    pass_settings,
+)
+
+EXIT_MOVE_RUNNING = 9
+
+
+def _positive(_ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= 10_000_000:
+        raise click.BadParameter(f"{value} is not within 1..10000000", param=param)
+    return value
+
+
+def _move_options(f: Any) -> Any:
+    for option in reversed([
+        click.option("--batch-runs", type=int, default=1000, show_default=True,
+                     callback=_positive, help="Most runs in one batch (one pause)."),
+        click.option("--batch-rows", type=int, default=50_000, show_default=True,
+                     callback=_positive, help="Most rows, over the six tables, in one batch."),
+        click.option("--fence-wait", type=Seconds(maximum=3600), default=1.0,
+                     show_default=True,
+                     help="Seconds to wait for writers of a frozen batch before unfreezing "
+                          "and retrying."),
+        click.option("--grace", type=Seconds(zero_ok=True), default=60.0, show_default=True,
+                     help="Seconds between a batch's switch and deleting the source's copy."),
+    ]):
+        f = option(f)
+    return f
+
+
+def _options(batch_runs: int, batch_rows: int, fence_wait: float, grace: float) -> Any:
+    from shardq.moves.mover import MoveOptions
+
+    return MoveOptions(max_batch_runs=batch_runs, max_batch_rows=batch_rows,
+                       fence_wait_s=fence_wait, grace_s=grace)
+
+
+def _progress(settings: Settings) -> Any:
+    return None if settings.as_json else (lambda line: click.echo(line, err=True))
+
+
+def _text(result: dict[str, Any]) -> str:
+    first, last = result["buckets"]
+    return (f"move {result['move']} {result['phase']}: buckets {first}-{last} from "
+            f"{result['source']} to {result['target']}, {result['runs_moved']} runs in "
+            f"{len(result['batches'])} batch(es), {result['seconds']} s, longest pause "
+            f"{result['max_pause_ms']} ms, map version {result['map_version']}")
+
+
+def _run_guarded(action: Any) -> Any:
+    from shardq.moves.mover import MoveRunning
+
+    try:
+        with errors_as_exit_codes():
+            try:
+                return action()
+            except MoveRunning as exc:
+                fail(str(exc), EXIT_MOVE_RUNNING)
+    except KeyboardInterrupt:
+        fail("interrupted: the move stopped where it was; `shardq shards move --resume` "
+             "finishes it, `--abort` rolls back what did not switch", 1)
+
+
+@click.command("move")
+@click.argument("buckets", required=False, metavar="FIRST-LAST")
+@click.option("--to", "target", metavar="NAME", help="The shard to move the buckets to.")
+@click.option("--resume", is_flag=True, help="Finish the unfinished move.")
+@click.option("--abort", is_flag=True,
+              help="Roll back the unfinished move's batches that did not switch.")
+@_move_options
+@json_option
+@pass_settings
+def move_command(settings: Settings, buckets: str | None, target: str | None, resume: bool,
+                 abort: bool, batch_runs: int, batch_rows: int, fence_wait: float,
+                 grace: float) -> None:
+    """Move buckets FIRST-LAST (or one bucket N) to shard NAME, online, batch by batch."""
+    from shardq.moves.mover import move
+    from shardq.moves.plan import parse_range
+
+    if resume and abort:
+        fail("--resume and --abort exclude each other", EXIT_USAGE)
+    first = last = None
+    if resume or abort:
+        if buckets is not None or target is not None:
+            fail(f"--{'resume' if resume else 'abort'} takes no range and no --to: it "
+                 "finishes the unfinished move", EXIT_USAGE)
+    else:
+        if buckets is None or not target:
+            fail("give a bucket range and --to NAME (e.g. `shards move 0-1023 --to shard-2`)",
+                 EXIT_USAGE)
+        with errors_as_exit_codes():
+            first, last = parse_range(buckets)
+    with errors_as_exit_codes():
+        options = _options(batch_runs, batch_rows, fence_wait, grace)
+        seeds = settings.shard_map()
+    result = _run_guarded(lambda: move(seeds, first, last, target, options, resume=resume,
+                                       abort=abort, progress=_progress(settings)))
+    doc = result.as_dict()
+    emit(settings, doc, _text(doc))
+
+
+@click.command("rebalance")
+@click.option("--dry-run", is_flag=True, help="Print the plan; move nothing.")
+@_move_options
+@json_option
+@pass_settings
+def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_rows: int,
+                      fence_wait: float, grace: float) -> None:
+    """Even out runs per shard: moves of bucket ranges from the fullest to the emptiest."""
+    from shardq.moves.mover import move, rebalance_plan
+
+    with errors_as_exit_codes():
+        options = _options(batch_runs, batch_rows, fence_wait, grace)
+        seeds = settings.shard_map()
+    dep, plan, runs = _run_guarded(lambda: rebalance_plan(seeds))
+    if len(dep.names) < 2:
+        fail(f"rebalance needs two shards or more; the map has {', '.join(dep.names)}",
+             EXIT_USAGE)
+    planned = [m.as_dict() for m in plan]
+    lines = [f"map version {dep.version}; runs per shard: "
+             + ", ".join(f"{n} {c}" for n, c in runs.items())]
+    lines += [f"  move {m.first}-{m.last} from {m.source} to {m.target} ({m.runs} runs)"
+              for m in plan] or ["  nothing to move: the shards are even"]
+    if dry_run:
+        emit(settings, {"map_version": dep.version, "runs": runs, "plan": planned,
+                        "dry_run": True}, "\n".join(lines))
+        return
+    if not settings.as_json:
+        click.echo("\n".join(lines), err=True)
+    done = [_run_guarded(lambda m=m: move(seeds, m.first, m.last, m.target, options,
+                                          progress=_progress(settings))).as_dict()
+            for m in plan]
+    emit(settings, {"runs": runs, "plan": planned, "moves": done, "dry_run": False},
+         "\n".join(_text(d) for d in done) or "nothing to move: the shards are even")
 
 
 def register(group: click.Group) -> None:
     """Add the move commands to the `shards` group."""
+    group.add_command(move_command)
+    group.add_command(rebalance_command)
+
+
+def _standalone() -> None:
+    from shardq.bin.cli.main import cli, main
+
+    group = cli.commands.get("shards")
+    if not isinstance(group, click.Group):
+        group = click.Group("shards", help="The shard map and moves between shards.")
+        cli.add_command(group)
+    if "move" not in group.commands:
+        register(group)
+    main()
+
+
+if __name__ == "__main__":
+    _standalone()

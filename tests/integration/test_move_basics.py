@@ -190,17 +190,32 @@ def ownership(url: str) -> dict[str, Any]:
 
 
 def check_ownership(dep: Deployment) -> list[dict[str, Any]]:
-    """Every bucket owned by exactly one shard and writable on at most one."""
+    """Every bucket owned by exactly one shard and writable on at most one.
+
+    Between a batch's switch (S1, on the target) and its release (R, on the source)
+    the source still has the bits in `owned`, frozen: the owner is then the target,
+    where the bucket is writable, and the source names it as its fence's target.
+    """
     owns = [ownership(u) for u in dep.urls]
+    names = [s.name for s in dep.seeds.shards]
     for bucket in range(BUCKETS):
-        owners = [o for o in owns if o["owned"][bucket] == "1"]
-        assert len(owners) == 1, f"bucket {bucket} has {len(owners)} owners"
-        assert sum(o["writable"][bucket] == "1" for o in owns) <= 1
+        owners = [i for i, o in enumerate(owns) if o["owned"][bucket] == "1"]
+        writable = [i for i, o in enumerate(owns) if o["writable"][bucket] == "1"]
+        assert len(writable) <= 1, f"bucket {bucket} writable on {writable}"
+        assert len(owners) in (1, 2), f"bucket {bucket} has {len(owners)} owners"
+        if len(owners) == 2:
+            assert len(writable) == 1, f"bucket {bucket}: two owners, {writable} writable"
+            (frozen,) = set(owners) - set(writable)
+            assert owns[frozen]["fence_target"] == names[writable[0]], bucket
     return owns
 
 
 def owner_of(owns: list[dict[str, Any]], run: uuid.UUID) -> int:
-    return next(i for i, o in enumerate(owns) if o["owned"][bucket_of(run)] == "1")
+    bucket = bucket_of(run)
+    writable = [i for i, o in enumerate(owns) if o["writable"][bucket] == "1"]
+    if writable:
+        return writable[0]
+    return next(i for i, o in enumerate(owns) if o["owned"][bucket] == "1")
 
 
 def check_rows_once(dep: Deployment, before: dict[uuid.UUID, Any], *,

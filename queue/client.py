@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from shardq.queue.contracts import SignalSpec, UpdateSpec
 from shardq.queue.encoding import to_json
@@ -63,13 +63,16 @@ from shardq.queue.params import (
 from shardq.queue.rebuild import call_handler, rebuild_state
 from shardq.queue.registry import Registry, WorkflowDef
 from shardq.queue.schemas import validate
-from shardq.queue.signaling import check_signal, deliver
+from shardq.queue.signaling import check_signal
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.fanout import by_shard, each_shard, fan_out
+from shardq.shards.fanout import each_shard, fan_out
+from shardq.shards.follow import rerouted
 from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of, new_execution_id, parse_execution_id
+
+R = TypeVar("R")
 
 DEFAULT_TENANT = "default"
 MAX_LABEL = 255
@@ -100,8 +103,22 @@ class Client:
         self.registry = registry
         self.limits = limits or Limits()
         self.store = store
-        self.map = store.map
         self._owned: ShardPools | None = None
+
+    @property
+    def map(self) -> ShardMap:
+        """The map version requests route by now (it follows moves: shards.follow)."""
+        return self.store.pools.map
+
+    def _routed(self, call: Callable[[ShardMap], R]) -> R:
+        """`call(current map)`, made again by the map a refusal leads to when the shard
+        it routed to refused it for a moved bucket (shards.follow.rerouted)."""
+        return rerouted(self.store.pools, call)
+
+    def _deliver(self, tenant: str, signals: Sequence[SignalDelivery]) -> list[SignalResult]:
+        """queue.signaling.deliver, re-routing a shard's signals when a move refused them."""
+        return fan_out(self.store.pools, signals, lambda s: bucket_of(s.target),
+                       lambda shard, members: self.store.deliver_signals(shard, tenant, members))
 
     @classmethod
     def connect(
@@ -115,7 +132,8 @@ class Client:
         refuses to start.
         """
         checked = verify_shards(shard_map) if verify else []
-        pools = ShardPools(shard_map, verified=[s.shard for s in checked if s.reachable]).open()
+        # The statuses carry the newest map version the seeds hold: routed by it from the start.
+        pools = ShardPools(shard_map, verified=checked).open()
         client = cls(Store(pools), registry, limits=limits)
         client._owned = pools
         return client
@@ -169,7 +187,7 @@ class Client:
                 tenant, definition.name, definition.version, members, definition.gates))
 
         # Big batches: the shards' commits overlap instead of queueing.
-        return fan_out(self.map, runs, lambda r: r.bucket, insert,
+        return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                        parallel=len(runs) >= PARALLEL_START_MIN)
 
     def _new_run(
@@ -206,7 +224,7 @@ class Client:
     def get(self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT) -> Execution:
         """The run, or ExecutionNotFound (also for another tenant's run)."""
         ident = parse_execution_id(execution_id)
-        found = self.store.get_execution(self.map.for_execution(ident), ident)
+        found = self._routed(lambda m: self.store.get_execution(m.for_execution(ident), ident))
         if found is None or found.tenant != tenant:
             raise ExecutionNotFound(f"execution {ident} not found")
         return found
@@ -218,7 +236,7 @@ class Client:
         return self._history(ident)
 
     def _history(self, ident: uuid.UUID) -> list[HistoryEvent]:
-        return self.store.read_history(self.map.for_execution(ident), ident)
+        return self._routed(lambda m: self.store.read_history(m.for_execution(ident), ident))
 
     def waiting(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
@@ -235,8 +253,8 @@ class Client:
         history: the tenant checked once, four statements."""
         execution = self.get(execution_id, tenant=tenant)
         ident = execution.id
-        wait, pending = self.store.waits_and_signals(self.map.for_execution(ident),
-                                                     [ident])[ident]
+        wait, pending = self._routed(
+            lambda m: self.store.waits_and_signals(m.for_execution(ident), [ident]))[ident]
         events = self._history(ident) if history else []
         return RunView(execution, wait, pending, events)
 
@@ -245,10 +263,14 @@ class Client:
     ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
         """`waiting` for every run of a `list_runs` page (already the caller's tenant's):
         two statements per shard, not per run."""
-        found: dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]] = {}
-        for shard, members in by_shard(self.map, page.items, lambda e: bucket_of(e.id)).items():
-            found.update(self.store.waits_and_signals(shard, [e.id for _, e in members]))
-        return found
+        def read(shard: Shard, runs: list[Execution]) -> list[
+            tuple[WaitInfo | None, list[BufferedSignal]]
+        ]:
+            found = self.store.waits_and_signals(shard, [e.id for e in runs])
+            return [found[e.id] for e in runs]
+
+        answers = fan_out(self.store.pools, page.items, lambda e: bucket_of(e.id), read)
+        return {e.id: answer for e, answer in zip(page.items, answers, strict=True)}
 
     def list_runs(
         self,
@@ -349,7 +371,7 @@ class Client:
             results[checked[index][0]] = SignalResult(checked[index][1].target, None,
                                                       delivered=False, error=error)
         checked = [c for c in checked if results[c[0]] is None]
-        delivered = deliver(self.store, tenant, [c for _, c in checked])
+        delivered = self._deliver(tenant, [c for _, c in checked])
         for (index, _), result in zip(checked, delivered, strict=True):
             results[index] = result
         return [r for r in results if r is not None]
@@ -368,10 +390,15 @@ class Client:
         candidates = [(i, s) for i, s in enumerate(signals) if s.name in named]
         if not candidates:
             return {}
-        workflows: dict[uuid.UUID, tuple[str, int]] = {}
-        groups = by_shard(self.map, candidates, lambda c: bucket_of(c[1].target))
-        for shard, members in groups.items():
-            workflows.update(self.store.workflows_of(shard, [c.target for _, (_, c) in members]))
+        def read(shard: Shard, members: list[tuple[int, SignalDelivery]]) -> list[
+            tuple[str, int] | None
+        ]:
+            found = self.store.workflows_of(shard, [c.target for _, c in members])
+            return [found.get(c.target) for _, c in members]
+
+        answers = fan_out(self.store.pools, candidates, lambda c: bucket_of(c[1].target), read)
+        workflows = {c.target: w for (_, c), w in zip(candidates, answers, strict=True)
+                     if w is not None}
         refused: dict[int, PayloadInvalid] = {}
         for index, checked in candidates:
             spec = self._signal_spec(workflows.get(checked.target), checked.name)
@@ -418,10 +445,12 @@ class Client:
         if spec is not None and spec.schema is not None:
             validate(json.loads(payload_json), spec.schema, f"payload of signal {name!r}",
                      "signal payload validation failed")
-        return self.store.signal_with_start(self.map.for_bucket(run.bucket), StartSignalled(
+        request = StartSignalled(
             StartBatch(tenant, definition.name, definition.version, (run,), definition.gates),
             name, payload_json, key,
-        ))
+        )
+        return self._routed(
+            lambda m: self.store.signal_with_start(m.for_bucket(run.bucket), request))
 
     def cancel(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT,
@@ -436,8 +465,9 @@ class Client:
         ident = parse_execution_id(execution_id)
         if actor is not None:
             _check_label(actor, "actor")
-        return self.store.cancel(self.map.for_execution(ident), ident,
-                                 tenant=check_name(tenant, "tenant"), actor=actor)
+        check_name(tenant, "tenant")
+        return self._routed(lambda m: self.store.cancel(m.for_execution(ident), ident,
+                                                        tenant=tenant, actor=actor))
 
     # -- published contracts: interface, queries, updates ---------------------------
 
@@ -495,7 +525,8 @@ class Client:
         _check_wait(wait)
         payload_json, key = self._update_payload(spec, argument, idempotency_key)
         if key is not None:
-            earlier = self.store.signal_by_key(self.map.for_execution(ident), ident, key)
+            earlier = self._routed(
+                lambda m: self.store.signal_by_key(m.for_execution(ident), ident, key))
             if earlier is not None:
                 return self._await_update(ident, spec, *earlier, wait=wait, accepted=False)
         if execution.state.terminal:
@@ -504,7 +535,7 @@ class Client:
         self._validate_update(spec, json.loads(payload_json),
                               lambda: rebuild_state(definition, execution,
                                                     self._history(ident)))
-        (result,) = deliver(self.store, tenant, [
+        (result,) = self._deliver(tenant, [
             SignalDelivery(ident, spec.signal_name, payload_json, key)])
         if isinstance(result.error, SignalRefused) and result.error.reason_code == (
             "target_finished"
@@ -532,11 +563,12 @@ class Client:
         _check_wait(wait)
         run = self._new_run(definition, tenant, workflow_id, input)
         payload_json, key = self._update_payload(spec, argument, idempotency_key)
-        shard = self.map.for_bucket(run.bucket)
-        found = self.store.find_run(shard, tenant=tenant, workflow_name=definition.name,
-                                    workflow_id=workflow_id)
+        found = self._routed(lambda m: self.store.find_run(
+            m.for_bucket(run.bucket), tenant=tenant, workflow_name=definition.name,
+            workflow_id=workflow_id))
         if found is not None and key is not None:
-            earlier = self.store.signal_by_key(shard, found, key)
+            earlier = self._routed(
+                lambda m: self.store.signal_by_key(m.for_bucket(run.bucket), found, key))
             if earlier is not None:  # a keyed repeat: the recorded answer, nothing checked
                 return self._await_update(found, spec, *earlier, wait=wait, accepted=False)
 
@@ -551,11 +583,13 @@ class Client:
 
         self._validate_update(spec, json.loads(payload_json), state)
         try:
-            started = self.store.signal_with_start(shard, StartSignalled(
+            request = StartSignalled(
                 StartBatch(tenant, definition.name, definition.version, (run,),
                            definition.gates),
                 spec.signal_name, payload_json, key,
-            ))
+            )
+            started = self._routed(
+                lambda m: self.store.signal_with_start(m.for_bucket(run.bucket), request))
         except SignalRefused as exc:
             if exc.reason_code == "target_finished":
                 raise UpdateRefused(str(exc), "run_finished") from None
@@ -596,11 +630,11 @@ class Client:
         if stored_name != spec.signal_name:
             raise InvalidArgument(f"the idempotency key already landed on this run as "
                                   f"{stored_name!r}, not as update {spec.name!r}")
-        shard = self.map.for_execution(ident)
         deadline = time.monotonic() + wait
         pause = 0.002
         while True:
-            outcome, state = self.store.update_outcome(shard, ident, update_id)
+            outcome, state = self._routed(
+                lambda m: self.store.update_outcome(m.for_execution(ident), ident, update_id))
             if outcome is not None:
                 if "error" in outcome:
                     error = outcome["error"]
@@ -704,16 +738,22 @@ class Client:
         _check_label(actor, "actor")
         what = f"payload of the {action} decision on interrupt {interrupt!r}"
         payload_json = self.limits.check_payload(to_json(payload, what), what)
-        shard = self.map.for_execution(ident)
-        found = self.store.open_interrupt(shard, ident, interrupt)
-        if found is None or found[0] != tenant:
-            raise ExecutionNotFound(f"execution {ident} not found")
-        _, position, request = found
-        if request is not None and action == "edit":
-            validate(json.loads(payload_json), request.get("schema"), what,
-                     "decision payload validation failed")
-        outcome, decision, detail = self.store.decide_interrupt(shard, InterruptDecision(
-            ident, tenant, interrupt, position, action, payload_json, decision_id, actor))
+
+        def decide(shard_map: ShardMap) -> tuple[str, dict[str, Any] | None, str | None]:
+            # Read and decision by the same map: a refused decision reads the
+            # interrupt again where the run is now.
+            shard = shard_map.for_execution(ident)
+            found = self.store.open_interrupt(shard, ident, interrupt)
+            if found is None or found[0] != tenant:
+                raise ExecutionNotFound(f"execution {ident} not found")
+            _, position, request = found
+            if request is not None and action == "edit":
+                validate(json.loads(payload_json), request.get("schema"), what,
+                         "decision payload validation failed")
+            return self.store.decide_interrupt(shard, InterruptDecision(
+                ident, tenant, interrupt, position, action, payload_json, decision_id, actor))
+
+        outcome, decision, detail = self._routed(decide)
         if outcome == "not_found":
             raise ExecutionNotFound(f"execution {ident} not found")
         if outcome in ("accepted", "repeated"):

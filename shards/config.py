@@ -13,8 +13,13 @@ into equal contiguous bucket ranges in the order given) or from a TOML file:
     buckets = [0, 2047]                   # optional inclusive range; all or none
     max_size = 20                         # optional per-shard pool override
 
-Every process must hold the same map: `fingerprint` is recorded in each shard at
-migration time and checked by every process that starts against it.
+This configuration is the seed list and map version 1: `shardq migrate` records it
+in every shard (`shardq.shard_maps`, with its `fingerprint` in `shard_identity`),
+and a process whose configuration describes another version 1 is refused. Later
+versions (`shardq shards add|remove|move`) are documents in `shard_maps` of the
+same shape as `ShardMap.layout()`: a process starts from the newest version its
+reachable seeds hold and follows newer ones (shards/pools.py, shards/follow.py).
+A version may give a shard several bucket ranges, or none.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ import hashlib
 import json
 import os
 import tomllib
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -73,15 +79,19 @@ def without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+Range = tuple[int, int]
+"""An inclusive bucket range, (first, last)."""
+
+
 @dataclass(frozen=True)
 class Shard:
-    """One shard: a database, the inclusive bucket range it owns, and its pool sizes."""
+    """One shard: a database, the inclusive bucket ranges it owns (none for a shard just
+    added), and its pool sizes."""
 
     index: int
     name: str
     url: str
-    first_bucket: int
-    last_bucket: int
+    ranges: tuple[Range, ...]
     pool_min: int = DEFAULT_POOL_MIN
     pool_max: int = DEFAULT_POOL_MAX
 
@@ -90,20 +100,69 @@ class Shard:
         """How messages name this shard: `shard-0 (postgresql://app:***@db1/shardq)`."""
         return f"{self.name} ({redact(self.url)})"
 
+    @property
+    def first_bucket(self) -> int:
+        """The lowest bucket the shard owns, -1 when it owns none (matches no bucket)."""
+        return self.ranges[0][0] if self.ranges else -1
+
+    @property
+    def last_bucket(self) -> int:
+        """The highest bucket the shard owns, -1 when it owns none. With several ranges,
+        the buckets between first_bucket and last_bucket are not all its own: ask `owns`."""
+        return self.ranges[-1][1] if self.ranges else -1
+
+    @property
+    def bucket_count(self) -> int:
+        return sum(last - first + 1 for first, last in self.ranges)
+
+    def owns(self, bucket: int) -> bool:
+        """True when `bucket` is in one of the shard's ranges."""
+        return any(first <= bucket <= last for first, last in self.ranges)
+
     def identity(self) -> dict[str, Any]:
         """What the fingerprint covers: everything but connection details and pool sizes."""
-        return {"name": self.name, "buckets": [self.first_bucket, self.last_bucket]}
+        if len(self.ranges) == 1:
+            return {"name": self.name, "buckets": [self.first_bucket, self.last_bucket]}
+        return {"name": self.name, "ranges": [list(r) for r in self.ranges]}
 
 
 @dataclass(frozen=True)
 class ShardMap:
-    """An ordered, validated list of shards covering every bucket exactly once."""
+    """One version of the map: its shards, and bucket ranges covering every bucket once.
+
+    `version` is 1 for a map read from configuration (the seeds); a map read from
+    a shard's `shard_maps` carries that row's version, the `deployment` of the
+    shard it came from, and the configuration it was followed from (`seeds`).
+    `home` is the shard holding the move journal (version 1's first shard).
+    """
 
     shards: tuple[Shard, ...]
+    version: int = 1
+    home: str = ""
+    deployment: uuid.UUID | None = None
+    origin: ShardMap | None = field(default=None, compare=False, repr=False)
+    pool_min: int = field(default=DEFAULT_POOL_MIN, compare=False)
+    pool_max: int = field(default=DEFAULT_POOL_MAX, compare=False)
+    _starts: tuple[int, ...] = field(default=(), init=False, compare=False, repr=False)
+    _owners: tuple[Shard, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_cover(self.shards)
+        ranges = sorted(((r, s) for s in self.shards for r in s.ranges),
+                        key=lambda pair: pair[0])
+        _check_ranges([(first, last, s.name) for (first, last), s in ranges])
         _check_unique(self.shards)
+        object.__setattr__(self, "_starts", tuple(r[0] for r, _ in ranges))
+        object.__setattr__(self, "_owners", tuple(s for _, s in ranges))
+        if not self.home:
+            object.__setattr__(self, "home", self._owners[0].name)
+        elif self.home not in {s.name for s in self.shards}:
+            raise ConfigError(f"map version {self.version}: home shard {self.home!r} is not "
+                              "one of its shards")
+
+    @property
+    def seeds(self) -> ShardMap:
+        """The configuration this map was followed from (itself for a configured map)."""
+        return self.origin if self.origin is not None else self
 
     @property
     def fingerprint(self) -> str:
@@ -115,16 +174,30 @@ class ShardMap:
         layout = {"buckets": BUCKETS, "shards": [s.identity() for s in self.shards]}
         return json.dumps(layout, sort_keys=True, separators=(",", ":"))
 
+    def layout(self) -> dict[str, Any]:
+        """The map as a `shard_maps.layout` document: URLs without passwords, ranges in
+        bucket order."""
+        return {
+            "buckets": BUCKETS,
+            "home": self.home,
+            "shards": [{"name": s.name, "url": without_password(s.url)} for s in self.shards],
+            "ranges": sorted([first, last, owner.name] for owner in self.shards
+                             for first, last in owner.ranges),
+        }
+
     def for_bucket(self, bucket: int) -> Shard:
         """The shard owning `bucket`."""
         if not 0 <= bucket < BUCKETS:
             raise ValueError(f"bucket {bucket} is outside 0..{BUCKETS - 1}")
-        starts = [s.first_bucket for s in self.shards]
-        return self.shards[bisect.bisect_right(starts, bucket) - 1]
+        return self._owners[bisect.bisect_right(self._starts, bucket) - 1]
 
     def for_execution(self, execution_id: str | Any) -> Shard:
         """The shard holding an execution, read straight from its id."""
         return self.for_bucket(bucket_of(execution_id))
+
+    def get(self, name: str) -> Shard | None:
+        """The shard called `name`, or None."""
+        return next((s for s in self.shards if s.name == name), None)
 
     def named(self, names: Sequence[str]) -> list[Shard]:
         """The shards with the given names, in map order; unknown names are an error."""
@@ -136,7 +209,7 @@ class ShardMap:
             )
         return [s for s in self.shards if s.name in set(names)]
 
-    # -- constructors --------------------------------------------------------
+# -- constructors --------------------------------------------------------
 
     @classmethod
     def from_urls(
@@ -152,8 +225,8 @@ class ShardMap:
         for i, url in enumerate(urls):
             first, last = i * BUCKETS // len(urls), (i + 1) * BUCKETS // len(urls) - 1
             name = f"shard-{i}"
-            shards.append(Shard(i, name, _check_url(url, name), first, last, lo, hi))
-        return cls(tuple(shards))
+            shards.append(Shard(i, name, _check_url(url, name), ((first, last),), lo, hi))
+        return cls(tuple(shards), pool_min=lo, pool_max=hi)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ShardMap:
@@ -196,7 +269,8 @@ class ShardMap:
         if not isinstance(pool, Mapping):
             raise ConfigError(f"{source}: [pool] must be a table")
         _check_keys(pool, _POOL_KEYS, f"{source}: [pool]")
-        _pool_sizes(pool.get("min_size"), pool.get("max_size"), where=f"{source}: [pool]")
+        default_min, default_max = _pool_sizes(pool.get("min_size"), pool.get("max_size"),
+                                               where=f"{source}: [pool]")
         entries = doc.get("shards")
         if not isinstance(entries, list) or not entries:
             raise ConfigError(f"{source}: needs at least one [[shards]] entry")
@@ -221,8 +295,50 @@ class ShardMap:
                 entry.get("max_size", pool.get("max_size")),
                 where=where,
             )
-            shards.append(Shard(i, name, default.url, first, last, lo, hi))
-        return cls(tuple(sorted(shards, key=lambda s: s.first_bucket)))
+            shards.append(Shard(i, name, default.url, ((first, last),), lo, hi))
+        _check_cover(sorted(shards, key=lambda s: s.first_bucket))
+        return cls(tuple(sorted(shards, key=lambda s: s.first_bucket)),
+                   pool_min=default_min, pool_max=default_max)
+
+    @classmethod
+    def from_layout(
+        cls, layout: object, version: int, *, seeds: ShardMap | None = None,
+        deployment: uuid.UUID | None = None,
+    ) -> ShardMap:
+        """Map `version` from its `shard_maps.layout` document (see `layout()`).
+
+        A shard the seed configuration names, at the same database, keeps its
+        configured URL and pool sizes. Any other shard connects with the map's URL
+        (stored without password), taking user and password from a seed on the same
+        host and port when the map's URL has none (libpq's passfile or PGPASSWORD
+        otherwise), with the configuration's default pool sizes.
+        """
+        where = f"map version {version}"
+        if not isinstance(layout, Mapping):
+            raise ConfigError(f"{where}: the layout is not an object")
+        _check_keys(layout, _LAYOUT_KEYS, where)
+        if layout.get("buckets") != BUCKETS:
+            raise ConfigError(f"{where}: buckets must be {BUCKETS}, got {layout.get('buckets')!r}")
+        owned = _layout_ranges(layout, where)
+        entries: list[Mapping[str, str]] = layout["shards"]
+        home = layout.get("home")
+        if not isinstance(home, str) or home not in owned:
+            raise ConfigError(f"{where}: home {home!r} is not one of its shards")
+        seed_map = seeds.seeds if seeds is not None else None
+        shards = []
+        for i, entry in enumerate(entries):
+            name, url = entry["name"], _check_url(entry["url"], f"{where}: {entry['name']}")
+            lo = seed_map.pool_min if seed_map else DEFAULT_POOL_MIN
+            hi = seed_map.pool_max if seed_map else DEFAULT_POOL_MAX
+            configured = seed_map.get(name) if seed_map else None
+            if configured is not None and _endpoint(configured.url) == _endpoint(url):
+                url, lo, hi = configured.url, configured.pool_min, configured.pool_max
+            elif seed_map is not None:
+                url = _with_seed_credentials(url, seed_map)
+            shards.append(Shard(i, name, url, tuple(sorted(owned[name])), lo, hi))
+        return cls(tuple(shards), version=version, home=home, deployment=deployment,
+                   origin=seed_map, pool_min=seed_map.pool_min if seed_map else DEFAULT_POOL_MIN,
+                   pool_max=seed_map.pool_max if seed_map else DEFAULT_POOL_MAX)
 
 
 def load_shard_map(shards_file: Path | None = None) -> ShardMap:
@@ -233,6 +349,7 @@ def load_shard_map(shards_file: Path | None = None) -> ShardMap:
 # -- validation ------------------------------------------------------------
 
 _DOCUMENT_KEYS = ("pool", "shards")
+_LAYOUT_KEYS = ("buckets", "home", "shards", "ranges")
 _POOL_KEYS = ("min_size", "max_size")
 _SHARD_KEYS = ("name", "url", "buckets", "min_size", "max_size")
 
@@ -247,6 +364,11 @@ def _check_keys(table: Mapping[str, Any], known: Sequence[str], where: str) -> N
             raise ConfigError(
                 f"{where}: unknown key {key!r}{hint}; known keys: {', '.join(known)}"
             )
+
+
+def check_url(url: str, name: str) -> str:
+    """`url` when it is a PostgreSQL URL naming a database; ConfigError naming `name` else."""
+    return _check_url(url, name)
 
 
 def _check_url(url: str, name: str) -> str:
@@ -302,6 +424,73 @@ def _check_cover(shards: Sequence[Shard]) -> None:
         raise ConfigError(f"buckets {expected}..{BUCKETS - 1} belong to no shard")
 
 
+def _layout_ranges(layout: Mapping[str, Any], where: str) -> dict[str, list[Range]]:
+    """Each shard's ranges in a layout document, every entry checked (coverage is
+    checked by ShardMap itself)."""
+    entries, ranges = layout.get("shards"), layout.get("ranges")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{where}: needs a non-empty list of shards")
+    if not isinstance(ranges, list):
+        raise ConfigError(f"{where}: ranges must be a list of [first, last, name]")
+    owned: dict[str, list[Range]] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or set(entry) != {"name", "url"} or not all(
+            isinstance(entry[k], str) and entry[k] for k in ("name", "url")
+        ):
+            raise ConfigError(f"{where}: shard entry {i} must be {{name, url}} strings")
+        owned.setdefault(entry["name"], [])
+    for item in ranges:
+        if (not isinstance(item, list) or len(item) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool)
+                           and 0 <= v < BUCKETS for v in item[:2])
+                or not isinstance(item[2], str)):
+            raise ConfigError(f"{where}: range {item!r} is not [first, last, name] "
+                              f"within 0..{BUCKETS - 1}")
+        if item[2] not in owned:
+            raise ConfigError(f"{where}: range {item!r} names no shard of the map")
+        if item[1] < item[0]:
+            raise ConfigError(f"{where}: range {item!r} is empty (last before first)")
+        owned[item[2]].append((item[0], item[1]))
+    return owned
+
+
+def _check_ranges(ranges: Sequence[tuple[int, int, str]]) -> None:
+    """Sorted (first, last, owner) ranges must cover 0..BUCKETS-1 exactly once."""
+    expected = 0
+    for first, last, name in ranges:
+        if first != expected:
+            kind = "gap" if first > expected else "overlap"
+            raise ConfigError(f"bucket {kind} at {expected}: shard {name} has a range "
+                              f"starting at {first}")
+        if last < first:
+            raise ConfigError(f"shard {name} has an empty bucket range")
+        expected = last + 1
+    if expected != BUCKETS:
+        raise ConfigError(f"buckets {expected}..{BUCKETS - 1} belong to no shard")
+
+
+def _with_seed_credentials(url: str, seeds: ShardMap) -> str:
+    """`url` with the user and password of a seed on the same host and port, when it
+    names neither itself."""
+    host, port, _ = _endpoint(url)
+    given = conninfo_to_dict(url)
+    if given.get("password"):
+        return url
+    for seed in seeds.shards:
+        seed_host, seed_port, _ = _endpoint(seed.url)
+        if (seed_host, seed_port) != (host, port):
+            continue
+        params = conninfo_to_dict(seed.url)
+        user, password = params.get("user"), params.get("password")
+        if not password or (given.get("user") and given["user"] != user):
+            continue
+        parts = urlsplit(url)
+        hosts = parts.netloc.rpartition("@")[2]
+        auth = f"{quote(str(user), safe='')}:{quote(str(password), safe='')}@"
+        return urlunsplit(parts._replace(netloc=auth + hosts))
+    return url
+
+
 def _entry_url(entry: object, index: int, source: str) -> str:
     if not isinstance(entry, Mapping) or not isinstance(entry.get("url"), str):
         raise ConfigError(f"{source}: shard entry {index} needs a url string")
@@ -319,10 +508,10 @@ def _bucket_range(value: object, where: str) -> tuple[int, int]:
 
 
 def _pool_sizes(lo: object, hi: object, *, where: str) -> tuple[int, int]:
-    for field, value in (("min_size", lo), ("max_size", hi)):
+    for key, value in (("min_size", lo), ("max_size", hi)):
         # bool is an int to Python, never a pool size to a reader.
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ConfigError(f"{where}: {field} must be an integer, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
     lo = DEFAULT_POOL_MIN if lo is None else lo
     hi = max(DEFAULT_POOL_MAX, lo) if hi is None and isinstance(lo, int) else hi
     if not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi < 1 or lo > hi:

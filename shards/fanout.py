@@ -1,5 +1,6 @@
-"""A batch routed by bucket: one call per shard, the answers back in input order; and a
-read of every shard that serves what the reachable ones hold.
+"""A batch routed by bucket: one call per shard, the answers back in input order, the
+items of a shard that refused them for a moved bucket sent again where the map now
+says; and a read of every shard that serves what the reachable ones hold.
 
 The client's starts and signals, the relay's deliveries and the parked-runs page
 all split a batch this way; this is the one place that does it.
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
 
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import ShardUnavailable
+from shardq.shards.errors import NotOwner, ShardUnavailable
+from shardq.shards.follow import Rerouting, Router
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -31,7 +33,7 @@ def by_shard(
 
 
 def fan_out(
-    shard_map: ShardMap,
+    route: ShardMap | Router,
     items: Sequence[T],
     bucket: Callable[[T], int],
     call: Callable[[Shard, list[T]], Sequence[R]],
@@ -43,22 +45,55 @@ def fan_out(
     `parallel`: the shards' calls overlap on threads (big batches, where each
     shard's commit takes long enough to be worth it) instead of running in
     turn. A call that raises raises here, after the calls before it returned.
-    """
-    groups = by_shard(shard_map, items, bucket)
 
-    def one(shard: Shard) -> Sequence[R]:
-        return call(shard, [item for _, item in groups[shard]])
+    Routed by a Router (ShardPools), a call a shard refuses because a bucket moved
+    (NotOwner, Fenced: its transaction rolled back) is made again for that call's
+    items only, by the map the refusal leads to (shards.follow.Rerouting: at once
+    for a new owner, after a short backoff for a move in progress), until the
+    retry budget runs out (ShardUnavailable). By a plain ShardMap, a refusal raises.
+    """
+    results: list[R | None] = [None] * len(items)
+    pending = list(range(len(items)))
+    retry: Rerouting | None = None
+    while pending:
+        shard_map = route if isinstance(route, ShardMap) else route.map
+        groups = by_shard(shard_map, [items[i] for i in pending], bucket)
+        answers = _call_groups(groups, call, parallel=parallel)
+        refused: list[int] = []
+        first: NotOwner | None = None
+        for shard, members in groups.items():
+            answer = answers[shard]
+            if isinstance(answer, NotOwner):
+                first = first or answer
+                refused += [pending[index] for index, _ in members]
+                continue
+            for (index, _), value in zip(members, answer, strict=True):
+                results[pending[index]] = value
+        if first is not None:
+            if isinstance(route, ShardMap):
+                raise first
+            retry = retry or Rerouting(route)
+            retry.after(first)
+        pending = sorted(refused)
+    return cast(list[R], results)  # every index was filled: each item is in one group
+
+
+def _call_groups(
+    groups: dict[Shard, list[tuple[int, T]]], call: Callable[[Shard, list[T]], Sequence[R]],
+    *, parallel: bool,
+) -> dict[Shard, Sequence[R] | NotOwner]:
+    """Each group's answer, or the refusal of a shard a bucket moved away from; any other
+    error raises (in turn: after the calls before it returned)."""
+    def one(shard: Shard) -> Sequence[R] | NotOwner:
+        try:
+            return call(shard, [item for _, item in groups[shard]])
+        except NotOwner as refusal:
+            return refusal
 
     if parallel and len(groups) > 1:
         with ThreadPoolExecutor(len(groups), thread_name_prefix="shardq-fan-out") as pool:
-            answers = dict(zip(groups, pool.map(one, groups), strict=True))
-    else:
-        answers = {shard: one(shard) for shard in groups}
-    results: list[R | None] = [None] * len(items)
-    for shard, members in groups.items():
-        for (index, _), answer in zip(members, answers[shard], strict=True):
-            results[index] = answer
-    return cast(list[R], results)  # every index was filled: each item is in one group
+            return dict(zip(groups, pool.map(one, groups), strict=True))
+    return {shard: one(shard) for shard in groups}
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
@@ -39,9 +41,16 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
-from shardq.shards.config import Shard, ShardMap, without_password
-from shardq.shards.errors import MapMismatch, MigrationError, SchemaBehind, ShardUnavailable
+from shardq.shards.config import Shard, ShardMap, check_url, redact, without_password
+from shardq.shards.errors import (
+    ConfigError,
+    MapMismatch,
+    MigrationError,
+    SchemaBehind,
+    ShardUnavailable,
+)
 from shardq.shards.pools import DictConnection, connect
 from shardq.shards.routing import BUCKETS
 from shardq.shards.sqlfile import load_queries
@@ -135,13 +144,20 @@ class _FirstVersion:
 
 @dataclass(frozen=True)
 class ShardStatus:
-    """What `check_shard` found on one shard; `problem` is None when it is ready."""
+    """What `check_shard` found on one shard; `problem` is None when it is ready.
+
+    `map_version` and `layout`: the newest map version the shard holds (None on a
+    shard migrated before map versions), `deployment` the one it belongs to.
+    """
 
     shard: Shard
     reachable: bool
     server_version: str | None
     schema_version: int | None
     problem: str | None
+    map_version: int | None = None
+    layout: dict[str, Any] | None = None
+    deployment: uuid.UUID | None = None
 
 
 def load_schema(directory: Path | Traversable | None = None) -> Schema:
@@ -186,35 +202,47 @@ def migrate(
     shards: list[Shard] | None = None,
     schema: Schema | None = None,
 ) -> list[ShardMigration]:
-    """Bring every shard (or `shards`) to the newest schema. Re-running is a no-op."""
+    """Bring every shard (or `shards`) to the newest schema. Re-running is a no-op.
+
+    Every shard: the configured ones (the seeds), and those a newer map version
+    added (`shardq shards add`), learned from the newest version the seeds hold.
+    """
     schema = load_schema() if schema is None else schema
     # Version 1 is read from the shards that have it before any is written, so a
     # shard migrated alone earlier (`--shard`) gives its deployment to the others
     # instead of being refused by one minted here.
-    first = _recorded_first_version(shard_map)
+    first, learned = _recorded_first_version(shard_map)
     results = []
-    for shard in shards or shard_map.shards:
+    for shard in shards or [*shard_map.shards, *learned]:
         result, first = _migrate_shard(shard_map, shard, schema, first)
         results.append(result)
     return results
 
 
-def _recorded_first_version(shard_map: ShardMap) -> _FirstVersion | None:
-    """Version 1 as the reachable shards of the map record it; None when none does.
+def _recorded_first_version(shard_map: ShardMap) -> tuple[_FirstVersion | None, list[Shard]]:
+    """Version 1 as the reachable shards of the map record it (None when none does),
+    and the shards a newer version holds that the map does not name.
 
     Raises MapMismatch naming a shard whose deployment differs from the first
     shard's that has one. Unreachable shards are passed over: migrating one
     reports it, and a migration of the others must not wait for it.
     """
     first = None
+    newest: tuple[int, str] = (0, "")
     for shard in shard_map.shards:
         try:
             with connect(shard, autocommit=True) as conn:
                 found = _read_first_version(conn, shard)
+                state = conn.execute(SQL["read_map_state"]).fetchone() if found else None
         except ShardUnavailable:
             continue
         first = _agree(first, found, shard)
-    return first
+        if state is not None and state["version"] is not None:
+            newest = max(newest, (int(state["version"]), str(state["layout"])))
+    if newest[0] <= 1:
+        return first, []
+    current = ShardMap.from_layout(json.loads(newest[1]), newest[0], seeds=shard_map)
+    return first, [s for s in current.shards if shard_map.get(s.name) is None]
 
 
 def _read_first_version(conn: DictConnection, shard: Shard) -> _FirstVersion | None:
@@ -390,8 +418,17 @@ def _compare_identity(shard_map: ShardMap, shard: Shard, row: dict[str, Any]) ->
 
 
 def check_shard(shard_map: ShardMap, shard: Shard, *, schema: Schema | None = None) -> ShardStatus:
-    """Reachability, server and schema version, and map agreement of one shard."""
+    """Reachability, server and schema version, and map agreement of one shard.
+
+    The map agrees when the shard's version 1 is the one this process's
+    configuration describes (the recorded fingerprint, as before map versions),
+    it belongs to the deployment of the map (once the process knows it), and its
+    copy of this process's version, if it has it, has the same ranges. A shard
+    holding a newer version agrees: the process follows it (`map_version`).
+    """
     schema = load_schema() if schema is None else schema
+    map_state: dict[str, Any] | None = None
+    mine: dict[str, Any] | None = None
     try:
         with connect(shard, autocommit=True) as conn:
             status = conn.execute(SQL["shard_status"]).fetchone()
@@ -404,24 +441,58 @@ def check_shard(shard_map: ShardMap, shard: Shard, *, schema: Schema | None = No
             schema_version = int(version["version"])
             identity = conn.execute(SQL["read_identity"]).fetchone()
             functions = _applied_functions(conn) if status["has_function_bookkeeping"] else set()
+            present = conn.execute(SQL["has_map_versions"]).fetchone()
+            if present is not None and present["present"]:
+                map_state = conn.execute(SQL["read_map_state"]).fetchone()
+                if shard_map.version > 1:
+                    mine = conn.execute(SQL["read_map_version"],
+                                        {"version": shard_map.version}).fetchone()
     except ShardUnavailable as exc:
         return ShardStatus(shard, False, None, None, str(exc).removeprefix(shard.label + ": "))
     problem = None
     if identity is not None:
         try:
-            _compare_identity(shard_map, shard, identity)
+            _compare_identity(shard_map.seeds, shard, identity)
         except MapMismatch as exc:
             problem = str(exc).removeprefix(shard.label + ": ")
+    newest: int | None = None
+    layout: dict[str, Any] | None = None
+    deployment: uuid.UUID | None = None
+    if map_state is not None:
+        deployment = map_state["deployment"]
+        if map_state["version"] is not None:
+            newest, layout = int(map_state["version"]), json.loads(map_state["layout"])
+        if problem is None:
+            problem = _compare_versions(shard_map, deployment, mine)
     if problem is None and schema_version < schema.version:
         problem = f"schema behind: version {schema_version}, this code needs {schema.version}"
     stale = [f.label for f in schema.functions if (f.name, f.checksum) not in functions]
     if problem is None and stale:
         problem = f"schema behind: {', '.join(stale)} not applied (run `shardq migrate`)"
-    return ShardStatus(shard, True, server, schema_version, problem)
+    return ShardStatus(shard, True, server, schema_version, problem, newest, layout, deployment)
 
 
-def verify_shard(shard_map: ShardMap, shard: Shard) -> None:
-    """Raise unless `shard` is reachable, holds `shard_map` and this code's schema.
+def _compare_versions(
+    shard_map: ShardMap, deployment: uuid.UUID | None, mine: dict[str, Any] | None
+) -> str | None:
+    """Why a shard's map versions disagree with `shard_map`, or None when they agree."""
+    if (shard_map.deployment is not None and deployment is not None
+            and deployment != shard_map.deployment):
+        return (f"shard map mismatch: it belongs to deployment {deployment}, this process's "
+                f"shards to {shard_map.deployment}")
+    if mine is None:
+        return None  # the process's version is not on this shard yet (written best effort)
+    theirs = json.loads(mine["layout"])
+    ours = shard_map.layout()
+    if (theirs.get("ranges"), theirs.get("home")) != (ours["ranges"], ours["home"]):
+        return (f"shard map mismatch: its map version {shard_map.version} has other ranges "
+                "than the one this process holds")
+    return None
+
+
+def verify_shard(shard_map: ShardMap, shard: Shard) -> int | None:
+    """Raise unless `shard` is reachable, agrees with `shard_map` and has this code's
+    schema; return the newest map version it holds (None before map versions).
 
     ShardUnavailable when it cannot be reached; MapMismatch or SchemaBehind when
     it can, and disagrees (the check every pool makes on first reaching a shard).
@@ -430,6 +501,7 @@ def verify_shard(shard_map: ShardMap, shard: Shard) -> None:
     if not status.reachable:
         raise ShardUnavailable(f"{shard.label}: {status.problem}")
     _raise_problem(status)
+    return status.map_version
 
 
 def _raise_problem(status: ShardStatus) -> None:
@@ -442,10 +514,260 @@ def verify_shards(shard_map: ShardMap, shards: list[Shard] | None = None) -> lis
     """Check shards before a process uses them; raise on a map mismatch or an old schema.
 
     Unreachable shards are returned, not raised: a daemon serves the shards it can
-    reach and picks the others up when they come back.
+    reach and picks the others up when they come back. The statuses carry the
+    newest map version each shard holds: hand them to ShardPools (`verified`) and
+    it starts from the newest among them.
     """
     schema = load_schema()
     statuses = [check_shard(shard_map, s, schema=schema) for s in shards or shard_map.shards]
     for status in statuses:
         _raise_problem(status)
+    _check_one_deployment(statuses)
     return statuses
+
+
+def _check_one_deployment(statuses: list[ShardStatus]) -> None:
+    """Seeds of two deployments (same names and ranges, another `migrate`) are refused."""
+    first: ShardStatus | None = None
+    for status in statuses:
+        if status.deployment is None:
+            continue
+        if first is None:
+            first = status
+        elif status.deployment != first.deployment:
+            raise MapMismatch(
+                f"{status.shard.label}: shard map mismatch: it belongs to deployment "
+                f"{status.deployment}, {first.shard.label} to {first.deployment}")
+
+
+# -- following and changing the map ------------------------------------------------
+
+# "shardqmv": the mover's lock on the home shard. Only its holder writes a new map
+# version, so two changes at once can never mint two different version-N documents.
+MOVER_LOCK_KEY = int.from_bytes(b"shardqmv", "big") & 0x7FFF_FFFF_FFFF_FFFF
+MAX_SHARD_NAME = 63
+"""Characters of a shard name: PostgreSQL's identifier length, so it fits wherever a
+name is used (application_name, a pool's name, log fields)."""
+MIN_SERVER_VERSION = 150000
+
+
+def read_newer_map(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:
+    """(version, layout, deployment) of the newest map version newer than `after` that
+    the connected shard holds, or None."""
+    row = conn.execute(SQL["read_newer_map"], {"after": after}).fetchone()
+    if row is None:
+        return None
+    return int(row["version"]), json.loads(row["layout"]), row["deployment"]
+
+
+@dataclass(frozen=True)
+class MapView:
+    """The current map as the reachable seeds know it, and each of its shards' status
+    (the seeds first, then the shards later versions added)."""
+
+    map: ShardMap
+    statuses: list[ShardStatus]
+
+    def status(self, name: str) -> ShardStatus | None:
+        return next((s for s in self.statuses if s.shard.name == name), None)
+
+
+def read_map(seeds: ShardMap, *, schema: Schema | None = None) -> MapView:
+    """Check every seed, take the newest version among them, and check the shards it
+    adds. Problems are in the statuses, not raised (`shardq shards status` shows them)."""
+    schema = load_schema() if schema is None else schema
+    statuses = [check_shard(seeds, s, schema=schema) for s in seeds.shards]
+    try:
+        _check_one_deployment(statuses)
+    except MapMismatch:
+        current = seeds  # shown as the problem of the seed that differs
+    else:
+        from shardq.shards.follow import newest_map  # noqa: PLC0415 - follow is below pools
+
+        current = newest_map(seeds, [s for s in statuses if s.reachable and not s.problem])
+    by_name = {s.shard.name: s for s in statuses}
+    ordered = []
+    for shard in current.shards:
+        known = by_name.pop(shard.name, None)
+        ordered.append(known if known is not None and known.shard == shard
+                       else check_shard(current, shard, schema=schema))
+    return MapView(current, [*ordered, *by_name.values()])
+
+
+def count_runs(shard: Shard) -> int | None:
+    """How many runs `shard` holds; None when it cannot be read."""
+    try:
+        with connect(shard, autocommit=True) as conn:
+            row = conn.execute(SQL["count_runs"]).fetchone()
+    except (ShardUnavailable, psycopg.Error):
+        return None
+    return int(row["runs"]) if row is not None else None
+
+
+def _ownership(shard: Shard) -> dict[str, Any] | None:
+    with connect(shard, autocommit=True) as conn:
+        return conn.execute(SQL["read_ownership"]).fetchone()
+
+
+def check_shard_name(name: str) -> str:
+    """A new shard's name: 1..63 printable characters, no spaces, valid UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"shard name {name!r} is not valid UTF-8") from None
+    if not name:
+        raise ConfigError("shard name is empty")
+    if len(name) > MAX_SHARD_NAME:
+        raise ConfigError(f"shard name is {len(name)} characters long; at most "
+                          f"{MAX_SHARD_NAME} are allowed")
+    if any(c.isspace() or not c.isprintable() for c in name):
+        raise ConfigError(f"shard name {name!r} has spaces or control characters")
+    return name
+
+
+def check_new_url(name: str, url: str) -> str:
+    """A new shard's URL: PostgreSQL, names a database, carries no password."""
+    check_url(url, name)
+    params = conninfo_to_dict(url)
+    if params.get("password") or params.get("sslpassword"):
+        raise ConfigError(
+            f"{name}: {redact(url)} carries a password: shard URLs are stored in every shard "
+            "(shardq.shard_maps), so give the password through a passfile (~/.pgpass, "
+            "PGPASSFILE) or PGPASSWORD instead")
+    return url
+
+
+@contextmanager
+def _mover_lock(current: ShardMap) -> Iterator[None]:
+    """The mover's lock on the home shard, held while a new version is written."""
+    home = current.get(current.home)
+    assert home is not None
+    with connect(home, autocommit=True) as conn:
+        row = conn.execute(SQL["try_mover_lock"], {"key": MOVER_LOCK_KEY}).fetchone()
+        if row is None or not row["locked"]:
+            raise ShardUnavailable(
+                f"{home.label}: another map change or move holds the mover lock; try again "
+                "when it is done (`shardq shards status`)")
+        try:
+            yield
+        finally:
+            if not conn.closed:
+                conn.execute(SQL["release_mover_lock"], {"key": MOVER_LOCK_KEY})
+
+
+def _require_all(view: MapView) -> None:
+    """A new version is written to every shard: each must be reachable and agree."""
+    for status in view.statuses:
+        if not status.reachable:
+            raise ShardUnavailable(f"{status.shard.label}: {status.problem}")
+        _raise_problem(status)
+
+
+def _server_of(shard: Shard) -> tuple[str, str]:
+    with connect(shard, autocommit=True) as conn:
+        row = conn.execute(SQL["server_identity"]).fetchone()
+    assert row is not None
+    return str(row["server"]), str(row["dbname"])
+
+
+def add_shard(seeds: ShardMap, name: str, url: str) -> ShardMap:
+    """`shardq shards add`: migrate the database at `url` as shard `name`, owning no
+    buckets, and write map version N+1 (the current ranges, one more shard) to every
+    shard, the new one included. Returns version N+1.
+
+    Refused (nothing written): a bad name or URL, a name or database the map has
+    already (under any spelling of its host), a database that holds another
+    deployment's shardq schema, a server that cannot be reached or is older than 15.
+    """
+    check_shard_name(name)
+    check_new_url(name, url)
+    _require_all(read_map(seeds))
+    with _mover_lock(read_map(seeds).map):
+        view = read_map(seeds)  # under the lock: no other change slips in between
+        _require_all(view)
+        current = view.map
+        if current.get(name) is not None:
+            raise ConfigError(f"shard {name} exists already (map version {current.version})")
+        new = Shard(len(current.shards), name, url, (), current.pool_min, current.pool_max)
+        layout = current.layout()
+        layout["shards"].append({"name": name, "url": without_password(url)})
+        grown = ShardMap.from_layout(layout, current.version + 1, seeds=seeds,
+                                     deployment=current.deployment)  # duplicate URLs refused
+        _check_new_database(current, new)
+        migrate(seeds, shards=[new])
+        _write_version(grown, [*current.shards, new])
+    log.info("shard added", extra={"shard": name, "map_version": grown.version})
+    return grown
+
+
+def _check_new_database(current: ShardMap, new: Shard) -> None:
+    with connect(new, autocommit=True) as conn:
+        version = conn.execute(SQL["server_version_num"]).fetchone()
+        assert version is not None
+        if int(version["num"]) < MIN_SERVER_VERSION:
+            raise ConfigError(f"{new.label}: PostgreSQL {version['text']} is too old; shardq "
+                              "needs 15 or newer")
+        present = conn.execute(SQL["has_map_versions"]).fetchone()
+        ours = None
+        if present is not None and present["present"]:
+            ours = conn.execute(SQL["read_map_state"]).fetchone()
+        identity = conn.execute(SQL["shard_status"]).fetchone()
+        recorded = (conn.execute(SQL["read_identity"]).fetchone()
+                    if identity is not None and identity["has_bookkeeping"] else None)
+    if ours is not None and ours["deployment"] != current.deployment:
+        raise MapMismatch(f"{new.label}: the database holds the shardq schema of deployment "
+                          f"{ours['deployment']}, not this one's ({current.deployment})")
+    if recorded is not None and (recorded["shard_name"] != new.name or
+                                 recorded["fingerprint"] != current.seeds.fingerprint):
+        raise MapMismatch(f"{new.label}: the database holds another deployment's shardq "
+                          f"schema (recorded as {recorded['shard_name']})")
+    server = _server_of(new)
+    for shard in current.shards:
+        if _server_of(shard) == server:
+            raise ConfigError(f"{new.label} is the database of shard {shard.label} under "
+                              "another spelling")
+
+
+def remove_shard(seeds: ShardMap, name: str) -> ShardMap:
+    """`shardq shards remove`: write map version N+1 without shard `name` to every shard.
+
+    Refused while it owns buckets (in the map, or by its own ownership row), while it
+    holds rows a move has not cleaned up, when it is the home shard, or unknown.
+    """
+    with _mover_lock(read_map(seeds).map):
+        view = read_map(seeds)
+        current = view.map
+        shard = current.get(name)
+        if shard is None:
+            raise ConfigError(f"unknown shard {name!r}: map version {current.version} has "
+                              f"{', '.join(s.name for s in current.shards)}")
+        if name == current.home:
+            raise ConfigError(f"shard {name} is the home shard (it holds the move journal); "
+                              "it cannot be removed")
+        if shard.ranges:
+            owned = ", ".join(f"{a}-{b}" for a, b in shard.ranges)
+            raise ConfigError(f"shard {name} owns buckets {owned}: move them to other shards "
+                              "first (`shardq shards move`)")
+        _require_all(view)
+        ownership = _ownership(shard)
+        if ownership is not None and (ownership["owned"] or ownership["unclean"]):
+            raise ConfigError(f"shard {name} still owns {ownership['owned']} bucket(s) or holds "
+                              "rows a move has not cleaned up; finish the move first")
+        layout = current.layout()
+        layout["shards"] = [s for s in layout["shards"] if s["name"] != name]
+        shrunk = ShardMap.from_layout(layout, current.version + 1, seeds=seeds,
+                                      deployment=current.deployment)
+        # The removed shard learns it too: a process still asking it finds the version.
+        _write_version(shrunk, list(current.shards))
+    log.info("shard removed", extra={"shard": name, "map_version": shrunk.version})
+    return shrunk
+
+
+def _write_version(new: ShardMap, shards: list[Shard]) -> None:
+    """Record `new` on each shard, with its ownership row's version, one transaction each."""
+    layout = json.dumps(new.layout())
+    for shard in shards:
+        with connect(shard, autocommit=True) as conn, conn.transaction():
+            conn.execute(SQL["record_map_version_once"], {"version": new.version,
+                                                          "layout": layout})
+            conn.execute(SQL["take_version"], {"version": new.version})

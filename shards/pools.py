@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -23,6 +23,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import SchemaBehind, ShardqError, ShardUnavailable
+from shardq.shards.follow import map_poll_interval, newest_map
+
+if TYPE_CHECKING:
+    from shardq.shards.migrations import ShardStatus
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,8 @@ DOWN_PROBE_INTERVAL_S = 1.0
 tries a direct connection: a refused shard costs nothing, and one that is back is used
 within about a second."""
 
-Verifier = Callable[[ShardMap, Shard], None]
+Verifier = Callable[[ShardMap, Shard], int | None]
+"""Checks a shard on first reach; returns the newest map version it holds (or None)."""
 
 
 def tcp_settings(url: str) -> dict[str, Any]:
@@ -96,20 +101,29 @@ def connect(shard: Shard, *, autocommit: bool = False) -> DictConnection:
 
 
 class ShardPools:
-    """One connection pool per shard, sized from the map, opened without waiting.
+    """One connection pool per shard of the current map version, opened without waiting.
 
     Pools open in the background so an unreachable shard does not stop a
     process serving the others; `connection()` raises ShardUnavailable for it.
 
     A shard is verified the first time it is reached, before any connection of
-    its pool is handed out: its recorded map and schema must be this process's
-    (`verify`, by default shards.migrations.verify_shard). A daemon started while
+    its pool is handed out: its recorded map and schema must agree with this
+    process's (`verify`, by default shards.migrations.verify_shard). A daemon started while
     a shard was unreachable, or out of connection slots, checks it when it comes
     back instead of routing by a map the shards do not share. A map mismatch
     raises MapMismatch on every use and is handed to `on_fatal` once: a process
     holding another map must stop, whatever shard it found out on. A shard not
     migrated yet (or behind this code's schema) is treated as unavailable until
     `shardq migrate` has run on it.
+
+    The map follows newer versions (shards/follow.py): `map` is always the
+    current one; `refresh` reads newer versions from a shard (the one that
+    refused a request holds them), and a slow poll (`follow_every_s`, by default
+    SHARDQ_MAP_POLL_S = 30 s for pools that do not probe, none for those that do)
+    re-reads the newest. A shard a version adds gets its pool on first use; one a
+    version drops keeps its pool until its last connection comes back. Given the
+    statuses verify_shards returned (`verified`), the pools start from the newest
+    version the reachable seeds hold.
 
     After a failure that says the shard is gone (refused, timed out, broken
     connection), calls fail at once with that error and one call a second
@@ -129,9 +143,12 @@ class ShardPools:
     def __init__(
         self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq",
         probe: bool = False, options: str | None = None, verify: Verifier | None = None,
-        on_fatal: Callable[[ShardqError], None] | None = None, verified: Iterable[Shard] = (),
+        on_fatal: Callable[[ShardqError], None] | None = None,
+        verified: Iterable[Shard | ShardStatus] = (), follow_every_s: float | None = None,
     ) -> None:
-        self.map = shard_map
+        checked = list(verified)
+        statuses = [v for v in checked if not isinstance(v, Shard)]
+        self._map = newest_map(shard_map, [st for st in statuses if st.reachable])
         self._timeout = timeout
         self._probe = probe
         self._application_name = application_name
@@ -141,12 +158,37 @@ class ShardPools:
         self._fatal: ShardqError | None = None
         # Shards the caller checked just before (shards.migrations.verify_shards at
         # a process's start): not checked a second time on first use.
-        self._verified: set[str] = {shard.name for shard in verified}
+        self._verified: set[str] = {
+            v.name if isinstance(v, Shard) else v.shard.name
+            for v in checked if isinstance(v, Shard) or v.reachable}
         self._opened: set[str] = set()
+        self._open = False
         self._closed = False
-        self._locks = {shard.name: threading.Lock() for shard in shard_map.shards}
+        self._guard = threading.Lock()  # the pools, locks, users and retired sets below
+        self._refreshing = threading.RLock()  # a shard first reached in a refresh may refresh
+        self._locks: dict[str, threading.Lock] = {}
         self._down: dict[str, tuple[ShardUnavailable, float]] = {}  # error, next probe at
-        self._pools = {shard.name: self._new_pool(shard) for shard in shard_map.shards}
+        self._pools: dict[str, ConnectionPool[DictConnection]] = {}
+        self._users: dict[str, int] = {}
+        self._retired: set[str] = set()
+        self._left: dict[str, Shard] = {}  # shards versions dropped, by name
+        self._newest_seen = self._map.version
+        self._follow_every = (follow_every_s if follow_every_s is not None
+                              else 0.0 if probe else map_poll_interval())
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        for shard in self._map.shards:
+            self._pool_of(shard)
+
+    @property
+    def map(self) -> ShardMap:
+        """The current map version: what requests route by now."""
+        return self._map
+
+    @property
+    def seeds(self) -> ShardMap:
+        """The configured map the process started from."""
+        return self._map.seeds
 
     def _new_pool(self, shard: Shard) -> ConnectionPool[DictConnection]:
         return ConnectionPool(
@@ -169,20 +211,52 @@ class ShardPools:
             name=f"shardq-{shard.name}",
         )
 
+    def _pool_of(self, shard: Shard) -> ConnectionPool[DictConnection]:
+        """The shard's pool, made (and opened, for pools that do not probe) on first use."""
+        with self._guard:
+            pool = self._pools.get(shard.name)
+            if pool is not None:
+                return pool
+            if self._closed:
+                raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
+            if shard.name in self._retired or self._map.get(shard.name) is None:
+                raise ShardUnavailable(
+                    f"{shard.label}: not in the shard map any more (version {self._map.version})")
+            pool = self._new_pool(shard)
+            self._pools[shard.name] = pool
+            self._locks.setdefault(shard.name, threading.Lock())
+            if self._open and not self._probe:
+                pool.open(wait=False)
+            return pool
+
+    def _lock_of(self, shard: Shard) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(shard.name, threading.Lock())
+
     @property
     def fatal(self) -> ShardqError | None:
         """The map or schema mismatch found on a shard, if one was: the process must stop."""
         return self._fatal
 
     def open(self) -> ShardPools:
+        with self._guard:
+            self._open = True
+            pools = list(self._pools.values())
         if not self._probe:
-            for pool in self._pools.values():
+            for pool in pools:
                 pool.open(wait=False)
+        if self._follow_every > 0 and self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="shardq-map-poll",
+                                            daemon=True)
+            self._poller.start()
         return self
 
     def close(self) -> None:
-        self._closed = True
-        for pool in self._pools.values():
+        self._stop.set()
+        with self._guard:
+            self._closed = True
+            pools = list(self._pools.values())
+        for pool in pools:
             pool.close()
 
     def __enter__(self) -> ShardPools:
@@ -200,11 +274,18 @@ class ShardPools:
         """A pooled autocommit connection to `shard`."""
         if self._fatal is not None:
             raise self._fatal
+        pool = self._pool_of(shard)
         if (shard.name in self._down or shard.name not in self._verified
                 or (self._probe and shard.name not in self._opened)):
-            self._reach(shard)
+            newer = self._reach(shard)
+            if newer is not None and newer > self._map.version:
+                # A shard reached late holds a newer version: follow it before routing more.
+                self.refresh(at_least=newer, via=shard)
+            pool = self._pool_of(shard)  # renewed if it came back
+        with self._guard:
+            self._users[shard.name] = self._users.get(shard.name, 0) + 1
         try:
-            with self._pools[shard.name].connection() as conn:
+            with pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
             raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
@@ -212,19 +293,33 @@ class ShardPools:
             if not connection_lost(exc):
                 raise
             raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
+        finally:
+            self._done_with(shard.name)
 
-    def _reach(self, shard: Shard) -> None:
-        """Verify a shard not reached yet, or probe one that is down; raise if it fails."""
-        with self._locks[shard.name]:
+    def _done_with(self, name: str) -> None:
+        with self._guard:
+            self._users[name] -= 1
+            idle = self._users[name] == 0 and name in self._retired
+            pool = self._pools.pop(name, None) if idle else None
+        if pool is not None:
+            log.info("shard left the map; its pool is closed", extra={"shard": name})
+            pool.close()
+
+    def _reach(self, shard: Shard) -> int | None:
+        """Verify a shard not reached yet, or probe one that is down; raise if it fails.
+        Returns the newest map version a shard verified now holds."""
+        newer = None
+        with self._lock_of(shard):
             down = self._down.get(shard.name)
             if down is not None and time.monotonic() < down[1]:
                 raise down[0]
             opening = self._probe and shard.name not in self._opened
             if down is None and shard.name in self._verified and not opening:
-                return  # another thread reached it meanwhile
+                return None  # another thread reached it meanwhile
             try:
                 if shard.name not in self._verified:
-                    self._verify(self.map, shard)  # connects directly: raises at once if down
+                    # connects directly: raises at once if down
+                    newer = self._verify(self._map, shard)
                     self._verified.add(shard.name)
                 elif down is not None:
                     connect(shard).close()
@@ -248,16 +343,17 @@ class ShardPools:
                     self._on_fatal(exc)
                 raise
             if self._probe and shard.name not in self._opened:
-                self._pools[shard.name].open(wait=False)
+                self._pool_of(shard).open(wait=False)
                 self._opened.add(shard.name)
             elif down is not None:
                 self._renew_pool(shard)
             if down is not None:
                 log.warning("shard reachable again", extra={"shard": shard.name})
             self._down.pop(shard.name, None)
+        return newer
 
     def _went_down(self, shard: Shard, error: ShardUnavailable) -> ShardUnavailable:
-        with self._locks[shard.name]:
+        with self._lock_of(shard):
             if shard.name not in self._down:
                 log.warning("shard unavailable", extra={"shard": shard.name, "error": str(error)})
             self._down[shard.name] = (error, time.monotonic() + DOWN_PROBE_INTERVAL_S)
@@ -265,15 +361,98 @@ class ShardPools:
 
     def _renew_pool(self, shard: Shard) -> None:
         """Swap in a fresh pool: the old one may sit in a reconnection backoff of minutes."""
-        if self._closed:
-            return
-        old = self._pools[shard.name]
-        fresh = self._new_pool(shard)
-        fresh.open(wait=False)
-        self._pools[shard.name] = fresh
+        with self._guard:
+            if self._closed or shard.name not in self._pools:
+                return
+            old = self._pools[shard.name]
+            fresh = self._new_pool(shard)
+            fresh.open(wait=False)
+            self._pools[shard.name] = fresh
         # Its connections still lent out are closed as they come back.
         threading.Thread(target=old.close, kwargs={"timeout": SILENT_PEER_TIMEOUT_S},
                          name=f"shardq-pool-retire-{shard.name}", daemon=True).start()
+
+    # -- following the map -----------------------------------------------------------
+
+    def refresh(self, at_least: int = 0, via: Shard | str | None = None) -> ShardMap:
+        """Read map versions newer than the current one and route by the newest.
+
+        From `via` (a shard, or a shard's name in the current map) when given: the
+        shard that refused a request holds the version it named. Without it, from
+        the current map's shards, the home shard first, until one answers with a
+        newer version. Returns at once when the current map is at `at_least`
+        already (another thread refreshed). Raises ShardUnavailable when `via` cannot
+        be read.
+        """
+        with self._refreshing:
+            current = self._map
+            if at_least and current.version >= at_least:
+                return current
+            sources = self._sources(via)
+            found = None
+            for shard in sources:
+                try:
+                    with self.connection(shard) as conn:
+                        found = _read_newer(conn, current.version)
+                except ShardUnavailable:
+                    if via is not None:
+                        raise
+                    continue
+                if found is not None:
+                    break
+            if found is not None:
+                version, layout, deployment = found
+                self._install(ShardMap.from_layout(layout, version, seeds=current.seeds,
+                                                   deployment=deployment or current.deployment))
+            return self._map
+
+    def _sources(self, via: Shard | str | None) -> list[Shard]:
+        current = self._map
+        if isinstance(via, Shard):
+            return [via]
+        if isinstance(via, str):
+            shard = current.get(via) or self._left.get(via)
+            if shard is None:
+                raise ShardUnavailable(f"{via}: not a shard of map version {current.version}")
+            return [shard]
+        home = current.get(current.home)
+        return [*([home] if home else []), *(s for s in current.shards if s.name != current.home)]
+
+    def _install(self, new: ShardMap) -> None:
+        """Route by `new` from now on; pools of shards it dropped close after their last use."""
+        with self._guard:
+            old = self._map
+            if new.version <= old.version:
+                return
+            dropped = {s.name for s in old.shards} - {s.name for s in new.shards}
+            self._map = new
+            self._left.update({s.name: s for s in old.shards if s.name in dropped})
+            self._retired |= dropped
+            self._retired -= {s.name for s in new.shards}
+            idle = [self._pools.pop(n) for n in dropped
+                    if n in self._pools and self._users.get(n, 0) == 0]
+        log.info("following map version", extra={"from": old.version, "to": new.version})
+        for pool in idle:
+            pool.close()
+
+    def _poll(self) -> None:
+        """The slow poll: the correctness path when no refusal tells the process."""
+        if self._map.version <= 1:
+            self._poll_once()  # started from the configuration: read the newest now
+        while not self._stop.wait(self._follow_every):
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        try:
+            self.refresh()
+        except Exception as exc:  # a poll that fails is retried at the next one
+            log.warning("could not re-read the shard map", extra={"error": str(exc)})
+
+
+def _read_newer(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:
+    from shardq.shards.migrations import read_newer_map  # noqa: PLC0415
+
+    return read_newer_map(conn, after)
 
 
 def _default_verifier() -> Verifier:

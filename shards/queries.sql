@@ -79,3 +79,60 @@ INSERT INTO shardq.shard_maps (version, layout) VALUES (%(version)s, %(layout)s:
 -- name: record_ownership
 INSERT INTO shardq.ownership (deployment, map_version, writable, owned)
 VALUES (%(deployment)s, %(map_version)s, %(owned)s::bit(4096), %(owned)s::bit(4096))
+
+-- name: read_map_state
+-- A shard's deployment and the newest map version it holds (a process starts from
+-- the newest among its seeds, and follows a newer one it finds later).
+SELECT o.deployment, m.version, m.layout::text AS layout
+FROM shardq.ownership o
+LEFT JOIN LATERAL (
+    SELECT version, layout FROM shardq.shard_maps ORDER BY version DESC LIMIT 1
+) m ON true
+
+-- name: read_map_version
+SELECT layout::text AS layout FROM shardq.shard_maps WHERE version = %(version)s
+
+-- name: read_newer_map
+-- The newest version after the caller's, with the shard's deployment: what a
+-- refusal or the slow poll reads.
+SELECT m.version, m.layout::text AS layout, o.deployment
+FROM shardq.shard_maps m CROSS JOIN shardq.ownership o
+WHERE m.version > %(after)s
+ORDER BY m.version DESC
+LIMIT 1
+
+-- name: take_version
+-- A version this shard takes part in: written with its row, in one transaction,
+-- so the version a refusal names is always there to read.
+UPDATE shardq.ownership SET map_version = %(version)s WHERE map_version < %(version)s
+
+-- name: record_map_version_once
+INSERT INTO shardq.shard_maps (version, layout) VALUES (%(version)s, %(layout)s::jsonb)
+ON CONFLICT (version) DO NOTHING
+
+-- name: read_ownership
+SELECT deployment, map_version, bit_count(owned) AS owned, bit_count(writable) AS writable,
+       unclean
+FROM shardq.ownership
+
+-- name: count_runs
+-- For `shardq shards status`: exact, one scan of the primary key (status is rare).
+SELECT count(*) AS runs FROM shardq.executions
+
+-- name: server_identity
+-- Tells one server's database from another spelled differently (localhost and
+-- 127.0.0.1, a second port forwarded to the same server).
+-- (pg_control_system() would be exact but is not granted to every role; a
+-- server's start time to the microsecond and its port tell servers apart as well.)
+SELECT pg_postmaster_start_time()::text || ':' || current_setting('port') AS server,
+       current_database() AS dbname
+
+-- name: try_mover_lock
+SELECT pg_try_advisory_lock(%(key)s) AS locked
+
+-- name: release_mover_lock
+SELECT pg_advisory_unlock(%(key)s)
+
+-- name: server_version_num
+SELECT current_setting('server_version_num')::integer AS num,
+       current_setting('server_version') AS text

@@ -291,8 +291,8 @@ def open_client(settings: Settings, registry: Registry | None = None) -> Iterato
     with errors_as_exit_codes():
         shard_map = settings.shard_map()
         checked = verify_shards(shard_map)
-        pools = ShardPools(shard_map, probe=True,
-                           verified=[s.shard for s in checked if s.reachable]).open()
+        # The statuses carry each seed's newest map version: the command routes by the newest.
+        pools = ShardPools(shard_map, probe=True, verified=checked).open()
         try:
             # Commands that start nothing need no workflow definitions.
             yield Client(Store(pools), registry or Registry())

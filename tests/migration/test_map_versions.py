@@ -19,7 +19,7 @@ from shardq.shards.migrations import load_schema, migrate
 from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
 
 from ..schema_picture import describe
-from ..support import ROOT, rows, schema_before
+from ..support import ROOT, rows, schema_before, wait_until
 
 Fresh = Callable[[int], list[str]]
 SECRET = "s3cret-pw"
@@ -169,3 +169,105 @@ def test_a_deployment_from_before_map_versions_gets_version_1_from_its_record(
     assert recorded[0]["ownership"]["deployment"] == recorded[1]["ownership"]["deployment"]
     assert [r["ownership"]["owned"].count("1") for r in recorded] == [100, 3996]
     assert describe(plain[0]) == (ROOT / "schema" / "current.sql").read_text()
+
+
+# -- processes follow newer versions (growing, build step 4) -----------------------
+
+MOVED = (100, 199)
+"""Buckets version 2 hands from shard-0 to shard-1 (by hand here; by a move later)."""
+
+
+def _version_2_by_hand(urls: list[str]) -> dict[str, Any]:
+    """Version 2: MOVED goes from shard-0 to shard-1, in the ownership rows and in a
+    shard_maps row on both shards (no run lives in those buckets)."""
+    ((v1,),) = rows(urls[0], "SELECT layout FROM shardq.shard_maps WHERE version = 1")
+    first, last = MOVED
+    layout = {**v1, "ranges": [[0, first - 1, "shard-0"], [first, last, "shard-1"],
+                               [last + 1, 2047, "shard-0"], [2048, 4095, "shard-1"]]}
+    mask = "0" * first + "1" * (last - first + 1) + "0" * (BUCKETS - 1 - last)
+    for url, change in ((urls[0], "owned & ~%(mask)s::bit(4096)"),
+                        (urls[1], "owned | %(mask)s::bit(4096)")):
+        with psycopg.connect(url) as conn:
+            conn.execute("INSERT INTO shardq.shard_maps (version, layout) VALUES (2, %(l)s)",
+                         {"l": psycopg.types.json.Jsonb(layout)})
+            conn.execute(f"UPDATE shardq.ownership SET map_version = 2, owned = {change}, "
+                         f"writable = {change}", {"mask": mask})
+    return layout
+
+
+def _fencing_store() -> type:
+    """A Store whose starts ask the shard's fence first, as every write path does once
+    the fence is wired into them (queue/store.py): a start routed by an older map is
+    refused by the shard's own ownership row."""
+    from shardq.queue.params import StartBatch
+    from shardq.queue.store import Store
+    from shardq.shards.config import Shard
+    from shardq.shards.errors import refusal
+
+    class FencingStore(Store):
+        def start_executions(self, shard: Shard, batch: StartBatch) -> Any:
+            with self.pools.connection(shard) as conn:
+                try:
+                    conn.execute("SELECT shardq.fence(%s::uuid[])",
+                                 [[r.execution_id for r in batch.runs]])
+                except psycopg.Error as exc:
+                    moved = refusal(shard.name, exc.sqlstate, exc.diag.message_primary or "",
+                                    exc.diag.message_detail)
+                    if moved is None:
+                        raise
+                    raise moved from exc
+            return super().start_executions(shard, batch)
+
+    return FencingStore
+
+
+def test_a_client_holding_version_1_follows_version_2_after_a_refusal(
+    fresh_databases: Fresh,
+) -> None:
+    from shardq.bin.examples import registry
+    from shardq.queue.client import Client
+    from shardq.shards.pools import ShardPools
+    from shardq.shards.routing import bucket_for
+
+    urls = fresh_databases(2)
+    seeds = ShardMap.from_urls(urls)
+    migrate(seeds)
+    with ShardPools(seeds, follow_every_s=0) as pools:
+        client = Client(_fencing_store()(pools), registry)
+        assert client.map.version == 1
+        _version_2_by_hand(urls)
+        key = next(k for k in (f"moved-{i}" for i in range(100_000))
+                   if MOVED[0] <= bucket_for("default", "checkout", k) <= MOVED[1])
+        assert client.map.for_bucket(bucket_for("default", "checkout", key)).name == "shard-0"
+        started = client.start("checkout", key, {"items": []})
+        assert client.map.version == 2
+        # Stored once, on the owner version 2 names; nothing on the shard that refused.
+        assert rows(urls[1], "SELECT id FROM shardq.executions") == [(started.execution_id,)]
+        assert rows(urls[0], "SELECT count(*) FROM shardq.executions") == [(0,)]
+        assert client.get(started.execution_id).workflow_id == key
+
+
+def test_a_process_started_from_version_1_seeds_routes_by_the_newest_version(
+    fresh_databases: Fresh,
+) -> None:
+    from shardq.bin.examples import registry
+    from shardq.queue.client import Client
+    from shardq.shards.pools import ShardPools
+
+    urls = fresh_databases(2)
+    seeds = ShardMap.from_urls(urls)
+    migrate(seeds)
+    layout = _version_2_by_hand(urls)
+    with Client.connect(seeds, registry) as client:
+        assert client.map.version == 2
+        assert client.map.layout()["ranges"] == layout["ranges"]
+        assert client.map.for_bucket(MOVED[0]).name == "shard-1"
+        assert client.map.deployment is not None
+    # A daemon's pools given no statuses read the newest version by their first poll.
+    with ShardPools(seeds, follow_every_s=60) as pools:
+        wait_until(lambda: pools.map.version == 2, what="the first poll")
+        assert pools.map.for_bucket(MOVED[1]).name == "shard-1"
+    # A seed whose version 1 differs from the configuration is still refused (exit 4).
+    swapped = ShardMap.from_urls(list(reversed(urls)))
+    with pytest.raises(MapMismatch, match="recorded as shard-1, this map calls it shard-0"):
+        Client.connect(swapped, registry)

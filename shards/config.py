@@ -49,16 +49,23 @@ DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
 
 
+_PASSWORD_PARAMETERS = ("password", "sslpassword")
+
+
 def redact(url: str) -> str:
     """The URL with its password replaced, fit for logs and error messages."""
     parts = urlsplit(url)
-    if parts.password is None:
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    # libpq takes a password from the query string too.
+    query = "&".join(
+        f"{p.split('=', 1)[0]}=***" if unquote(p.split("=", 1)[0]) in _PASSWORD_PARAMETERS else p
+        for p in parts.query.split("&")) if parts.query else parts.query
+    if (netloc, query) == (parts.netloc, parts.query):
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
-
-_PASSWORD_PARAMETERS = ("password", "sslpassword")
 
 
 def without_password(url: str) -> str:

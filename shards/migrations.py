@@ -701,6 +701,11 @@ def add_shard(seeds: ShardMap, name: str, url: str) -> ShardMap:
 
 
 def _check_new_database(current: ShardMap, new: Shard) -> None:
+    server = _server_of(new)
+    for shard in current.shards:
+        if _server_of(shard) == server:
+            raise ConfigError(f"{new.label} is the database of shard {shard.label} under "
+                              "another spelling")
     with connect(new, autocommit=True) as conn:
         version = conn.execute(SQL["server_version_num"]).fetchone()
         assert version is not None
@@ -721,11 +726,6 @@ def _check_new_database(current: ShardMap, new: Shard) -> None:
                                  recorded["fingerprint"] != current.seeds.fingerprint):
         raise MapMismatch(f"{new.label}: the database holds another deployment's shardq "
                           f"schema (recorded as {recorded['shard_name']})")
-    server = _server_of(new)
-    for shard in current.shards:
-        if _server_of(shard) == server:
-            raise ConfigError(f"{new.label} is the database of shard {shard.label} under "
-                              "another spelling")
 
 
 def remove_shard(seeds: ShardMap, name: str) -> ShardMap:

@@ -1,0 +1,194 @@
+"""`shardq shards` status, add and remove, run as a user would: an empty shard added on a
+separate PostgreSQL server and removed again, and one row per hostile input, each
+refused in one line with its exit code and nothing stored."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import pytest
+
+from shardq.shards.config import ShardMap
+from shardq.shards.embedded import EmbeddedPostgres
+from shardq.shards.migrations import migrate
+
+from ..support import rows, run_cli
+
+pytestmark = pytest.mark.slow
+Fresh = Callable[..., list[str]]
+
+
+@pytest.fixture(scope="module")
+def other_server() -> Iterator[EmbeddedPostgres]:
+    """A second PostgreSQL server (own data directory and socket): where a deployment
+    grows to."""
+    with EmbeddedPostgres() as server:  # started on entry
+        yield server
+
+
+@dataclass
+class Deployment:
+    urls: list[str]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SHARDQ_SHARDS": ",".join(self.urls)}
+
+    def cli(self, *args: str) -> Any:
+        return run_cli(*args, env=self.env)
+
+
+@pytest.fixture
+def deployment(fresh_databases: Fresh) -> Deployment:
+    urls = fresh_databases(2, "grow")
+    migrate(ShardMap.from_urls(urls))
+    return Deployment(urls)
+
+
+def _versions(url: str) -> list[Any]:
+    return rows(url, "SELECT (SELECT array_agg(version ORDER BY version) FROM shardq.shard_maps),"
+                " map_version, deployment, bit_count(owned), bit_count(writable) "
+                "FROM shardq.ownership")
+
+
+def _ok(result: Any) -> dict[str, Any]:
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def test_add_then_remove_an_empty_shard_on_another_server(
+    deployment: Deployment, other_server: EmbeddedPostgres,
+) -> None:
+    new_url = other_server.create_database(f"grown_{os.getpid()}")
+    before = _ok(deployment.cli("--json", "shards", "status"))
+    assert (before["version"], [s["ranges"] for s in before["shards"]]) == (
+        1, [[[0, 2047]], [[2048, 4095]]])
+    assert before["moves"] == []
+
+    added = _ok(deployment.cli("shards", "add", "shard-2", new_url, "--json"))
+    assert (added["version"], added["shard"]) == (2, "shard-2")
+    assert [(s["name"], s["ranges"]) for s in added["shards"]] == [
+        ("shard-0", [[0, 2047]]), ("shard-1", [[2048, 4095]]), ("shard-2", [])]
+    # Version 2 on every shard, the new one included; it owns no bucket, same deployment.
+    recorded = [_versions(url)[0] for url in [*deployment.urls, new_url]]
+    assert [r[:2] for r in recorded] == [([1, 2], 2)] * 3
+    assert len({r[2] for r in recorded}) == 1
+    assert recorded[2][3:] == (0, 0)
+    ((layout,),) = rows(new_url, "SELECT layout FROM shardq.shard_maps WHERE version = 2")
+    assert layout["shards"][2] == {"name": "shard-2", "url": new_url}
+
+    # A process started from the version-1 seeds sees version 2, the new shard reachable.
+    status = _ok(deployment.cli("shards", "--json"))
+    assert status["version"] == 2
+    assert [(s["name"], s["ranges"], s["reachable"], s["map_version"], s["runs"], s["ok"])
+            for s in status["shards"]] == [
+        ("shard-0", [[0, 2047]], True, 2, 0, True), ("shard-1", [[2048, 4095]], True, 2, 0, True),
+        ("shard-2", [], True, 2, 0, True)]
+    text = deployment.cli("shards")
+    assert text.returncode == 0 and text.stdout == deployment.cli("shards", "status").stdout
+    assert "shard map version 2" in text.stdout and "no buckets" in text.stdout
+
+    removed = _ok(deployment.cli("--json", "shards", "remove", "shard-2"))
+    assert removed["version"] == 3
+    assert [s["name"] for s in removed["shards"]] == ["shard-0", "shard-1"]
+    assert [_versions(url)[0][:2] for url in [*deployment.urls, new_url]] == [
+        ([1, 2, 3], 3)] * 3
+    after = _ok(deployment.cli("--json", "shards"))
+    assert (after["version"], [s["name"] for s in after["shards"]]) == (3, ["shard-0", "shard-1"])
+
+
+def _other_spelling(url: str) -> str:
+    """The same database under another spelling of its server."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    if "host" in query:  # a Unix socket folder: the same folder with a trailing slash
+        query["host"] = [query["host"][0].rstrip("/") + "/"]
+        return parts._replace(query=urlencode(query, doseq=True, safe="/")).geturl()
+    return url.replace("127.0.0.1", "localhost", 1)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: tuple[str, ...]
+    code: int
+    message: str
+
+
+CASES = [
+    Case("add-existing-name", ("add", "shard-1", "{new}"), 2, "shard shard-1 exists already"),
+    Case("add-empty-name", ("add", "", "{new}"), 2, "shard name is empty"),
+    Case("add-name-with-space", ("add", "shard 2", "{new}"), 2, "spaces or control characters"),
+    Case("add-name-with-tab", ("add", "shard\t2", "{new}"), 2, "spaces or control characters"),
+    Case("add-name-with-nul-like", ("add", "shard\x7f2", "{new}"), 2,
+         "spaces or control characters"),
+    Case("add-long-name", ("add", "s" * 300, "{new}"), 2, "300 characters long; at most 63"),
+    Case("add-name-not-utf8", ("add", "shard-\udcff", "{new}"), 2, "is not valid UTF-8"),
+    Case("add-url-with-password", ("add", "shard-2", "{with_password}"), 2,
+         "carries a password: shard URLs are stored in every shard"),
+    Case("add-url-password-in-query", ("add", "shard-2", "{password_query}"), 2,
+         "passfile"),
+    Case("add-url-not-postgresql", ("add", "shard-2", "mysql://h/db"), 2,
+         "is not a PostgreSQL URL"),
+    Case("add-url-no-database", ("add", "shard-2", "postgresql://127.0.0.1:5432"), 2,
+         "names no database"),
+    Case("add-url-of-a-shard", ("add", "shard-2", "{shard0}"), 2, "duplicate shard URL"),
+    Case("add-url-of-a-shard-respelled", ("add", "shard-2", "{respelled}"), 2,
+         "under another spelling"),
+    Case("add-url-unreachable", ("add", "shard-2", "postgresql://postgres@127.0.0.1:1/x"), 3,
+         "unreachable (connection refused)"),
+    Case("add-url-no-such-database", ("add", "shard-2", "{missing}"), 3,
+         "database does not exist"),
+    Case("add-url-other-deployment", ("add", "shard-2", "{foreign}"), 4,
+         "holds the shardq schema of deployment"),
+    Case("remove-unknown", ("remove", "shard-9"), 2, "unknown shard 'shard-9'"),
+    Case("remove-home", ("remove", "shard-0"), 2, "shard-0 is the home shard"),
+    Case("remove-owning-buckets", ("remove", "shard-1"), 2,
+         "shard shard-1 owns buckets 2048-4095"),
+    Case("status-extra-argument", ("status", "shard-0"), 2, "unexpected extra argument"),
+    Case("unknown-subcommand", ("grow",), 2, "No such command 'grow'"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_hostile_inputs_are_refused_in_one_line_and_store_nothing(
+    case: Case, deployment: Deployment, other_server: EmbeddedPostgres, fresh_databases: Fresh,
+) -> None:
+    new = other_server.create_database(f"hostile_{case.name.replace('-', '_')}_{os.getpid()}")
+    foreign = ""
+    if "{foreign}" in case.args:  # another deployment's shard: made only where it is used
+        (foreign,) = fresh_databases(1, "foreign")
+        migrate(ShardMap.from_urls([foreign]))
+    new_parts = urlsplit(new)
+    values = {
+        "new": new,
+        "with_password": new.replace("postgres@", "postgres:s3cret@", 1),
+        "password_query": f"{new}&password=s3cret",
+        "shard0": deployment.urls[0],
+        "respelled": _other_spelling(deployment.urls[0]),
+        "missing": new_parts._replace(path="/no_such_database_here").geturl(),
+        "foreign": foreign,
+    }
+    args = tuple(a.format(**values) for a in case.args)
+    watched = [*deployment.urls, *([foreign] if foreign else [])]
+    before = [_versions(url) for url in watched]
+    for as_json in (False, True):
+        result = run_cli(*(["--json"] if as_json else []), "shards", *args, env=deployment.env)
+        assert result.returncode == case.code, (result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        if as_json:
+            error = json.loads(lines[0])
+            assert error["code"] == case.code and case.message in error["error"], error
+        else:
+            assert lines[0].startswith("shardq: error: ") and case.message in lines[0], lines
+        assert "s3cret" not in result.stderr
+        assert [_versions(url) for url in watched] == before
+        # The new database was not migrated.
+        assert rows(new, "SELECT to_regclass('shardq.shard_maps')") == [(None,)]

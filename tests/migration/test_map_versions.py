@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from shardq.shards.config import ShardMap
-from shardq.shards.errors import MapMismatch
+from shardq.shards.errors import MapMismatch, ShardUnavailable
 from shardq.shards.migrations import load_schema, migrate
 from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
 
@@ -271,3 +271,32 @@ def test_a_process_started_from_version_1_seeds_routes_by_the_newest_version(
     swapped = ShardMap.from_urls(list(reversed(urls)))
     with pytest.raises(MapMismatch, match="recorded as shard-1, this map calls it shard-0"):
         Client.connect(swapped, registry)
+
+
+def test_pools_open_a_shard_a_version_adds_and_close_one_it_drops(
+    fresh_databases: Fresh,
+) -> None:
+    from shardq.shards.migrations import add_shard, remove_shard
+    from shardq.shards.pools import ShardPools
+
+    urls = fresh_databases(3)
+    seeds = ShardMap.from_urls(urls[:2])
+    migrate(seeds)
+    with ShardPools(seeds, follow_every_s=0) as pools:
+        assert pools.map.version == 1
+        add_shard(seeds, "shard-2", urls[2])
+        # Read from a shard of the current map: the new shard's pool is made on first use.
+        assert pools.refresh(at_least=2, via="shard-0").version == 2
+        added = pools.map.named(["shard-2"])[0]
+        assert added.ranges == () and added.url == urls[2]
+        with pools.connection(added) as conn:
+            assert conn.execute("SELECT current_database() AS db").fetchone() == {
+                "db": urlsplit(urls[2]).path.lstrip("/")}
+            remove_shard(seeds, "shard-2")
+            pools.refresh()
+            assert pools.map.version == 3 and pools.map.get("shard-2") is None
+            # Still lent out: the pool stays until its last connection comes back.
+            assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+        with (pytest.raises(ShardUnavailable, match="not in the shard map any more"),
+              pools.connection(added)):
+            pass

@@ -1,6 +1,7 @@
 """`python -m shardq.benchmarks [scenario ...] [options]`: shardq against the raw PostgreSQL floor.
 
-Scenarios (default `all`, in this order): floor, durable, claim, steps3, cycle, parked, wake.
+Scenarios (default `all`, in this order): floor, durable, claim, steps3, cycle, parked, relay,
+http, reshard, wake.
 See benchmarks/README.md for what each measures and how.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from shardq.benchmarks import reshard
 from shardq.benchmarks.bench import Bench, Sizes
 from shardq.benchmarks.db import (
     ENV_SHARDS,
@@ -91,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--relay-signals", type=int,
                    help="signals per side in `relay` throughput (default 4000)")
     p.add_argument("--relay-samples", type=int, help="latency probes per side in `relay`")
+    p.add_argument("--reshard-runs", type=_positive,
+                   help="parked runs in the range `reshard` moves (default 100000, --quick 5000)")
     p.add_argument("--out", type=Path, help="write the JSON result to this file")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object on stdout instead of the table")
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                        + ", ".join(SCENARIOS))
     names = [n for n in SCENARIOS if n in names]
     Progress.enabled = not args.no_progress
+    reshard.RUNS_OVERRIDE = args.reshard_runs
     given = args.shards or os.environ.get(ENV_SHARDS, "")
     urls = [u.strip() for u in given.split(",") if u.strip()]
 

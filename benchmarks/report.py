@@ -26,6 +26,11 @@ TARGETS = (
      "WAL bytes per one-step job: backlog drain / raw floor at the same k"),
     ("pg_cpu_over_floor", "<=", 1.3,
      "PostgreSQL CPU per one-step job (backlog drain) / the raw floor's whole-job CPU"),
+    ("reshard_drain_ratio", ">=", 0.8,
+     "drain on other buckets while a range moves / before it"),
+    ("reshard_max_pause_ms", "<=", 2000.0,
+     "longest Client.signal call to a moving run, during the move"),
+    ("reshard_client_errors", "<=", 0.0, "errors clients of moving runs saw"),
 )
 
 
@@ -82,6 +87,12 @@ def headline(scenarios: dict[str, Result]) -> Result:
         )
         if "fanout_one_call_speedup" in r:  # results saved before the fan-out was measured
             out["fanout_one_call_speedup"] = r["fanout_one_call_speedup"]
+    if "reshard" in scenarios:
+        r = scenarios["reshard"]
+        out.update(reshard_runs_moved_per_s=r["runs_moved_per_s"],
+                   reshard_max_pause_ms=r["client_max_pause_ms"],
+                   reshard_client_errors=r["client_errors"],
+                   reshard_drain_ratio=r["drain_ratio"])
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],
@@ -390,6 +401,22 @@ def scenario_rows(sc: dict[str, Result]) -> list[tuple[str, str, str, str]]:
                      f"{h['http_over_client']:.2f}x Client.signal"
                      + (f"; two server processes {h['http_2_processes_over_client']:.2f}x"
                         if h.get("http_2_processes_over_client") is not None else "")))
+    if "reshard" in sc:
+        r = sc["reshard"]
+        pause = r["batch_pause_ms"]
+        rows += [
+            ("reshard", f"move of {r['runs']:,} parked runs", _n(r["runs_moved_per_s"])
+             + " runs/s", f"{r['runs_moved']:,} runs, {r['rows_moved']:,} rows in "
+             f"{r['batches']} batches, {r['mover_s']:.2f} s with cleanup ({r['servers']}); "
+             f"pause per batch p50 {pause.get('p50')}, max {pause.get('max')} ms"),
+            ("reshard", "signalling a moving run", f"max {r['client_max_pause_ms']:.0f} ms",
+             f"{r['client_calls_during_move']:,} calls during the move, p50 "
+             f"{r['client_call_ms_during_move'].get('p50')} ms (before: "
+             f"{r['client_call_ms_before'].get('p50')} ms); {r['client_errors']} errors"),
+            ("reshard", "drain on other buckets", f"ratio {_n(r['drain_ratio'])}",
+             f"{_n(r['drain_during']['jobs_per_s'])} jobs/s during the move, "
+             f"{_n(r['drain_before']['jobs_per_s'])} before"),
+        ]
     return rows
 
 

@@ -19,6 +19,7 @@ from shardq.benchmarks.floor import drain, run_floor
 from shardq.benchmarks.http import http_signals
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
+from shardq.benchmarks.reshard import reshard
 from shardq.queue.models import SignalRequest
 from shardq.shards.routing import bucket_for
 
@@ -544,6 +545,7 @@ SCENARIOS: dict[str, Scenario] = {
     "parked": parked,
     "relay": relay,
     "http": http_signals,
+    "reshard": reshard,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

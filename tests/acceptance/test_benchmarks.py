@@ -103,6 +103,37 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
 
 
 @pytest.mark.slow
+def test_the_reshard_scenario_moves_a_range_under_load_and_reports(pg_server: Server) -> None:
+    """A range of parked runs moved while a drain and a signalling client run; afterwards
+    the suite's map is back as it was (the scenario moves the emptied range home)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+    env["SHARDQ_BENCH_DSN"] = pg_server.admin_dsn
+    result = subprocess.run(
+        [sys.executable, "-m", "shardq.benchmarks", "reshard", "--reshard-runs", "400",
+         "--workers", "1", "--concurrency", "10", "--json", "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["failures"] == {}
+    r = report["scenarios"]["reshard"]
+    assert r["runs"] == r["runs_moved"] == 400
+    assert r["client_errors"] == 0 and r["client_calls_during_move"] > 0
+    assert r["signalled_runs_completed"] > 0
+    assert r["drain_before"]["jobs"] > 0 and r["drain_during"]["jobs"] > 0
+    assert r["servers"] == "one server, two databases"
+    for key in ("reshard_runs_moved_per_s", "reshard_max_pause_ms", "reshard_client_errors",
+                "reshard_drain_ratio"):
+        assert report[key] is not None, key
+    assert report["reshard_max_pause_ms"] == r["client_max_pause_ms"] > 0
+    met = {t["metric"]: t["met"] for t in report["targets"]}
+    assert met["reshard_client_errors"] is True
+    text = table(report)
+    for line in ("move of 400 parked runs", "signalling a moving run", "drain on other buckets"):
+        assert line in text, text
+
+
+@pytest.mark.slow
 def test_what_one_job_costs_the_database_is_reported(pg_server: Server) -> None:
     """WAL per job always; the per-statement split only where pg_stat_statements is loaded."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}

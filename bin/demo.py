@@ -1,9 +1,13 @@
-"""The demo: a checkout workflow end to end, a quorum, and a fan-out across three shards.
+"""The demo: a checkout workflow end to end, a quorum, a fan-out across shards, and
+growing from two PostgreSQL servers to three while everything runs.
 
 Uses the shards in SHARDQ_SHARDS when set (migrating them first); otherwise
-starts a throw-away embedded PostgreSQL with three shard databases and deletes
-it afterwards. A worker and an outbox relay run in this process. Prints the
-routing, each run's timeline and the checkout's history.
+starts throw-away embedded PostgreSQL servers, one per shard, and deletes them
+afterwards. A worker and an outbox relay run in this process. Prints the
+routing, each run's timeline and the checkout's history. On its own servers the
+demo then starts one more, adds it as a shard (`shardq shards add`) and
+rebalances onto it (`shardq shards rebalance`) while runs parked on both shards
+are signalled; on shards of SHARDQ_SHARDS it leaves the deployment as it is.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import secrets
 import shlex
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
 import click
 
@@ -33,20 +39,29 @@ from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 
+NewServer = Callable[[str], str]
+"""Starts one more throw-away server and returns the URL of a new database on it."""
+
 
 @contextmanager
-def demo_shards(count: int) -> Iterator[ShardMap]:
+def demo_shards(count: int) -> Iterator[tuple[ShardMap, NewServer | None]]:
     if os.environ.get(ENV_SHARDS):
         click.echo(f"using the shards in {ENV_SHARDS}")
-        yield ShardMap.from_env()
+        yield ShardMap.from_env(), None
         return
     from shardq.shards.embedded import EmbeddedPostgres
 
-    click.echo("no SHARDQ_SHARDS set: starting a throw-away embedded PostgreSQL ...")
-    with EmbeddedPostgres() as server:
-        urls = [server.create_database(f"shardq_demo_{i}") for i in range(count)]
-        yield ShardMap.from_urls(urls)
-    click.echo("embedded PostgreSQL stopped and deleted")
+    click.echo(f"no SHARDQ_SHARDS set: starting {count} throw-away embedded PostgreSQL "
+               "servers, one per shard ...")
+    with ExitStack() as servers:
+
+        def new_server(database: str) -> str:
+            server = servers.enter_context(EmbeddedPostgres())
+            return server.create_database(database)
+
+        urls = [new_server(f"shardq_demo_{i}") for i in range(count)]
+        yield ShardMap.from_urls(urls), new_server
+    click.echo("embedded PostgreSQL servers stopped and deleted")
 
 
 class Timeline:
@@ -71,7 +86,7 @@ def wait_for_state(client: Client, execution_id: object, states: set[State]) -> 
 
 
 def run_demo(shard_count: int) -> None:
-    with demo_shards(shard_count) as shard_map:
+    with demo_shards(shard_count) as (shard_map, new_server):
         click.echo(f"\nshard map {shard_map.fingerprint}:")
         for shard in shard_map.shards:
             click.echo(f"  {shard.name}: buckets {shard.first_bucket}-{shard.last_bucket}")
@@ -88,7 +103,8 @@ def run_demo(shard_count: int) -> None:
         # return the previous run's finished execution, which never parks again.
         run = secrets.token_hex(3)
         key, webhook = f"order-1001-{run}", f"psp-evt-{run}"
-        pools = ShardPools(shard_map).open()
+        # Follows new map versions within half a second: the growing scene moves runs.
+        pools = ShardPools(shard_map, follow_every_s=0.5).open()
         store = Store(pools)
         worker = Worker(store, registry, config=WorkerConfig(poll_interval_s=30)).start()
         relay = Relay(store).start()
@@ -128,6 +144,7 @@ def run_demo(shard_count: int) -> None:
             contract_demo(client, run)
             fan_out_demo(client, run)
             review_demo(client, run)
+            grow_demo(client, run, new_server)
         finally:
             relay.stop()
             worker.stop(drain_timeout_s=5)
@@ -286,6 +303,95 @@ def review_demo(client: Client, run: str) -> None:
         raise SystemExit("demo failed: the review runs did not end as expected")
 
 
+GROW_RUNS = 200
+"""Runs parked across the shards before the demo grows: the rebalance moves some."""
+
+
+def grow_demo(client: Client, run: str, new_server: NewServer | None) -> None:
+    """A third server added and runs rebalanced onto it while a worker, a relay and a
+    client signalling the parked runs go on; the commands as an operator types them."""
+    click.echo("\ngrowing: one more PostgreSQL server, a shard on it, runs rebalanced")
+    if new_server is None:
+        click.echo(f"  skipped: the demo adds shards to its own servers only, not to "
+                   f"{ENV_SHARDS}'s (README: Growing: adding shards)")
+        return
+    timeline = Timeline()
+    runs = [r.execution_id for r in client.start_many(
+        "park", [(f"grow-{run}-{i}", None) for i in range(GROW_RUNS)])]
+    for execution_id in runs:
+        wait_for_state(client, execution_id, {State.WAITING})
+    timeline.mark(f"{GROW_RUNS} runs parked on {_per_shard(client, runs)}")
+    name = f"shard-{len(client.map.shards)}"
+    url = new_server(f"shardq_demo_{len(client.map.shards)}")
+    added = _shardq(client, "shards", "add", name, url)
+    timeline.mark(f"a new server started; {added.splitlines()[-1]}")
+    signals = _Signals(client, runs)
+    signals.thread.start()
+    moved = _shardq(client, "--json", "shards", "rebalance", "--grace", "1")
+    signals.done.set()
+    signals.thread.join(30)
+    for move in json.loads(moved)["moves"]:
+        first, last = move["buckets"]
+        timeline.mark(f"moved buckets {first}-{last} {move['source']} -> {move['target']}: "
+                      f"{move['runs_moved']} runs in {len(move['batches'])} batch(es), "
+                      f"each paused at most {move['max_pause_ms']} ms")
+    timeline.mark(f"meanwhile {signals.sent} signals to parked runs, {len(signals.errors)} "
+                  f"errors, the slowest call {signals.slowest * 1000:.0f} ms")
+    for execution_id in runs[signals.sent:]:
+        client.signal(execution_id, "go", {"late": True})
+    done = [client.wait(execution_id, timeout=30).state for execution_id in runs]
+    timeline.mark(f"all {done.count(State.COMPLETED)} completed by the same worker; the runs "
+                  f"are on {_per_shard(client, runs)}")
+    if signals.errors or done.count(State.COMPLETED) != GROW_RUNS:
+        raise SystemExit(f"demo failed: growing: {signals.errors[:3]}")
+
+
+class _Signals:
+    """`go` to the parked runs, one call at a time, until told to stop."""
+
+    def __init__(self, client: Client, runs: list[uuid.UUID]) -> None:
+        self.client, self.runs = client, runs
+        self.sent = 0
+        self.slowest = 0.0
+        self.errors: list[str] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        for execution_id in self.runs:
+            if self.done.is_set():
+                return
+            t = time.monotonic()
+            try:
+                self.client.signal(execution_id, "go", {"n": self.sent},
+                                   idempotency_key=f"grow-{execution_id}")
+            except ShardqError as exc:
+                self.errors.append(str(exc))
+            self.slowest = max(self.slowest, time.monotonic() - t)
+            self.sent += 1
+            time.sleep(0.025)  # spread over the rebalance
+
+
+def _per_shard(client: Client, runs: list[uuid.UUID]) -> str:
+    counts = {s.name: 0 for s in client.map.shards}
+    for execution_id in runs:
+        counts[client.map.for_execution(execution_id).name] += 1
+    return ", ".join(f"{n} {c}" for n, c in counts.items())
+
+
+def _shardq(client: Client, *command: str) -> str:
+    """Run `shardq COMMAND` as an operator would, printing the command; its output."""
+    shown = [c if "://" not in c else "<url>" for c in command if c != "--json"]
+    click.echo(f"  $ shardq {' '.join(shlex.quote(c) for c in shown)}")
+    env = {**os.environ, ENV_SHARDS: ",".join(s.url for s in client.map.seeds.shards)}
+    done = subprocess.run([sys.executable, "-m", "shardq.bin.cli", *command], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"demo failed: shardq {' '.join(command)}: "
+                         f"{(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
+
+
 def wait_for_events(
     client: Client, execution_id: object, kind: str, expected: int
 ) -> list[HistoryEvent]:
@@ -303,7 +409,8 @@ def wait_for_events(
 
 
 @click.command()
-@click.option("--shard-count", default=3, show_default=True, help="Embedded shard databases.")
+@click.option("--shard-count", default=2, show_default=True,
+              help="Embedded servers to start with, one shard each (one more is added).")
 def main(shard_count: int) -> None:
     """Run the checkout demo."""
     try:

@@ -411,3 +411,19 @@ def test_a_third_server_added_and_a_range_moved_onto_it_while_everything_runs(
         client.close()
         for d in daemons:
             d.kill()
+
+
+def test_the_demo_grows_onto_a_server_it_starts_while_its_worker_and_relay_run() -> None:
+    """README's first command without SHARDQ_SHARDS: its own servers, and a third added."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
+    done = subprocess.run([sys.executable, "-m", "shardq.bin.demo"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "demo finished" in out
+    assert "starting 2 throw-away embedded PostgreSQL servers" in out
+    assert "$ shardq shards add shard-2" in out and "shard map version 2" in out
+    assert "-> shard-2:" in out, out[-2000:]
+    assert ", 0 errors, the slowest call" in out
+    assert "all 200 completed by the same worker" in out
+    assert "shard-2 0" not in out.rsplit("the runs are on", 1)[-1]

@@ -6,12 +6,13 @@ import heapq
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from shardq.queue.contracts import SignalSpec, UpdateSpec
-from shardq.queue.encoding import to_json
+from shardq.queue.contracts import QuerySpec, SignalSpec, UpdateSpec
 from shardq.queue.errors import (
     DecisionRefused,
     ExecutionNotFound,
@@ -25,7 +26,6 @@ from shardq.queue.errors import (
     UpdateRejected,
     UpdateTimedOut,
 )
-from shardq.queue.limits import Limits
 from shardq.queue.listing import (
     DEFAULT_PAGE,
     MAX_PAGE,
@@ -52,7 +52,6 @@ from shardq.queue.models import (
     UpdateResult,
     WaitInfo,
 )
-from shardq.queue.names import check_name, check_text
 from shardq.queue.params import (
     InterruptDecision,
     NewRun,
@@ -62,8 +61,19 @@ from shardq.queue.params import (
 )
 from shardq.queue.rebuild import call_handler, rebuild_state
 from shardq.queue.registry import Registry, WorkflowDef
-from shardq.queue.schemas import validate
-from shardq.queue.signaling import check_signal
+from shardq.queue.rules import (
+    Limits,
+    check_label,
+    check_name,
+    check_page_size,
+    check_signal,
+    check_wait,
+    check_waited,
+    check_workflow_id,
+    payload_json,
+    to_json,
+    validate,
+)
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.fanout import each_shard, fan_out
@@ -75,12 +85,8 @@ from shardq.shards.routing import bucket_for, bucket_of, new_execution_id, parse
 R = TypeVar("R")
 
 DEFAULT_TENANT = "default"
-MAX_LABEL = 255
-"""Characters of a decision id or an actor."""
 DEFAULT_UPDATE_WAIT = 30.0
 """Seconds Client.update waits for the run to handle an update before UpdateTimedOut."""
-MAX_WAIT = 600.0
-MAX_AGE_FILTER = 10 * 366 * 86400.0
 PARALLEL_START_MIN = 1000
 """From this many runs, `start_many` commits on its shards at once rather than in turn."""
 
@@ -171,53 +177,15 @@ class Client:
         tenant: str = DEFAULT_TENANT,
     ) -> list[StartResult]:
         """Start many runs of one workflow: one commit per shard touched. Idempotent per key."""
-        definition = self._definition(workflow)
-        check_name(tenant, "tenant")
-        seen: set[str] = set()
-        runs: list[NewRun] = []
-        for workflow_id, value in items:
-            run = self._new_run(definition, tenant, workflow_id, value)  # checks the id first
-            if run.workflow_id in seen:
-                raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
-            seen.add(run.workflow_id)
-            runs.append(run)
+        definition = definition_of(self.registry, workflow)
+        runs = new_runs(definition, tenant, items, self.limits)
 
         def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
-            return self.store.start_executions(shard, StartBatch(
-                tenant, definition.name, definition.version, members, definition.gates))
+            return self.store.start_executions(shard, start_batch(definition, tenant, members))
 
         # Big batches: the shards' commits overlap instead of queueing.
         return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                        parallel=len(runs) >= PARALLEL_START_MIN)
-
-    def _new_run(
-        self, definition: WorkflowDef, tenant: str, workflow_id: str, value: Any
-    ) -> NewRun:
-        """A run of this key with its input checked, under a fresh id of the key's bucket."""
-        self._check_workflow_id(workflow_id)
-        bucket = bucket_for(tenant, definition.name, workflow_id)
-        encoded = self._checked_input(definition, workflow_id, value)
-        return NewRun(new_execution_id(bucket), workflow_id, encoded, bucket)
-
-    def _checked_input(self, definition: WorkflowDef, workflow_id: str, value: Any) -> str:
-        """A run's input as JSON, within the bound and matching the workflow's input schema."""
-        what = f"input of {definition.name} {workflow_id!r}"
-        encoded = self.limits.check_input(to_json(value, what), what)
-        if definition.input_schema is not None:
-            validate(json.loads(encoded), definition.input_schema, what, "input validation failed")
-        return encoded
-
-    @staticmethod
-    def _check_workflow_id(workflow_id: object) -> None:
-        if not isinstance(workflow_id, str) or not workflow_id or len(workflow_id) > 512:
-            raise InvalidArgument(f"workflow_id must be a 1..512 character string, got "
-                                  f"{workflow_id!r}")
-        check_text(workflow_id, "workflow_id")
-
-    def _definition(self, workflow: str | WorkflowDef) -> WorkflowDef:
-        if isinstance(workflow, WorkflowDef):
-            return workflow
-        return self.registry.get(check_name(workflow, "workflow"))
 
     # -- reading -------------------------------------------------------------
 
@@ -225,9 +193,7 @@ class Client:
         """The run, or ExecutionNotFound (also for another tenant's run)."""
         ident = parse_execution_id(execution_id)
         found = self._routed(lambda m: self.store.get_execution(m.for_execution(ident), ident))
-        if found is None or found.tenant != tenant:
-            raise ExecutionNotFound(f"execution {ident} not found")
-        return found
+        return tenants_run(found, ident, tenant)
 
     def history(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT
@@ -286,22 +252,9 @@ class Client:
         Pass `next_cursor` back for the following page. The cursor is a position,
         not an offset, so runs started meanwhile never shift or repeat a page.
         """
-        if tenant is not None:
-            check_name(tenant, "tenant")
-        if workflow is not None:
-            check_name(workflow, "workflow")
-        query = ListQuery(
-            tenant=tenant,
-            state=State(state) if state is not None else None,
-            workflow=workflow,
-            limit=limit,
-            after=Cursor.decode(cursor) if cursor is not None else None,
-        )
-        pages = [self.store.list_executions(shard, query) for shard in self.map.shards]
-        merged = list(heapq.merge(*pages, key=lambda e: e.id))[:limit]
-        last = merged[-1] if len(merged) == limit else None
-        next_cursor = Cursor(last.id).encode() if last else None
-        return Page(merged, next_cursor)
+        query = list_query(tenant, state, workflow, limit, cursor)
+        return merged_runs([self.store.list_executions(shard, query)
+                            for shard in self.map.shards], limit)
 
     def wait(
         self, execution_id: str | uuid.UUID, *, timeout: float = 30.0,
@@ -354,70 +307,16 @@ class Client:
         at all raises (a caller's bug, not a refusal). Signals to one run are
         handled in the order given.
         """
-        check_name(tenant, "tenant")
-        results: list[SignalResult | None] = [None] * len(signals)
-        checked: list[tuple[int, SignalDelivery]] = []
-        for index, request in enumerate(signals):
-            ident = parse_execution_id(request.execution_id)
-            try:
-                values = check_signal(
-                    request.name, request.payload, request.idempotency_key, self.limits
-                )
-            except InvalidArgument as exc:
-                results[index] = SignalResult(ident, None, delivered=False, error=exc)
-                continue
-            checked.append((index, SignalDelivery(ident, *values)))
-        for index, error in self._schema_violations([c for _, c in checked]).items():
-            results[checked[index][0]] = SignalResult(checked[index][1].target, None,
-                                                      delivered=False, error=error)
-        checked = [c for c in checked if results[c[0]] is None]
-        delivered = self._deliver(tenant, [c for _, c in checked])
-        for (index, _), result in zip(checked, delivered, strict=True):
-            results[index] = result
-        return [r for r in results if r is not None]
+        batch = SignalBatch.of(signals, tenant, self.limits)
+        candidates = batch.schema_candidates(self.registry)
+        if candidates:
+            def read(shard: Shard, members: list[SignalDelivery]) -> list[tuple[str, int] | None]:
+                found = self.store.workflows_of(shard, [c.target for c in members])
+                return [found.get(c.target) for c in members]
 
-    def _schema_violations(
-        self, signals: Sequence[SignalDelivery]
-    ) -> dict[int, PayloadInvalid]:
-        """Which of `signals` break the schema their target's workflow publishes for them.
-
-        Costs a lookup of the targets' workflows per shard, made only for names
-        some registered workflow publishes a schema for. A target whose workflow
-        this client's registry does not know is not checked here (its contract
-        is unknown to this process); the HTTP server and workers load the app.
-        """
-        named = self.registry.schema_signals
-        candidates = [(i, s) for i, s in enumerate(signals) if s.name in named]
-        if not candidates:
-            return {}
-        def read(shard: Shard, members: list[tuple[int, SignalDelivery]]) -> list[
-            tuple[str, int] | None
-        ]:
-            found = self.store.workflows_of(shard, [c.target for _, c in members])
-            return [found.get(c.target) for _, c in members]
-
-        answers = fan_out(self.store.pools, candidates, lambda c: bucket_of(c[1].target), read)
-        workflows = {c.target: w for (_, c), w in zip(candidates, answers, strict=True)
-                     if w is not None}
-        refused: dict[int, PayloadInvalid] = {}
-        for index, checked in candidates:
-            spec = self._signal_spec(workflows.get(checked.target), checked.name)
-            if spec is not None and spec.schema is not None:
-                try:
-                    validate(json.loads(checked.payload_json), spec.schema,
-                             f"payload of signal {checked.name!r}",
-                             "signal payload validation failed")
-                except PayloadInvalid as exc:
-                    refused[index] = exc
-        return refused
-
-    def _signal_spec(self, workflow: tuple[str, int] | None, name: str) -> SignalSpec | None:
-        if workflow is None:
-            return None
-        try:
-            return self.registry.get(*workflow).signal(name)
-        except UnknownWorkflow:
-            return None
+            batch.refuse_by_schema(self.registry, candidates, fan_out(
+                self.store.pools, candidates, lambda c: bucket_of(c.target), read))
+        return batch.answered(self._deliver(tenant, batch.to_send()))
 
     def signal_with_start(
         self,
@@ -437,20 +336,12 @@ class Client:
         (SignalRefused) unless the key already landed (`delivered=False`). The
         dedupe scope is the run and the key, as for `signal`.
         """
-        definition = self._definition(workflow)
-        check_name(tenant, "tenant")
-        run = self._new_run(definition, tenant, workflow_id, input)
-        name, payload_json, key = check_signal(signal_name, payload, idempotency_key, self.limits)
-        spec = definition.signal(name)
-        if spec is not None and spec.schema is not None:
-            validate(json.loads(payload_json), spec.schema, f"payload of signal {name!r}",
-                     "signal payload validation failed")
-        request = StartSignalled(
-            StartBatch(tenant, definition.name, definition.version, (run,), definition.gates),
-            name, payload_json, key,
-        )
+        request = signalled_start(definition_of(self.registry, workflow), tenant, workflow_id,
+                                  input, signal_name=signal_name, payload=payload,
+                                  idempotency_key=idempotency_key, limits=self.limits)
+        bucket = request.start.runs[0].bucket
         return self._routed(
-            lambda m: self.store.signal_with_start(m.for_bucket(run.bucket), request))
+            lambda m: self.store.signal_with_start(m.for_bucket(bucket), request))
 
     def cancel(
         self, execution_id: str | uuid.UUID, *, tenant: str = DEFAULT_TENANT,
@@ -462,10 +353,7 @@ class Client:
         when the worker will stop it shortly, or the terminal state it already had).
         A run in `input_required` has its interrupt decided as `cancel`, by `actor`.
         """
-        ident = parse_execution_id(execution_id)
-        if actor is not None:
-            _check_label(actor, "actor")
-        check_name(tenant, "tenant")
+        ident = cancel_target(execution_id, tenant, actor)
         return self._routed(lambda m: self.store.cancel(m.for_execution(ident), ident,
                                                         tenant=tenant, actor=actor))
 
@@ -475,7 +363,7 @@ class Client:
         """What the workflow publishes: {"signals", "queries", "updates"}, each sorted by
         name, with fields left out where nothing was published. UnknownWorkflow if it is
         not registered."""
-        return self._definition(workflow).interface()
+        return definition_of(self.registry, workflow).interface()
 
     def query(
         self, execution_id: str | uuid.UUID, name: str, argument: Any = None, *,
@@ -489,19 +377,8 @@ class Client:
         """
         ident = parse_execution_id(execution_id)
         execution = self.get(ident, tenant=check_name(tenant, "tenant"))
-        definition = self.registry.get(execution.workflow_name, execution.workflow_version)
-        spec = definition.query(check_name(name, "query"))
-        what = f"argument of query {name!r}"
-        argument = json.loads(self.limits.check_payload(to_json(argument, what), what))
-        validate(argument, spec.schema, what, "query argument validation failed")
-        state = rebuild_state(definition, execution, self._history(ident))
-        try:
-            response = call_handler(f"query {name!r}", spec.handler, state, argument)
-            return json.loads(to_json(response, f"the response of query {name!r}"))
-        except QueryFailed:
-            raise
-        except Exception as exc:  # the handler's own failure, reported to its caller
-            raise QueryFailed(f"query {name!r} failed: {type(exc).__name__}: {exc}") from None
+        asked = QueryAsked.checked(self.registry, execution, name, argument, self.limits)
+        return asked.answer(self._history(ident))
 
     def update(
         self, execution_id: str | uuid.UUID, name: str, argument: Any = None, *,
@@ -521,30 +398,21 @@ class Client:
         ident = parse_execution_id(execution_id)
         execution = self.get(ident, tenant=check_name(tenant, "tenant"))
         definition = self.registry.get(execution.workflow_name, execution.workflow_version)
-        spec = definition.update(check_name(name, "update"))
-        _check_wait(wait)
-        payload_json, key = self._update_payload(spec, argument, idempotency_key)
+        spec, payload_json, key = update_request(definition, name, argument,
+                                                 key=idempotency_key, wait=wait,
+                                                 limits=self.limits)
         if key is not None:
             earlier = self._routed(
                 lambda m: self.store.signal_by_key(m.for_execution(ident), ident, key))
             if earlier is not None:
                 return self._await_update(ident, spec, *earlier, wait=wait, accepted=False)
-        if execution.state.terminal:
-            raise UpdateRefused(f"execution {ident} is {execution.state}: it takes no updates",
-                                "run_finished")
-        self._validate_update(spec, json.loads(payload_json),
-                              lambda: rebuild_state(definition, execution,
-                                                    self._history(ident)))
+        check_takes_updates(execution)
+        validate_update(spec, json.loads(payload_json),
+                        lambda: rebuild_state(definition, execution, self._history(ident)))
         (result,) = self._deliver(tenant, [
             SignalDelivery(ident, spec.signal_name, payload_json, key)])
-        if isinstance(result.error, SignalRefused) and result.error.reason_code == (
-            "target_finished"
-        ):
-            raise UpdateRefused(str(result.error), "run_finished")
-        if result.error is not None:
-            raise result.error
-        assert result.signal_id is not None and result.signal_name is not None
-        return self._await_update(ident, spec, result.signal_id, result.signal_name, wait=wait,
+        signal_id, signal_name = stored_update(result)
+        return self._await_update(ident, spec, signal_id, signal_name, wait=wait,
                                   accepted=result.delivered)
 
     def update_with_start(
@@ -557,12 +425,12 @@ class Client:
         The start and the stored update are one transaction (as signal_with_start);
         then as `update`. `created` says whether this call started the run.
         """
-        definition = self._definition(workflow)
+        definition = definition_of(self.registry, workflow)
         check_name(tenant, "tenant")
-        spec = definition.update(check_name(name, "update"))
-        _check_wait(wait)
-        run = self._new_run(definition, tenant, workflow_id, input)
-        payload_json, key = self._update_payload(spec, argument, idempotency_key)
+        spec, run, request = update_with_start_request(
+            definition, tenant, workflow_id, input, name=name, argument=argument,
+            key=idempotency_key, wait=wait, limits=self.limits)
+        key = request.idempotency_key
         found = self._routed(lambda m: self.store.find_run(
             m.for_bucket(run.bucket), tenant=tenant, workflow_name=definition.name,
             workflow_id=workflow_id))
@@ -574,80 +442,33 @@ class Client:
 
         def state() -> Any:
             if found is None:  # the state a new run starts its code with
-                return rebuild_state(definition, Execution(
-                    uuid.UUID(int=0), tenant, definition.name, definition.version, workflow_id,
-                    State.PENDING, json.loads(run.input_json), None, None, False,
-                    datetime.now(UTC), None), ())
+                return new_run_state(definition, tenant, run)
             execution = self.get(found, tenant=tenant)
             return rebuild_state(definition, execution, self._history(found))
 
-        self._validate_update(spec, json.loads(payload_json), state)
-        try:
-            request = StartSignalled(
-                StartBatch(tenant, definition.name, definition.version, (run,),
-                           definition.gates),
-                spec.signal_name, payload_json, key,
-            )
+        validate_update(spec, json.loads(request.payload_json), state)
+        with finished_refuses_update():
             started = self._routed(
                 lambda m: self.store.signal_with_start(m.for_bucket(run.bucket), request))
-        except SignalRefused as exc:
-            if exc.reason_code == "target_finished":
-                raise UpdateRefused(str(exc), "run_finished") from None
-            raise
         assert started.signal_id is not None and started.signal_name is not None
         result = self._await_update(started.execution_id, spec, started.signal_id,
                                     started.signal_name, wait=wait, accepted=started.delivered)
-        return UpdateResult(result.execution_id, result.update_id, result.response,
-                            result.accepted, created=started.created)
-
-    def _update_payload(
-        self, spec: UpdateSpec, argument: Any, key: str | None
-    ) -> tuple[str, str | None]:
-        """(argument JSON, key) of an update, checked as a signal's are (but under the
-        reserved name no sender may use)."""
-        _, payload_json, key = check_signal("update", argument, key, self.limits)
-        validate(json.loads(payload_json), spec.schema, f"argument of update {spec.name!r}",
-                 "update payload validation failed")
-        return payload_json, key
-
-    @staticmethod
-    def _validate_update(spec: UpdateSpec, argument: Any, state: Callable[[], Any]) -> None:
-        if spec.validator is None:
-            return
-        try:
-            call_handler(f"the validator of update {spec.name!r}", spec.validator, state(),
-                         argument)
-        except QueryFailed:
-            raise
-        except Exception as exc:  # the validator's refusal, in its own words
-            raise UpdateRejected(f"update {spec.name!r} rejected: {exc}") from None
+        return replace(result, created=started.created)
 
     def _await_update(
         self, ident: uuid.UUID, spec: UpdateSpec, update_id: int, stored_name: str, *,
         wait: float, accepted: bool,
     ) -> UpdateResult:
         """Poll for the update's recorded outcome until `wait` seconds passed."""
-        if stored_name != spec.signal_name:
-            raise InvalidArgument(f"the idempotency key already landed on this run as "
-                                  f"{stored_name!r}, not as update {spec.name!r}")
-        deadline = time.monotonic() + wait
-        pause = 0.002
+        check_update_landed(spec, stored_name)
+        waiting = UpdateWait(ident, update_id, wait, accepted)
         while True:
             outcome, state = self._routed(
                 lambda m: self.store.update_outcome(m.for_execution(ident), ident, update_id))
-            if outcome is not None:
-                if "error" in outcome:
-                    error = outcome["error"]
-                    raise UpdateFailed(update_id, {"type": error.get("type"),
-                                                   "message": error.get("message")})
-                return UpdateResult(ident, update_id, outcome.get("response"), accepted)
-            if state is None or state.terminal:
-                raise UpdateRefused(f"execution {ident} is {state}: it finished without "
-                                    f"handling update {update_id}", "not_handled")
-            if time.monotonic() >= deadline:
-                raise UpdateTimedOut(update_id, wait)
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
+            result = waiting.answer(outcome, state)
+            if result is not None:
+                return result
+            time.sleep(waiting.pause())
 
     # -- human review ------------------------------------------------------------
 
@@ -674,37 +495,16 @@ class Client:
         the shards are read at once, so the page costs the slowest answer: what
         waits for a person on the other shards stays reviewable during an outage.
         """
-        check_name(tenant, "tenant")
-        if workflow is not None:
-            check_name(workflow, "workflow")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {limit!r}")
-        if isinstance(waited_s, bool) or not isinstance(waited_s, int | float) or not (
-            0 <= waited_s <= MAX_AGE_FILTER
-        ):
-            raise InvalidArgument(f"waited_s must be within 0..{MAX_AGE_FILTER:g} seconds")
-        after = InboxCursor.decode(cursor) if cursor is not None else None
-        position = (after.at, after.id) if after else None
-        def read(shard: Shard) -> list[PendingInterrupt]:
-            return self.store.pending_interrupts(shard, tenant=tenant, workflow=workflow,
-                                                 after=position, limit=limit,
-                                                 newest_first=newest_first, waited_s=waited_s)
+        inbox = InboxQuery.checked(tenant, workflow, cursor, limit=limit,
+                                   newest_first=newest_first, waited_s=waited_s)
 
-        missing: tuple[str, ...] = ()
+        def read(shard: Shard) -> list[PendingInterrupt]:
+            return self.store.pending_interrupts(shard, **inbox.arguments())
+
         if skip_unavailable:
             reached = each_shard(self.map.shards, read)
-            pages = list(reached.answers.values())
-            missing = tuple(reached.unavailable_names)
-        else:
-            pages = [read(shard) for shard in self.map.shards]
-        merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id),
-                                  reverse=newest_first))
-        merged = merged[:limit]
-        last = merged[-1] if len(merged) == limit else None
-        return PartialInterruptPage(
-            merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None,
-            missing,
-        )
+            return inbox.merged(list(reached.answers.values()), reached.unavailable_names)
+        return inbox.merged([read(shard) for shard in self.map.shards], ())
 
     def decide(
         self,
@@ -728,38 +528,19 @@ class Client:
         action the interrupt does not accept. Another tenant's run is answered
         as an unknown one (ExecutionNotFound).
         """
-        ident = parse_execution_id(execution_id)
-        check_name(tenant, "tenant")
-        check_name(interrupt, "interrupt")
-        if action not in INTERRUPT_ACTIONS:
-            raise InvalidArgument(f"action must be one of {', '.join(INTERRUPT_ACTIONS)}, got "
-                                  f"{action!r} (cancel the run with Client.cancel)")
-        _check_label(decision_id, "decision_id")
-        _check_label(actor, "actor")
-        what = f"payload of the {action} decision on interrupt {interrupt!r}"
-        payload_json = self.limits.check_payload(to_json(payload, what), what)
+        asked = DecisionAsked.checked(execution_id, interrupt, action, payload,
+                                      decision_id=decision_id, actor=actor, tenant=tenant,
+                                      limits=self.limits)
+        ident = asked.execution_id
 
         def decide(shard_map: ShardMap) -> tuple[str, dict[str, Any] | None, str | None]:
             # Read and decision by the same map: a refused decision reads the
             # interrupt again where the run is now.
             shard = shard_map.for_execution(ident)
             found = self.store.open_interrupt(shard, ident, interrupt)
-            if found is None or found[0] != tenant:
-                raise ExecutionNotFound(f"execution {ident} not found")
-            _, position, request = found
-            if request is not None and action == "edit":
-                validate(json.loads(payload_json), request.get("schema"), what,
-                         "decision payload validation failed")
-            return self.store.decide_interrupt(shard, InterruptDecision(
-                ident, tenant, interrupt, position, action, payload_json, decision_id, actor))
+            return self.store.decide_interrupt(shard, asked.decision(found))
 
-        outcome, decision, detail = self._routed(decide)
-        if outcome == "not_found":
-            raise ExecutionNotFound(f"execution {ident} not found")
-        if outcome in ("accepted", "repeated"):
-            assert decision is not None
-            return DecisionResult(Decision.from_event(decision), accepted=outcome == "accepted")
-        raise DecisionRefused(outcome, detail or outcome, decision)
+        return asked.result(*self._routed(decide))
 
 
 def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
@@ -773,15 +554,423 @@ def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
         cursor = page.next_cursor
 
 
-def _check_wait(wait: object) -> None:
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:
-        raise InvalidArgument(f"wait must be a number of seconds within 0..{MAX_WAIT:g}, got "
-                              f"{wait!r}")
+# -- what Client and AsyncClient share ------------------------------------------------------
+#
+# Everything a call decides that is not I/O: its checks (queue/rules.py), the
+# parameter objects it hands the store, and how it reads the store's answers.
+# Client and AsyncClient (queue/async_client.py) differ only in how they wait.
 
 
-def _check_label(value: object, what: str) -> str:
-    """A decision id or an actor: a non-empty string of at most 255 characters."""
-    if not isinstance(value, str) or not value.strip() or len(value) > MAX_LABEL:
-        raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_LABEL} "
-                              f"characters, got {value!r}")
-    return check_text(value, what)
+def definition_of(registry: Registry, workflow: str | WorkflowDef) -> WorkflowDef:
+    if isinstance(workflow, WorkflowDef):
+        return workflow
+    return registry.get(check_name(workflow, "workflow"))
+
+
+def new_run(definition: WorkflowDef, tenant: str, workflow_id: str, value: Any,
+            limits: Limits) -> NewRun:
+    """A run of this key with its input checked, under a fresh id of the key's bucket."""
+    check_workflow_id(workflow_id)
+    bucket = bucket_for(tenant, definition.name, workflow_id)
+    return NewRun(new_execution_id(bucket), workflow_id,
+                  checked_input(definition, workflow_id, value, limits), bucket)
+
+
+def checked_input(definition: WorkflowDef, workflow_id: str, value: Any, limits: Limits) -> str:
+    """A run's input as JSON, within the bound and matching the workflow's input schema."""
+    what = f"input of {definition.name} {workflow_id!r}"
+    encoded = limits.check_input(to_json(value, what), what)
+    if definition.input_schema is not None:
+        validate(json.loads(encoded), definition.input_schema, what, "input validation failed")
+    return encoded
+
+
+def new_runs(definition: WorkflowDef, tenant: str, items: Sequence[tuple[str, Any]],
+             limits: Limits) -> list[NewRun]:
+    """The runs of a start_many, each checked, no workflow id twice."""
+    check_name(tenant, "tenant")
+    seen: set[str] = set()
+    runs: list[NewRun] = []
+    for workflow_id, value in items:
+        run = new_run(definition, tenant, workflow_id, value, limits)  # checks the id first
+        if run.workflow_id in seen:
+            raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
+        seen.add(run.workflow_id)
+        runs.append(run)
+    return runs
+
+
+def start_batch(definition: WorkflowDef, tenant: str, runs: Sequence[NewRun]) -> StartBatch:
+    return StartBatch(tenant, definition.name, definition.version, runs, definition.gates)
+
+
+def tenants_run(found: Execution | None, ident: uuid.UUID, tenant: str) -> Execution:
+    """The run read, when it is `tenant`'s; else ExecutionNotFound (another tenant's run
+    is answered as an unknown one)."""
+    if found is None or found.tenant != tenant:
+        raise ExecutionNotFound(f"execution {ident} not found")
+    return found
+
+
+def list_query(tenant: str | None, state: State | str | None, workflow: str | None,
+               limit: int, cursor: str | None) -> ListQuery:
+    if tenant is not None:
+        check_name(tenant, "tenant")
+    if workflow is not None:
+        check_name(workflow, "workflow")
+    return ListQuery(
+        tenant=tenant,
+        state=State(state) if state is not None else None,
+        workflow=workflow,
+        limit=limit,
+        after=Cursor.decode(cursor) if cursor is not None else None,
+    )
+
+
+def merged_runs(pages: Sequence[list[Execution]], limit: int) -> Page:
+    """The shards' pages as one, by id, with the cursor of the page after it."""
+    merged = list(heapq.merge(*pages, key=lambda e: e.id))[:limit]
+    last = merged[-1] if len(merged) == limit else None
+    return Page(merged, Cursor(last.id).encode() if last else None)
+
+
+class SignalBatch:
+    """A signal_many call on its way: each request checked (a refusal kept in its slot),
+    the schema checks, then the store's answers put back in input order."""
+
+    def __init__(self, size: int) -> None:
+        self.results: list[SignalResult | None] = [None] * size
+        self.checked: list[tuple[int, SignalDelivery]] = []
+
+    @classmethod
+    def of(cls, signals: Sequence[SignalRequest], tenant: str, limits: Limits) -> SignalBatch:
+        """The batch with each request checked; a request that breaks a rule keeps its
+        refusal in its slot (a value that is not an execution id at all raises)."""
+        check_name(tenant, "tenant")
+        batch = cls(len(signals))
+        for index, request in enumerate(signals):
+            ident = parse_execution_id(request.execution_id)
+            try:
+                values = check_signal(
+                    request.name, request.payload, request.idempotency_key, limits)
+            except InvalidArgument as exc:
+                batch.results[index] = SignalResult(ident, None, delivered=False, error=exc)
+                continue
+            batch.checked.append((index, SignalDelivery(ident, *values)))
+        return batch
+
+    def schema_candidates(self, registry: Registry) -> list[SignalDelivery]:
+        """The checked signals whose name some registered workflow publishes a schema for:
+        their targets' workflows are looked up (per shard) to check them."""
+        named = registry.schema_signals
+        return [s for _, s in self.checked if s.name in named]
+
+    def refuse_by_schema(self, registry: Registry, candidates: Sequence[SignalDelivery],
+                         workflows: Sequence[tuple[str, int] | None]) -> None:
+        """Refuse the candidates that break the schema their target's workflow publishes
+        for them. A target whose workflow this registry does not know is not checked here
+        (its contract is unknown to this process); the HTTP server and workers load the
+        app."""
+        of = {c.target: w for c, w in zip(candidates, workflows, strict=True) if w is not None}
+        for index, signal in self.checked:
+            if signal.name not in registry.schema_signals:
+                continue
+            spec = _signal_spec(registry, of.get(signal.target), signal.name)
+            if spec is not None and spec.schema is not None:
+                try:
+                    validate(json.loads(signal.payload_json), spec.schema,
+                             f"payload of signal {signal.name!r}",
+                             "signal payload validation failed")
+                except PayloadInvalid as exc:
+                    self.results[index] = SignalResult(signal.target, None, delivered=False,
+                                                       error=exc)
+
+    def to_send(self) -> list[SignalDelivery]:
+        self.checked = [c for c in self.checked if self.results[c[0]] is None]
+        return [c for _, c in self.checked]
+
+    def answered(self, delivered: Sequence[SignalResult]) -> list[SignalResult]:
+        for (index, _), result in zip(self.checked, delivered, strict=True):
+            self.results[index] = result
+        return [r for r in self.results if r is not None]
+
+
+def _signal_spec(registry: Registry, workflow: tuple[str, int] | None,
+                 name: str) -> SignalSpec | None:
+    if workflow is None:
+        return None
+    try:
+        return registry.get(*workflow).signal(name)
+    except UnknownWorkflow:
+        return None
+
+
+def signalled_start(
+    definition: WorkflowDef, tenant: str, workflow_id: str, value: Any, *, signal_name: str,
+    payload: Any, idempotency_key: str | None, limits: Limits,
+) -> StartSignalled:
+    """A signal_with_start call's request: the run and the signal, each checked."""
+    check_name(tenant, "tenant")
+    run = new_run(definition, tenant, workflow_id, value, limits)
+    name, payload_json, key = check_signal(signal_name, payload, idempotency_key, limits)
+    spec = definition.signal(name)
+    if spec is not None and spec.schema is not None:
+        validate(json.loads(payload_json), spec.schema, f"payload of signal {name!r}",
+                 "signal payload validation failed")
+    return StartSignalled(start_batch(definition, tenant, (run,)), name, payload_json, key)
+
+
+def cancel_target(execution_id: str | uuid.UUID, tenant: str, actor: str | None) -> uuid.UUID:
+    ident = parse_execution_id(execution_id)
+    if actor is not None:
+        check_label(actor, "actor")
+    check_name(tenant, "tenant")
+    return ident
+
+
+@dataclass(frozen=True)
+class QueryAsked:
+    """A query call, checked: its handler and argument; `answer` replays the history."""
+
+    definition: WorkflowDef
+    execution: Execution
+    name: str
+    spec: QuerySpec
+    argument: Any
+
+    @classmethod
+    def checked(cls, registry: Registry, execution: Execution, name: str, argument: Any,
+                limits: Limits) -> QueryAsked:
+        definition = registry.get(execution.workflow_name, execution.workflow_version)
+        spec = definition.query(check_name(name, "query"))
+        what = f"argument of query {name!r}"
+        value = json.loads(payload_json(argument, what, limits))
+        validate(value, spec.schema, what, "query argument validation failed")
+        return cls(definition, execution, name, spec, value)
+
+    def answer(self, history: Sequence[HistoryEvent]) -> Any:
+        state = rebuild_state(self.definition, self.execution, history)
+        try:
+            response = call_handler(f"query {self.name!r}", self.spec.handler, state,
+                                    self.argument)
+            return json.loads(to_json(response, f"the response of query {self.name!r}"))
+        except QueryFailed:
+            raise
+        except Exception as exc:  # the handler's own failure, reported to its caller
+            raise QueryFailed(f"query {self.name!r} failed: {type(exc).__name__}: {exc}"
+                              ) from None
+
+
+def update_request(
+    definition: WorkflowDef, name: str, argument: Any, *, key: str | None, wait: float,
+    limits: Limits,
+) -> tuple[UpdateSpec, str, str | None]:
+    """(the update's spec, its argument JSON, its key), each checked."""
+    spec = definition.update(check_name(name, "update"))
+    check_wait(wait)
+    return (spec, *update_argument(spec, argument, key, limits))
+
+
+def update_argument(spec: UpdateSpec, argument: Any, key: str | None,
+                    limits: Limits) -> tuple[str, str | None]:
+    """(argument JSON, key) of an update, checked as a signal's are (but under the
+    reserved name no sender may use) and against the update's schema."""
+    _, argument_json, key = check_signal("update", argument, key, limits)
+    validate(json.loads(argument_json), spec.schema, f"argument of update {spec.name!r}",
+             "update payload validation failed")
+    return argument_json, key
+
+
+def update_with_start_request(
+    definition: WorkflowDef, tenant: str, workflow_id: str, value: Any, *, name: str,
+    argument: Any, key: str | None, wait: float, limits: Limits,
+) -> tuple[UpdateSpec, NewRun, StartSignalled]:
+    spec = definition.update(check_name(name, "update"))
+    check_wait(wait)
+    run = new_run(definition, tenant, workflow_id, value, limits)
+    argument_json, key = update_argument(spec, argument, key, limits)
+    return spec, run, StartSignalled(start_batch(definition, tenant, (run,)),
+                                     spec.signal_name, argument_json, key)
+
+
+def check_takes_updates(execution: Execution) -> None:
+    if execution.state.terminal:
+        raise UpdateRefused(f"execution {execution.id} is {execution.state}: it takes no "
+                            f"updates", "run_finished")
+
+
+def new_run_state(definition: WorkflowDef, tenant: str, run: NewRun) -> Any:
+    """The state a run not started yet starts its code with (an update's validator reads
+    it in update_with_start)."""
+    return rebuild_state(definition, Execution(
+        uuid.UUID(int=0), tenant, definition.name, definition.version, run.workflow_id,
+        State.PENDING, json.loads(run.input_json), None, None, False,
+        datetime.now(UTC), None), ())
+
+
+def validate_update(spec: UpdateSpec, argument: Any, state: Callable[[], Any]) -> None:
+    if spec.validator is None:
+        return
+    try:
+        call_handler(f"the validator of update {spec.name!r}", spec.validator, state(),
+                     argument)
+    except QueryFailed:
+        raise
+    except Exception as exc:  # the validator's refusal, in its own words
+        raise UpdateRejected(f"update {spec.name!r} rejected: {exc}") from None
+
+
+def stored_update(result: SignalResult) -> tuple[int, str]:
+    """(update id, stored name) of an update delivered as a signal; its refusal raised (a
+    finished run as UpdateRefused `run_finished`)."""
+    if isinstance(result.error, SignalRefused) and result.error.reason_code == (
+        "target_finished"
+    ):
+        raise UpdateRefused(str(result.error), "run_finished")
+    if result.error is not None:
+        raise result.error
+    assert result.signal_id is not None and result.signal_name is not None
+    return result.signal_id, result.signal_name
+
+
+@contextmanager
+def finished_refuses_update() -> Iterator[None]:
+    """A signal_with_start of an update refused by a finished run: UpdateRefused."""
+    try:
+        yield
+    except SignalRefused as exc:
+        if exc.reason_code == "target_finished":
+            raise UpdateRefused(str(exc), "run_finished") from None
+        raise
+
+
+def check_update_landed(spec: UpdateSpec, stored_name: str) -> None:
+    if stored_name != spec.signal_name:
+        raise InvalidArgument(f"the idempotency key already landed on this run as "
+                              f"{stored_name!r}, not as update {spec.name!r}")
+
+
+class UpdateWait:
+    """Waiting for an update's recorded outcome: what each read means, and the pause
+    (2 ms, doubling to 100 ms) before the next one."""
+
+    def __init__(self, ident: uuid.UUID, update_id: int, wait: float, accepted: bool) -> None:
+        self.ident, self.update_id, self.wait, self.accepted = ident, update_id, wait, accepted
+        self.deadline = time.monotonic() + wait
+        self._pause = 0.002
+
+    def answer(self, outcome: dict[str, Any] | None, state: State | None) -> UpdateResult | None:
+        """The result once recorded; None: read again after `pause()`. Raises UpdateFailed,
+        UpdateRefused (`not_handled`), UpdateTimedOut."""
+        if outcome is not None:
+            if "error" in outcome:
+                error = outcome["error"]
+                raise UpdateFailed(self.update_id, {"type": error.get("type"),
+                                                    "message": error.get("message")})
+            return UpdateResult(self.ident, self.update_id, outcome.get("response"),
+                                self.accepted)
+        if state is None or state.terminal:
+            raise UpdateRefused(f"execution {self.ident} is {state}: it finished without "
+                                f"handling update {self.update_id}", "not_handled")
+        if time.monotonic() >= self.deadline:
+            raise UpdateTimedOut(self.update_id, self.wait)
+        return None
+
+    def pause(self) -> float:
+        pause, self._pause = self._pause, min(self._pause * 2, 0.1)
+        return pause
+
+
+@dataclass(frozen=True)
+class InboxQuery:
+    """A pending_interrupts call, checked: what each shard is asked, and the merge."""
+
+    tenant: str
+    workflow: str | None
+    after: InboxCursor | None
+    limit: int
+    newest_first: bool
+    waited_s: float
+
+    @classmethod
+    def checked(cls, tenant: str, workflow: str | None, cursor: str | None, *, limit: int,
+                newest_first: bool, waited_s: float) -> InboxQuery:
+        check_name(tenant, "tenant")
+        if workflow is not None:
+            check_name(workflow, "workflow")
+        check_page_size(limit, MAX_PAGE)
+        check_waited(waited_s)
+        after = InboxCursor.decode(cursor) if cursor is not None else None
+        return cls(tenant, workflow, after, limit, newest_first, float(waited_s))
+
+    def arguments(self) -> dict[str, Any]:
+        """The store's pending_interrupts arguments (after the shard)."""
+        return {"tenant": self.tenant, "workflow": self.workflow,
+                "after": (self.after.at, self.after.id) if self.after else None,
+                "limit": self.limit, "newest_first": self.newest_first,
+                "waited_s": self.waited_s}
+
+    def merged(self, pages: Sequence[list[PendingInterrupt]],
+               missing: Sequence[str]) -> PartialInterruptPage:
+        merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id),
+                                  reverse=self.newest_first))[:self.limit]
+        last = merged[-1] if len(merged) == self.limit else None
+        return PartialInterruptPage(
+            merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None,
+            tuple(missing),
+        )
+
+
+@dataclass(frozen=True)
+class DecisionAsked:
+    """A decide call, checked: the decision the store is handed once the interrupt is
+    read, and what the store's outcome means."""
+
+    execution_id: uuid.UUID
+    tenant: str
+    interrupt: str
+    action: str
+    payload_json: str
+    what: str
+    decision_id: str
+    actor: str
+
+    @classmethod
+    def checked(cls, execution_id: str | uuid.UUID, interrupt: str, action: str,
+                payload: Any, *, decision_id: str, actor: str, tenant: str,
+                limits: Limits) -> DecisionAsked:
+        ident = parse_execution_id(execution_id)
+        check_name(tenant, "tenant")
+        check_name(interrupt, "interrupt")
+        if action not in INTERRUPT_ACTIONS:
+            raise InvalidArgument(f"action must be one of {', '.join(INTERRUPT_ACTIONS)}, "
+                                  f"got {action!r} (cancel the run with Client.cancel)")
+        check_label(decision_id, "decision_id")
+        check_label(actor, "actor")
+        what = f"payload of the {action} decision on interrupt {interrupt!r}"
+        return cls(ident, tenant, interrupt, action, payload_json(payload, what, limits), what,
+                   decision_id, actor)
+
+    def decision(
+        self, found: tuple[str, int | None, dict[str, Any] | None] | None,
+    ) -> InterruptDecision:
+        """What to hand decide_interrupt, given the open interrupt read (store.open_interrupt)
+        on the same shard; another tenant's run is an unknown one, an edit meets the
+        interrupt's schema."""
+        if found is None or found[0] != self.tenant:
+            raise ExecutionNotFound(f"execution {self.execution_id} not found")
+        _, position, request = found
+        if request is not None and self.action == "edit":
+            validate(json.loads(self.payload_json), request.get("schema"), self.what,
+                     "decision payload validation failed")
+        return InterruptDecision(self.execution_id, self.tenant, self.interrupt, position,
+                                 self.action, self.payload_json, self.decision_id, self.actor)
+
+    def result(self, outcome: str, decision: dict[str, Any] | None,
+               detail: str | None) -> DecisionResult:
+        if outcome == "not_found":
+            raise ExecutionNotFound(f"execution {self.execution_id} not found")
+        if outcome in ("accepted", "repeated"):
+            assert decision is not None
+            return DecisionResult(Decision.from_event(decision), accepted=outcome == "accepted")
+        raise DecisionRefused(outcome, detail or outcome, decision)

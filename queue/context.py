@@ -32,7 +32,6 @@ from shardq.queue.errors import (
 )
 from shardq.queue.instruments import STEP_ATTEMPTS, STEP_SECONDS
 from shardq.queue.journal import Journal
-from shardq.queue.limits import Limits
 from shardq.queue.models import (
     INTERRUPT_ACTIONS,
     Claim,
@@ -50,11 +49,18 @@ from shardq.queue.models import (
     State,
     TaskAction,
 )
-from shardq.queue.names import check_name, check_signal_name, check_text
 from shardq.queue.replay import Replay
 from shardq.queue.retry import RetryPolicy
-from shardq.queue.schemas import check_schema, validate
-from shardq.queue.signaling import check_signal
+from shardq.queue.rules import (
+    Limits,
+    check_name,
+    check_schema,
+    check_signal,
+    check_signal_name,
+    check_text,
+    payload_json,
+    validate,
+)
 from shardq.shards.routing import bucket_of, parse_execution_id
 
 T = TypeVar("T")
@@ -722,12 +728,7 @@ def check_interrupt_value(
 ) -> Any:
     """The value under review, as JSON will store it; else InvalidArgument or PayloadInvalid."""
     what = f"value of interrupt {name!r}"
-    try:
-        encoded = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
-    limits.check_payload(encoded, what)
-    stored = json.loads(encoded)
+    stored = json.loads(payload_json(value, what, limits))
     validate(stored, dict(schema) if schema is not None else None, what)
     return stored
 

@@ -48,8 +48,8 @@ def workflow() -> None:
 def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv.
 
-    Read by the rules the HTTP API reads bodies by (shardq.bin.web.rules)."""
-    from shardq.bin.web.rules import RuleBroken, json_value
+    Read by the rules the HTTP API reads bodies by (shardq.queue.rules)."""
+    from shardq.queue.rules import RuleBroken, json_value
 
     if value is None:
         return None
@@ -109,8 +109,8 @@ def _execution_payload(e: Execution) -> dict[str, Any]:
 
 def _check_key(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Read by the rules the HTTP API reads the Idempotency-Key header by
-    (shardq.bin.web.rules)."""
-    from shardq.bin.web.rules import RuleBroken, idempotency_key
+    (shardq.queue.rules)."""
+    from shardq.queue.rules import RuleBroken, idempotency_key
 
     try:
         return idempotency_key(value, "the key")

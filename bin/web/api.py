@@ -27,10 +27,10 @@ from shardq.bin.web.openapi import BODY_KEYS, PREFIX
 from shardq.bin.web.refusals import refusal_body, status_of
 from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
-from shardq.queue.client import DEFAULT_UPDATE_WAIT, MAX_WAIT
+from shardq.queue.client import DEFAULT_UPDATE_WAIT
 from shardq.queue.errors import SignalRefused
-from shardq.queue.limits import Limits
 from shardq.queue.models import Event, Execution, State, UpdateResult
+from shardq.queue.rules import MAX_WAIT, Limits
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shardq.queue.schemas import pointer
+from shardq.queue.rules import pointer
 
 SIMPLE = ("string", "integer", "number", "boolean")
 

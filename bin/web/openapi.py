@@ -12,7 +12,7 @@ import copy
 from typing import Any
 
 from shardq.queue.models import State
-from shardq.queue.names import NAME_PATTERN
+from shardq.queue.rules import NAME_PATTERN
 
 PREFIX = "/api/shardq"
 ANY_JSON: dict[str, Any] = {}

@@ -25,7 +25,7 @@ def new_token() -> str:
 
 def load_tokens(path: Path) -> list[tuple[str, str]]:
     """(tenant, hashed token) pairs of a tokens file; ConfigError naming the bad line."""
-    from shardq.queue.names import check_name
+    from shardq.queue.rules import check_name
 
     try:
         text = path.read_text(encoding="utf-8")

@@ -1,0 +1,396 @@
+"""The store for asyncio callers: the sync Store's operations over psycopg's async pools.
+
+Each operation is queue/statements.py's (statement, parameters, parsing: one
+definition, which the sync Store runs too), driven here over an
+`AsyncConnectionPool` per shard. Where a request goes follows the map as the
+sync pools do: `AsyncShardPools` keeps a sync `ShardPools` in probe mode as its
+map follower (the newest version the seeds hold, the slow poll, `refresh` from a
+shard that refused), which opens a connection only when it reads a map. A
+request a shard refused for a moved bucket is made again by the one policy,
+shards.follow.Rerouting: `rerouted` and `fan_out` below drive it with the pause
+awaited rather than slept, and its map refresh (a rare, blocking read) on a
+thread.
+
+Cancelling a task mid-call leaves no half-written operation: psycopg cancels the
+running statement in the server and waits for it to end (a statement is its own
+transaction, or runs inside one that the exit rolls back), and the connection
+goes back to its pool idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from shardq.queue import listing, statements
+from shardq.queue.models import (
+    BufferedSignal,
+    Execution,
+    HistoryEvent,
+    PendingInterrupt,
+    SignalResult,
+    SignalWithStartResult,
+    StartResult,
+    State,
+    WaitInfo,
+)
+from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
+from shardq.queue.statements import Op, Row, run_async
+from shardq.queue.store import CANCEL_ATTEMPTS, _TaskAppeared, buckets_of
+from shardq.shards.config import Shard, ShardMap
+from shardq.shards.errors import NotOwner, ShardUnavailable
+from shardq.shards.fanout import Reached, by_shard
+from shardq.shards.follow import Rerouting, map_poll_interval
+from shardq.shards.pools import (
+    CONNECT_TIMEOUT_S,
+    ShardPools,
+    connection_lost,
+    describe_connect_error,
+    tcp_settings,
+)
+
+if TYPE_CHECKING:
+    import uuid
+
+    from shardq.shards.migrations import ShardStatus
+
+T = TypeVar("T")
+R = TypeVar("R")
+AsyncDictConnection = psycopg.AsyncConnection[Row]
+
+
+class AsyncShardPools:
+    """One `AsyncConnectionPool` per shard, made and opened on first use; the map they
+    route by is followed by a sync ShardPools in probe mode (`follower`).
+
+    A shard is verified (its recorded map and schema) the first time it is reached,
+    unless the caller checked it just before (`verified`, as verify_shards returns).
+    """
+
+    def __init__(
+        self, shard_map: ShardMap, *, verified: Iterable[Shard | ShardStatus] = (),
+        timeout: float = 10.0, application_name: str = "shardq",
+        follow_every_s: float | None = None,
+    ) -> None:
+        checked = list(verified)
+        self.follower = ShardPools(
+            shard_map, probe=True, verified=checked, application_name=application_name,
+            timeout=timeout,
+            follow_every_s=map_poll_interval() if follow_every_s is None else follow_every_s)
+        self._verified: set[str] = {
+            v.name if isinstance(v, Shard) else v.shard.name
+            for v in checked if isinstance(v, Shard) or v.reachable}
+        self._timeout = timeout
+        self._application_name = application_name
+        self._pools: dict[str, AsyncConnectionPool[AsyncDictConnection]] = {}
+        self._closed = False
+
+    @property
+    def map(self) -> ShardMap:
+        """The current map version: what requests route by now."""
+        return self.follower.map
+
+    def refresh(self, at_least: int = 0, via: Shard | str | None = None) -> ShardMap:
+        """ShardPools.refresh (blocking: call it on a thread from a coroutine)."""
+        return self.follower.refresh(at_least=at_least, via=via)
+
+    def open(self) -> AsyncShardPools:
+        self.follower.open()
+        return self
+
+    async def close(self) -> None:
+        self._closed = True
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.close()
+        await asyncio.to_thread(self.follower.close)
+
+    def pool(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection] | None:
+        """The shard's pool if one was made (tests read its stats)."""
+        return self._pools.get(shard.name)
+
+    async def _pool_of(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection]:
+        pool = self._pools.get(shard.name)
+        if pool is not None:
+            return pool
+        if self._closed:
+            raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
+        if self.map.get(shard.name) is None:
+            raise ShardUnavailable(
+                f"{shard.label}: not in the shard map any more (version {self.map.version})")
+        if shard.name not in self._verified:
+            await self._verify(shard)
+        pool = self._pools.get(shard.name)  # made meanwhile by another task
+        if pool is None:
+            pool = AsyncConnectionPool(
+                shard.url, min_size=shard.pool_min, max_size=shard.pool_max,
+                kwargs={
+                    "autocommit": True,
+                    "row_factory": dict_row,
+                    "connect_timeout": CONNECT_TIMEOUT_S,
+                    "application_name": self._application_name,
+                    **tcp_settings(shard.url),
+                },
+                connection_class=psycopg.AsyncConnection[dict[str, Any]],
+                open=False, timeout=self._timeout, name=f"shardq-async-{shard.name}",
+            )
+            self._pools[shard.name] = pool
+            await pool.open(wait=False)
+        return pool
+
+    async def _verify(self, shard: Shard) -> None:
+        from shardq.shards.migrations import verify_shard  # noqa: PLC0415 - imports pools
+
+        newer = await asyncio.to_thread(verify_shard, self.map, shard)
+        self._verified.add(shard.name)
+        if newer is not None and newer > self.map.version:
+            # A shard reached late holds a newer version: follow it before routing more.
+            await asyncio.to_thread(self.refresh, newer, shard)
+
+    @asynccontextmanager
+    async def connection(self, shard: Shard) -> AsyncIterator[AsyncDictConnection]:
+        """A pooled autocommit connection to `shard`."""
+        pool = await self._pool_of(shard)
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise describe_connect_error(shard, exc) from exc
+        except psycopg.OperationalError as exc:
+            if not connection_lost(exc):
+                raise
+            raise describe_connect_error(shard, exc) from exc
+
+
+class AsyncStore:
+    """The operations the clients use, as coroutines; the sync Store's definitions."""
+
+    def __init__(self, pools: AsyncShardPools) -> None:
+        self.pools = pools
+
+    @property
+    def map(self) -> ShardMap:
+        return self.pools.map
+
+    @asynccontextmanager
+    async def connection(self, shard: Shard) -> AsyncIterator[AsyncDictConnection]:
+        """An autocommit connection to `shard`; driver errors as the sync Store words them."""
+        async with self.pools.connection(shard) as conn:
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                mapped = statements.translated(shard, exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
+
+    async def _run(self, shard: Shard, op: Op[R]) -> R:
+        async with self.connection(shard) as conn:
+            return await run_async(conn, op)
+
+    async def start_executions(self, shard: Shard, batch: StartBatch) -> list[StartResult]:
+        return await self._run(shard, statements.start_executions(batch))
+
+    async def get_execution(self, shard: Shard, execution_id: uuid.UUID) -> Execution | None:
+        return await self._run(shard, statements.get_execution(execution_id))
+
+    async def read_history(self, shard: Shard, execution_id: uuid.UUID) -> list[HistoryEvent]:
+        return await self._run(shard, statements.read_history(execution_id))
+
+    async def list_executions(self, shard: Shard, query: listing.ListQuery) -> list[Execution]:
+        return await self._run(shard, statements.list_executions(
+            query, buckets_of(self.map, shard)))
+
+    async def waits_and_signals(
+        self, shard: Shard, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
+        return await self._run(shard, statements.waits_and_signals(ids))
+
+    async def workflows_of(
+        self, shard: Shard, ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[str, int]]:
+        return await self._run(shard, statements.workflows_of(ids))
+
+    async def find_run(
+        self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str
+    ) -> uuid.UUID | None:
+        return await self._run(shard, statements.find_run(
+            tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id))
+
+    async def deliver_signals(
+        self, shard: Shard, tenant: str, signals: Sequence[SignalDelivery]
+    ) -> list[SignalResult]:
+        return await self._run(shard, statements.deliver_signals(tenant, signals))
+
+    async def signal_with_start(
+        self, shard: Shard, request: StartSignalled
+    ) -> SignalWithStartResult:
+        return await self._run(shard, statements.signal_with_start(request))
+
+    async def signal_by_key(
+        self, shard: Shard, execution_id: uuid.UUID, key: str
+    ) -> tuple[int, str] | None:
+        return await self._run(shard, statements.signal_by_key(execution_id, key))
+
+    async def update_outcome(
+        self, shard: Shard, execution_id: uuid.UUID, update_id: int
+    ) -> tuple[dict[str, Any] | None, State | None]:
+        return await self._run(shard, statements.update_outcome(execution_id, update_id))
+
+    async def open_interrupt(
+        self, shard: Shard, execution_id: uuid.UUID, name: str
+    ) -> tuple[str, int | None, dict[str, Any] | None] | None:
+        return await self._run(shard, statements.open_interrupt(execution_id, name))
+
+    async def decide_interrupt(
+        self, shard: Shard, decision: InterruptDecision
+    ) -> tuple[str, dict[str, Any] | None, str | None]:
+        return await self._run(shard, statements.decide_interrupt(decision))
+
+    async def pending_interrupts(
+        self, shard: Shard, *, tenant: str, workflow: str | None,
+        after: tuple[datetime, uuid.UUID] | None, limit: int, newest_first: bool = False,
+        waited_s: float = 0.0,
+    ) -> list[PendingInterrupt]:
+        return await self._run(shard, statements.pending_interrupts(
+            mine=buckets_of(self.map, shard), tenant=tenant, workflow=workflow, after=after,
+            limit=limit, newest_first=newest_first, waited_s=waited_s))
+
+    async def cancel(
+        self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, actor: str | None = None
+    ) -> State:
+        """As Store.cancel: each try one transaction, started again when the run became due
+        between its two locks."""
+        for _ in range(CANCEL_ATTEMPTS):
+            try:
+                async with self.connection(shard) as conn, conn.transaction():
+                    return await run_async(conn, statements.cancel_attempt(
+                        execution_id, tenant=tenant, actor=actor))
+            except _TaskAppeared:
+                continue
+        raise statements.cancel_gave_up(shard.name, execution_id)
+
+
+# -- following moves ---------------------------------------------------------------------
+
+
+class _Pause:
+    """Rerouting's `sleep`, recorded instead of slept: the caller awaits it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+class AsyncRerouting:
+    """shards.follow.Rerouting for a coroutine: the same decision (what to refresh, how
+    long to pause, when to give up), its refresh on a thread and its pause awaited."""
+
+    def __init__(self, pools: AsyncShardPools) -> None:
+        self._pause = _Pause()
+        self._policy = Rerouting(pools, sleep=self._pause)
+
+    async def after(self, refusal: NotOwner) -> None:
+        await asyncio.to_thread(self._policy.after, refusal)
+        pause = self._pause.take()
+        if pause > 0:
+            await asyncio.sleep(pause)
+
+
+async def rerouted(pools: AsyncShardPools, call: Callable[[ShardMap], Awaitable[R]]) -> R:
+    """`await call(current map)` until no shard refuses it for a moved bucket
+    (shards.follow.rerouted's loop, with Rerouting's policy)."""
+    retry: AsyncRerouting | None = None
+    while True:
+        try:
+            return await call(pools.map)
+        except NotOwner as refusal:
+            retry = retry or AsyncRerouting(pools)
+            await retry.after(refusal)
+
+
+async def fan_out(
+    pools: AsyncShardPools,
+    items: Sequence[T],
+    bucket: Callable[[T], int],
+    call: Callable[[Shard, list[T]], Awaitable[Sequence[R]]],
+    *,
+    parallel: bool = False,
+) -> list[R]:
+    """shards.fanout.fan_out for coroutines: `call(shard, its items)` once per shard
+    touched (in turn, or at once when `parallel`), one answer per item in `items` order,
+    a refused shard's items sent again where the map now says."""
+    results: list[R | None] = [None] * len(items)
+    pending = list(range(len(items)))
+    retry: AsyncRerouting | None = None
+    while pending:
+        groups = by_shard(pools.map, [items[i] for i in pending], bucket)
+        if parallel and len(groups) > 1:
+            async with asyncio.TaskGroup() as tasks:
+                started = {shard: tasks.create_task(_one(call, shard, members))
+                           for shard, members in groups.items()}
+            answers = {shard: task.result() for shard, task in started.items()}
+        else:
+            answers = {shard: await _one(call, shard, members)
+                       for shard, members in groups.items()}
+        refused: list[int] = []
+        first: NotOwner | None = None
+        for shard, members in groups.items():
+            answer = answers[shard]
+            if isinstance(answer, NotOwner):
+                first = first or answer
+                refused += [pending[index] for index, _ in members]
+                continue
+            for (index, _), value in zip(members, answer, strict=True):
+                results[pending[index]] = value
+        if first is not None:
+            retry = retry or AsyncRerouting(pools)
+            await retry.after(first)
+        pending = sorted(refused)
+    return cast(list[R], results)
+
+
+async def _one(
+    call: Callable[[Shard, list[T]], Awaitable[Sequence[R]]], shard: Shard,
+    members: list[tuple[int, T]],
+) -> Sequence[R] | NotOwner:
+    """A group's answer, or the refusal of a shard a bucket moved away from."""
+    try:
+        return await call(shard, [item for _, item in members])
+    except NotOwner as refusal:
+        return refusal
+
+
+async def each_shard(shards: Sequence[Shard], call: Callable[[Shard], Awaitable[R]]) -> (
+    Reached[R]
+):
+    """shards.fanout.each_shard for coroutines: every shard at once, one that raises
+    ShardUnavailable listed rather than failing the whole."""
+    async def one(shard: Shard) -> R | ShardUnavailable:
+        try:
+            return await call(shard)
+        except ShardUnavailable as exc:
+            return exc
+
+    outcomes = await asyncio.gather(*(one(shard) for shard in shards))
+    answers: dict[Shard, R] = {}
+    unavailable: dict[Shard, ShardUnavailable] = {}
+    for shard, outcome in zip(shards, outcomes, strict=True):
+        if isinstance(outcome, ShardUnavailable):
+            unavailable[shard] = outcome
+        else:
+            answers[shard] = outcome
+    return Reached(answers, unavailable)

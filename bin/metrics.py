@@ -36,6 +36,7 @@ from shardq.queue.models import ShardHealth, StaleBounds, State
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ConfigError, ShardUnavailable
+from shardq.shards.follow import Router
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,14 @@ class StoreCollector(Collector):
 
     `open_store()` makes a Store over new connections (probing pools); each shard
     gets one, and a new one after it was found unavailable. `close()` closes them.
+    `route` is the map, or what follows it (ShardPools): each scrape reads the shards
+    of the current version, each counting the runs of the buckets it gives them.
     """
 
     def __init__(
         self,
         open_store: Callable[[], Store],
-        shard_map: ShardMap,
+        route: ShardMap | Router,
         *,
         bounds: StaleBounds,
         overdue_grace_s: float,
@@ -67,7 +70,7 @@ class StoreCollector(Collector):
         timeout_s: float,
     ) -> None:
         self._open_store = open_store
-        self._map = shard_map
+        self._route = route
         self._bounds = bounds
         self._overdue_grace_s = overdue_grace_s
         self._cache_s = cache_s
@@ -81,25 +84,34 @@ class StoreCollector(Collector):
         self._snapshot: dict[str, Scrape | None] = {}
         # Reads of a shard that stopped answering may outlive a scrape; they
         # end with their statement timeout and never pile up past one per shard.
-        self._pool = ThreadPoolExecutor(2 * len(shard_map.shards),
+        self._pool = ThreadPoolExecutor(2 * max(len(self._current.shards), 4),
                                         thread_name_prefix="shardq-scrape")
         self._pending: dict[str, Future[Scrape]] = {}
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from families(self._map, self.snapshot())
+    @property
+    def _current(self) -> ShardMap:
+        return self._route if isinstance(self._route, ShardMap) else self._route.map
 
-    def snapshot(self) -> dict[str, Scrape | None]:
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        current = self._current
+        yield from families(current, self.snapshot(current))
+
+    def snapshot(self, current: ShardMap | None = None) -> dict[str, Scrape | None]:
         """Each shard's health, None for a shard that did not answer in time."""
+        current = current or self._current
         with self._lock:
             if time.monotonic() - self._read_at < self._cache_s:
                 return self._snapshot
-            for shard in self._map.shards:
+            for shard in current.shards:
                 future = self._pending.get(shard.name)
                 if future is None or future.done():
-                    self._pending[shard.name] = self._pool.submit(self._read, shard)
-            wait_all(list(self._pending.values()), timeout=self._timeout_s)
+                    self._pending[shard.name] = self._pool.submit(self._read, shard, current)
+            names = {shard.name for shard in current.shards}
+            wait_all([f for n, f in self._pending.items() if n in names],
+                     timeout=self._timeout_s)
             self._snapshot = {
                 name: _result(future) for name, future in self._pending.items()
+                if name in names
             }
             self._read_at = time.monotonic()
             return self._snapshot
@@ -117,11 +129,11 @@ class StoreCollector(Collector):
                 store = self._stores[shard.name] = self._open_store()
             return store
 
-    def _read(self, shard: Shard) -> Scrape:
+    def _read(self, shard: Shard, current: ShardMap) -> Scrape:
         store = self._store(shard)
         try:
             health = store.health(shard, self._bounds, overdue_grace_s=self._overdue_grace_s,
-                                  timeout_s=self._timeout_s)
+                                  timeout_s=self._timeout_s, shard_map=current)
             outbox = OutboxStore(store).backlog(shard, timeout_s=self._timeout_s)
         except ShardUnavailable as exc:
             if shard.name not in self._down:

@@ -19,7 +19,12 @@ ON CONFLICT (version) DO NOTHING
 
 -- name: notify_map
 -- A hint for processes that follow the map; the version itself is in shard_maps.
-SELECT pg_notify('shardq_map', %(version)s::text)
+-- On the target, the switch also wakes its workers and relays: the batch's due
+-- tasks (timers that came due while it was frozen, leases the copy released)
+-- and pending outbox rows arrived by COPY, which notifies no one, and a claim
+-- loop would otherwise sleep until the next due time it knew of.
+SELECT pg_notify('shardq_map', %(version)s::text), pg_notify(shardq.wake_channel(), ''),
+       pg_notify(shardq.outbox_channel(), '')
 
 -- name: ownership
 SELECT deployment, map_version, writable::text AS writable, owned::text AS owned, unclean,

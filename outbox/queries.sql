@@ -12,13 +12,17 @@ SELECT format('LISTEN %%I', shardq.outbox_channel()) AS statement
 -- holds. A row is due only when no earlier row from its sender to its target
 -- is pending, so one sender's signals to one target arrive in send order. The
 -- row locks are the relay's lease: held until its transaction settles the
--- rows, gone with its connection if it dies.
+-- rows, gone with its connection if it dies. Rows of a sender a move froze or
+-- moved away are not this shard's to send: the copy on the sender's new
+-- shard is.
 SELECT o.id, o.source_execution_id, o.source_position, o.target_execution_id,
        o.target_bucket, o.tenant, o.signal_name, o.payload::text AS payload,
        o.idempotency_key, o.attempts,
        extract(epoch FROM now() - o.queued_at)::float8 AS queued_s
 FROM shardq.outbox o
 WHERE o.state = 'pending' AND o.next_attempt_at <= now()
+  AND ((SELECT shardq.unclean_writable()) IS NULL
+       OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(o.source_execution_id)) = 1)
   AND NOT EXISTS (
       SELECT 1 FROM shardq.outbox e
       WHERE e.source_execution_id = o.source_execution_id
@@ -38,6 +42,8 @@ FOR UPDATE OF o SKIP LOCKED
 SELECT extract(epoch FROM o.next_attempt_at - now())::float8 AS seconds
 FROM shardq.outbox o
 WHERE o.state = 'pending'
+  AND ((SELECT shardq.unclean_writable()) IS NULL
+       OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(o.source_execution_id)) = 1)
   AND NOT EXISTS (
       SELECT 1 FROM shardq.outbox e
       WHERE e.source_execution_id = o.source_execution_id

@@ -68,10 +68,10 @@ from shardq.queue.errors import (
 from shardq.queue.listener import WakeSource
 from shardq.queue.models import SignalResult
 from shardq.queue.params import SignalDelivery
-from shardq.queue.signaling import deliver
 from shardq.queue.store import Store
-from shardq.queue.worker import MIN_POLL_S
-from shardq.shards.config import Shard
+from shardq.queue.worker import MAP_CHECK_S, MIN_POLL_S
+from shardq.shards.config import Shard, ShardMap
+from shardq.shards.errors import Fenced, NotOwner, ShardqError
 from shardq.shards.fanout import by_shard
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,11 @@ target shards and before its source rows are settled (the window exactly-once co
 BUSY_NAP_S = 0.1
 PROBE_INTERVAL_S = 1.0
 """How often a prober asks a target shard that is down whether it takes writes again."""
+
+MOVED_RETRY_S = 0.1
+"""When a row's target refused it for a move (the bucket frozen while it is copied, or
+moved to another shard), it goes again this soon: a move's batch pauses its runs well
+under a second, and a moved bucket's owner is known from the refusal."""
 
 TRANSIENT = (ShardUnavailable, StoreConflict, psycopg.Error, TimeoutError, OSError)
 """Errors a later attempt may not meet: the target shard down, restarting, in recovery,
@@ -218,8 +223,8 @@ class Relay:
         self.config = config or RelayConfig()
         self.store = store
         self.outbox = OutboxStore(store)
-        self.map = store.map
         self.sources = list(sources) if sources is not None else list(self.map.shards)
+        self._following = sources is None
         self._backoff = Backoff(self.config)
         self._stopping = threading.Event()
         self.health = TargetHealth(store, self._target_back, self._stopping)
@@ -238,13 +243,36 @@ class Relay:
 
     def start(self) -> Relay:
         for source in self.sources:
-            thread = threading.Thread(
-                target=self._loop, args=(source,), name=f"shardq-relay-{source.name}",
-                daemon=True,
-            )
+            self._start_loop(source)
+        if self._following:
+            thread = threading.Thread(target=self._map_loop, name="shardq-relay-map",
+                                      daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
+
+    def _start_loop(self, source: Shard) -> None:
+        thread = threading.Thread(
+            target=self._loop, args=(source,), name=f"shardq-relay-{source.name}",
+            daemon=True,
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _map_loop(self) -> None:
+        """Relay from the shards newer map versions add (a moved run's pending rows went
+        with it); a shard a version drops sends nothing more, its outbox moved away."""
+        while not self._stopping.wait(MAP_CHECK_S):
+            served = {s.name for s in self.sources}
+            for source in self.map.shards:
+                if source.name in served:
+                    continue
+                self._wakes[source.name] = WakeSource(source, listen=listen_for_outbox)
+                self._pools[source.name] = ThreadPoolExecutor(
+                    2 * len(self.map.shards), thread_name_prefix="shardq-deliver")
+                self.sources.append(source)
+                self._start_loop(source)
+                log.info("relaying from a shard the map added", extra={"shard": source.name})
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the rounds in flight, then stop; nothing is left half done."""
@@ -280,9 +308,10 @@ class Relay:
 
     def _target_back(self, target: Shard) -> None:
         """Make the rows deferred for `target` due on every source, and wake the loops."""
-        for source in self.sources:
+        for source in list(self.sources):
             try:
-                self.outbox.target_back(source, target.first_bucket, target.last_bucket)
+                for first, last in self.map.named([target.name])[0].ranges:
+                    self.outbox.target_back(source, first, last)
             except Exception as exc:
                 # Their retry times stand: they go out then, a little later.
                 log.warning("could not make the rows for a returning shard due",
@@ -299,6 +328,11 @@ class Relay:
             # short nap, not a spin, until it settles them or a NOTIFY comes.
             return min(self.config.poll_interval_s, BUSY_NAP_S)
         return min(self.config.poll_interval_s, due)
+
+    @property
+    def map(self) -> ShardMap:
+        """The map deliveries are routed by: the newest version the store's pools follow."""
+        return self.store.map
 
     def relay_once(self, source: Shard) -> int:
         """One round on `source`: claim, deliver, settle. Returns how many rows it claimed."""
@@ -358,7 +392,15 @@ class Relay:
                 results.extend((row, deferred) for row in members)
                 continue
             try:
-                delivered = deliver(self.store, tenant, [_checked(r) for r in members])
+                delivered = self.store.deliver_signals(target, tenant,
+                                                       [_checked(r) for r in members])
+            except NotOwner as exc:
+                # Routed by a map older than a move: its rows go again soon, to
+                # the owner the newer map names (Fenced: once the move's batch
+                # is copied).
+                self._follow(target, exc)
+                results.extend((row, exc) for row in members)
+                continue
             except TRANSIENT as exc:
                 if shard_level(exc):
                     self.health.failed(target, exc)
@@ -387,7 +429,11 @@ class Relay:
                 results.append((row, TargetDeferred(target)))
                 continue
             try:
-                (result,) = deliver(self.store, tenant, [_checked(row)])
+                (result,) = self.store.deliver_signals(target, tenant, [_checked(row)])
+            except NotOwner as exc:
+                self._follow(target, exc)
+                results.append((row, exc))
+                continue
             except (StoreRejected, *TRANSIENT) as exc:
                 if shard_level(exc):
                     self.health.failed(target, exc)
@@ -408,7 +454,8 @@ class Relay:
         error = result.error if isinstance(result, SignalResult) else result
         reason = _permanent_reason(error)
         if reason is None:
-            delay = self._backoff(row.attempts + 1)
+            delay = MOVED_RETRY_S if isinstance(error, NotOwner) else self._backoff(
+                row.attempts + 1)
             if isinstance(error, ShardUnavailable):
                 # Made due again by the target's prober the moment it is back.
                 delay = max(delay, self.config.max_backoff_s)
@@ -425,6 +472,16 @@ class Relay:
             "outbox_id": row.id, "source_execution_id": str(row.source_execution_id),
             "target_execution_id": str(row.target), "reason_code": reason,
             "error": _line(error)})
+
+    def _follow(self, target: Shard, refused: NotOwner) -> None:
+        """Read the map version a refusing target names, so the next round routes by it."""
+        if isinstance(refused, Fenced) and refused.map_version <= self.map.version:
+            return  # frozen while a move copies it: the map has not changed yet
+        try:
+            self.store.pools.refresh(at_least=refused.map_version, via=target)
+        except ShardqError as exc:
+            log.warning("could not read a newer shard map", extra={
+                "shard": target.name, "error": _line(exc)})
 
     def _count(self, source: Shard, outcome: str) -> None:
         with self._counts_lock:

@@ -191,6 +191,13 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         .order_by(x.id)
         .limit(sa.bindparam("limit", 0, type_=sa.Integer))
     )
+    # The buckets the reader's map gives this shard: a run being moved, on two
+    # shards for a while, is read on one (schema/functions/holds_exactly.sql).
+    mine = sa.cast(sa.bindparam("mine", "", type_=sa.Text), postgresql.BIT(4096))
+    stmt = stmt.where(sa.or_(
+        sa.select(sa.func.shardq.holds_exactly(mine)).scalar_subquery(),
+        sa.func.get_bit(mine, sa.func.shardq.bucket(x.id)) == 1,
+    ))
     if shape.tenant:
         stmt = stmt.where(x.tenant == sa.bindparam("tenant", "", type_=sa.Text))
     if shape.workflow:
@@ -219,5 +226,5 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         dialect=postgresql.psycopg.dialect(),  # type: ignore[no-untyped-call]
         compile_kwargs={"render_postcompile": True},
     )
-    values = {"limit", "tenant", "workflow", "after"}  # placeholders: the caller's, per page
+    values = {"limit", "tenant", "workflow", "after", "mine"}  # the caller's, per page
     return str(compiled), {k: v for k, v in compiled.params.items() if k not in values}

@@ -13,10 +13,12 @@
 -- name: start_executions
 -- Insert new runs and their due tasks, and wake the workers once per batch.
 -- Keys that already exist are skipped here and read by find_executions.
+-- Refused whole (shardq.fence) when one id's bucket is not writable here.
 WITH input AS (
     SELECT *
     FROM unnest(%(ids)b::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[])
         AS i(id, workflow_id, input)
+    WHERE (SELECT shardq.fence(%(ids)b::uuid[]))
 ), inserted AS (
     INSERT INTO shardq.executions
         (id, tenant, workflow_name, workflow_version, workflow_id, input, gates)
@@ -114,7 +116,8 @@ WHERE NOT EXISTS (
 
 -- name: extend_leases
 -- Heartbeat. Rows a commit batch holds are skipped, not waited for: that
--- commit is the proof of life, and waiting could deadlock with it.
+-- commit is the proof of life, and waiting could deadlock with it. A run a
+-- move froze is skipped too: its lease is lost (the commit would be refused).
 WITH held AS (
     SELECT t.execution_id
     FROM shardq.tasks t
@@ -122,6 +125,8 @@ WITH held AS (
       AND (t.execution_id, t.lease_token) IN (
         SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[])
       )
+      AND ((SELECT shardq.unclean_writable()) IS NULL
+           OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(t.execution_id)) = 1)
     ORDER BY t.execution_id
     FOR UPDATE OF t SKIP LOCKED
 )
@@ -153,6 +158,8 @@ RETURNING t.execution_id
 -- One run with its derived state and outcome: the columns queue/listing.py's
 -- pages read, for one id (a fixed statement: the hot reads of a run by id need
 -- no query builder). The outcome kinds are the history_outcome index's.
+-- Reads of runs by id refuse a bucket this shard does not own (shardq.owns):
+-- a reader routed by a map older than a move follows it.
 SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input,
        x.created_at, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
        o.payload->'error' AS error, o.recorded_at AS finished_at,
@@ -164,13 +171,17 @@ LEFT JOIN LATERAL (
       AND h.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
 ) o ON true
 LEFT JOIN shardq.tasks t ON t.execution_id = x.id
-WHERE x.id = %(id)s
+WHERE x.id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 
 -- name: read_history
 SELECT seq, position, kind, name, payload, recorded_at
 FROM shardq.history
-WHERE execution_id = %(id)s
+WHERE execution_id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 ORDER BY seq
+
+-- name: fence_run
+-- Refuses (shardq.fence) unless the run's bucket is writable on this shard.
+SELECT shardq.fence(ARRAY[%(id)s::uuid])
 
 -- name: lock_task
 -- Cancellers (and signal senders, in deliver_signals) lock in the workers' order:
@@ -214,12 +225,13 @@ FROM shardq.signal_with_start_v2(
 -- name: open_wait
 -- The open wait of each of these runs that has one.
 SELECT execution_id, kind, name, started_at, deadline, request FROM shardq.waits
-WHERE execution_id = ANY(%(ids)b::uuid[])
+WHERE execution_id = ANY(%(ids)b::uuid[]) AND (SELECT shardq.owns(%(ids)b::uuid[]))
 
 -- name: pending_signals
 -- Signals buffered for these runs, oldest first (at most the pending bound each).
 SELECT execution_id, id, name, payload, idempotency_key, received_at FROM shardq.signals
 WHERE execution_id = ANY(%(ids)b::uuid[]) AND consumed_at IS NULL
+  AND (SELECT shardq.owns(%(ids)b::uuid[]))
 ORDER BY id
 
 -- name: cancel_now
@@ -256,7 +268,7 @@ SELECT current_setting('transaction_read_only') = 'off' AS writable
 SELECT x.tenant, w.position, w.request
 FROM shardq.executions x
 LEFT JOIN shardq.waits w ON w.execution_id = x.id AND w.kind = 'interrupt' AND w.name = %(name)s
-WHERE x.id = %(id)s
+WHERE x.id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 
 -- name: decide_interrupt
 -- Body: schema/functions/decide_interrupt.sql.
@@ -276,6 +288,8 @@ SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
 FROM shardq.waits w
 JOIN shardq.executions x ON x.id = w.execution_id
 WHERE w.kind = 'interrupt'
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(w.execution_id)) = 1)
   AND (w.started_at, w.execution_id) > (%(after_at)s, %(after_id)s)
   AND x.tenant = %(tenant)s
   AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
@@ -292,6 +306,8 @@ SELECT w.execution_id, x.tenant, x.workflow_name, x.workflow_id, w.name,
 FROM shardq.waits w
 JOIN shardq.executions x ON x.id = w.execution_id
 WHERE w.kind = 'interrupt'
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(w.execution_id)) = 1)
   AND (w.started_at, w.execution_id) < (%(after_at)s, %(after_id)s)
   AND x.tenant = %(tenant)s
   AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
@@ -307,6 +323,8 @@ FROM shardq.stale_waits(%(timer_s)s, %(signal_s)s, %(condition_s)s, %(interrupt_
                         %(grace_s)s) s
 JOIN shardq.executions x ON x.id = s.execution_id
 WHERE (%(kind)s::text IS NULL OR s.kind = %(kind)s)
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(s.execution_id)) = 1)
   AND (%(workflow)s::text IS NULL OR x.workflow_name = %(workflow)s)
   AND (%(tenant)s::text IS NULL OR x.tenant = %(tenant)s)
 ORDER BY s.started_at
@@ -319,6 +337,8 @@ SELECT s.kind, x.workflow_name, count(*) AS n,
 FROM shardq.stale_waits(%(timer_s)s, %(signal_s)s, %(condition_s)s, %(interrupt_s)s,
                         %(grace_s)s) s
 JOIN shardq.executions x ON x.id = s.execution_id
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(s.execution_id)) = 1)
 GROUP BY 1, 2
 
 -- name: local_statement_timeout
@@ -331,40 +351,56 @@ SELECT set_config('statement_timeout', %(ms)s, true)
 -- small VM, which is why the exporter caches its answers.
 SELECT w.kind, x.workflow_name, count(*) AS n
 FROM shardq.waits w JOIN shardq.executions x ON x.id = w.execution_id
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(w.execution_id)) = 1)
 GROUP BY 1, 2
 
 -- name: pending_signal_count
 -- Signals buffered and not yet consumed (signals_pending, index only).
-SELECT count(*) AS n FROM shardq.signals WHERE consumed_at IS NULL
+SELECT count(*) AS n FROM shardq.signals s WHERE consumed_at IS NULL
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(s.execution_id)) = 1)
 
 -- name: overdue_tasks
 -- Tasks due more than `grace` seconds ago and not running: nobody claims them
 -- (missing workers), or their lease expired and nobody took it over (tasks_due).
 SELECT count(*) AS n,
        extract(epoch FROM now() - min(run_at))::float8 AS oldest_s
-FROM shardq.tasks WHERE run_at < now() - make_interval(secs => %(grace_s)s)
+FROM shardq.tasks t WHERE run_at < now() - make_interval(secs => %(grace_s)s)
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 
 -- name: runs_by_state
+-- The exporter's reads count the runs of `mine` only, the buckets the reader's
+-- map gives this shard: a run being moved is counted once (holds_exactly.sql).
 -- Runs by state, counted where each state lives, as shardq.run_state() reads
 -- one run: finished by their outcome event (history_outcome, index only),
 -- running by a live lease, waiting and input_required by an open wait whose
 -- run holds no live lease, pending by a task with neither.
-SELECT substr(kind, 5) AS state, count(*) AS n FROM shardq.history
+SELECT substr(kind, 5) AS state, count(*) AS n FROM shardq.history h
 WHERE kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(h.execution_id)) = 1)
 GROUP BY kind
 UNION ALL
-SELECT 'running', count(*) FROM shardq.tasks
+SELECT 'running', count(*) FROM shardq.tasks t
 WHERE lease_token IS NOT NULL AND run_at > now()
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 UNION ALL
 SELECT CASE w.kind WHEN 'interrupt' THEN 'input_required' ELSE 'waiting' END, count(*)
 FROM shardq.waits w
 WHERE NOT EXISTS (SELECT 1 FROM shardq.tasks t WHERE t.execution_id = w.execution_id
                   AND t.lease_token IS NOT NULL AND t.run_at > now())
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(w.execution_id)) = 1)
 GROUP BY 1
 UNION ALL
 SELECT 'pending', count(*) FROM shardq.tasks t
 WHERE (t.lease_token IS NULL OR t.run_at <= now())
   AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = t.execution_id)
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 
 -- name: purge_lock
 -- One purger per shard at a time (a worker's housekeeping, `shardq purge`):
@@ -409,13 +445,15 @@ SELECT (SELECT h.payload FROM shardq.history h
           AND h.payload->'signal_id' = to_jsonb(%(update_id)s::bigint)
         LIMIT 1) AS outcome,
        shardq.run_state(%(id)s) AS state
+WHERE (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 
 -- name: signal_by_key
 -- The signal an idempotency key landed as, if it did (any name: keys are per run).
 SELECT id, name FROM shardq.signals
 WHERE execution_id = %(id)s AND idempotency_key = %(key)s
+  AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 
 -- name: workflows_of
 -- The workflow (name, version) of each run: what a signal's schema is looked up by.
 SELECT id, workflow_name, workflow_version FROM shardq.executions
-WHERE id = ANY(%(ids)b::uuid[])
+WHERE id = ANY(%(ids)b::uuid[]) AND (SELECT shardq.owns(%(ids)b::uuid[]))

@@ -1,25 +1,19 @@
-"""The one way a signal reaches a run: checked, grouped by shard, delivered, scattered back.
+"""The rules every signal meets before it is sent: its name, its payload's size, its key.
 
-`Client.signal_many`, a workflow's `ctx.signal_external` and the outbox relay
-all pass through here, so a signal has the same rules (name, payload bound, key)
-and the same delivery (shardq.deliver_signals: stored, recorded, the run woken)
-whoever sends it. Nothing here needs a workflow registry.
+`Client.signal_many` and a workflow's `ctx.signal_external` check here, so a signal
+has the same rules whoever sends it; the delivery itself is shardq.deliver_signals
+(stored, recorded, the run woken), whoever calls it: the client through fan_out, a
+commit for a run of its own shard, the outbox relay per target shard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from shardq.queue.encoding import to_json
 from shardq.queue.errors import InvalidArgument
 from shardq.queue.limits import Limits
-from shardq.queue.models import SignalResult
 from shardq.queue.names import check_signal_name, check_text
-from shardq.queue.params import SignalDelivery
-from shardq.queue.store import Store
-from shardq.shards.fanout import fan_out
-from shardq.shards.routing import bucket_of
 
 
 def check_signal(
@@ -33,13 +27,3 @@ def check_signal(
         limits.check_key(check_text(key, "idempotency_key"))
     what = f"payload of signal {name!r}"
     return name, limits.check_payload(to_json(payload, what), what), key
-
-
-def deliver(store: Store, tenant: str, signals: Sequence[SignalDelivery]) -> list[SignalResult]:
-    """Deliver one tenant's signals: one commit per shard touched, results in input order.
-
-    Signals to one run are handled in the order given. A shard that cannot be
-    reached raises (ShardUnavailable) after the shards before it committed.
-    """
-    return fan_out(store.map, signals, lambda s: bucket_of(s.target),
-                   lambda shard, members: store.deliver_signals(shard, tenant, members))

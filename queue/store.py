@@ -13,6 +13,7 @@ engine's own errors.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -51,8 +52,10 @@ from shardq.queue.models import (
     WaitInfo,
 )
 from shardq.queue.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
-from shardq.shards.config import Shard
+from shardq.shards.config import Shard, ShardMap
+from shardq.shards.errors import refusal
 from shardq.shards.pools import DictConnection, ShardPools, connection_lost
+from shardq.shards.routing import BUCKETS
 from shardq.shards.sqlfile import load_queries
 
 log = logging.getLogger(__name__)
@@ -78,7 +81,11 @@ class Store:
 
     def __init__(self, pools: ShardPools) -> None:
         self.pools = pools
-        self.map = pools.map
+
+    @property
+    def map(self) -> ShardMap:
+        """The map the pools route by now: it follows newer versions as moves switch them."""
+        return self.pools.map
 
     @contextmanager
     def connection(self, shard: Shard) -> Iterator[DictConnection]:
@@ -94,6 +101,11 @@ class Store:
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
                 raise StoreConflict(f"{shard.name}: {exc.sqlstate}: {exc}") from exc
             except psycopg.Error as exc:
+                # A bucket frozen by a move, or moved away: the caller follows the map.
+                moved = refusal(shard.name, exc.sqlstate, exc.diag.message_primary or "",
+                                exc.diag.message_detail)
+                if moved is not None:
+                    raise moved from exc
                 # A broken connection is the pool's to report (it marks the shard down).
                 if connection_lost(exc) or not _about_the_server(exc):
                     raise
@@ -150,8 +162,14 @@ class Store:
             for r in rows
         ]
 
-    def list_executions(self, shard: Shard, query: listing.ListQuery) -> list[Execution]:
+    def list_executions(
+        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
+    ) -> list[Execution]:
+        """A page of `shard`'s runs, of the buckets `shard_map` (by default the store's
+        current map) gives it: a reader of several shards passes the one map it read them by,
+        so a run a move has on two shards is listed once."""
         statement, params = listing.compile_list(query)
+        params["mine"] = buckets_of(shard_map or self.map, shard)
         with self.connection(shard) as conn:
             return [_execution(r) for r in conn.execute(statement, params)]
 
@@ -297,24 +315,28 @@ class Store:
         with self.connection(shard) as conn:
             found = conn.execute(SQL["stale_waits"], {
                 **bounds.params(), "kind": kind, "workflow": workflow, "tenant": tenant,
-                "limit": limit,
+                "limit": limit, "mine": buckets_of(self.map, shard),
             })
             return [StaleWait(**r) for r in found]
 
     def health(
-        self, shard: Shard, bounds: StaleBounds, *, overdue_grace_s: float, timeout_s: float
+        self, shard: Shard, bounds: StaleBounds, *, overdue_grace_s: float, timeout_s: float,
+        shard_map: ShardMap | None = None,
     ) -> ShardHealth:
         """Every family the store exporter reports for `shard`, each one indexed query,
-        in one read-only transaction whose statements stop after `timeout_s`."""
+        in one read-only transaction whose statements stop after `timeout_s`; the runs of
+        the buckets `shard_map` (by default the store's) gives it."""
+        mine = {"mine": buckets_of(shard_map or self.map, shard)}
         with self.transaction(shard) as conn:
             conn.execute(SQL["local_statement_timeout"], {"ms": str(int(timeout_s * 1000))})
             waits = [(r["kind"], r["workflow_name"], r["n"])
-                     for r in conn.execute(SQL["open_waits_by_workflow"])]
+                     for r in conn.execute(SQL["open_waits_by_workflow"], mine)]
             stale = [(r["kind"], r["workflow_name"], r["n"], r["oldest_s"])
-                     for r in conn.execute(SQL["stale_wait_counts"], bounds.params())]
-            signals = conn.execute(SQL["pending_signal_count"]).fetchone()
-            overdue = conn.execute(SQL["overdue_tasks"], {"grace_s": overdue_grace_s}).fetchone()
-            states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"])}
+                     for r in conn.execute(SQL["stale_wait_counts"], {**bounds.params(), **mine})]
+            signals = conn.execute(SQL["pending_signal_count"], mine).fetchone()
+            overdue = conn.execute(SQL["overdue_tasks"],
+                                   {"grace_s": overdue_grace_s, **mine}).fetchone()
+            states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"], mine)}
         assert signals is not None and overdue is not None
         return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states)
 
@@ -440,6 +462,7 @@ class Store:
             "pending_interrupts"]
         with self.connection(shard) as conn:
             found = conn.execute(statement, {
+                "mine": buckets_of(self.map, shard),
                 "tenant": tenant, "workflow": workflow, "after_at": after_at,
                 "after_id": after_id, "limit": limit, "waited_s": waited_s,
             })
@@ -459,6 +482,7 @@ class Store:
         for _ in range(CANCEL_ATTEMPTS):
             try:
                 with self.transaction(shard) as conn:
+                    conn.execute(SQL["fence_run"], {"id": execution_id})
                     lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
                     target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
                     if target is None or target["tenant"] != tenant:
@@ -483,6 +507,17 @@ class Store:
                 continue
         raise StoreConflict(f"{shard.name}: execution {execution_id} kept changing under "
                             f"cancel; try again")
+
+
+def buckets_of(shard_map: ShardMap, shard: Shard) -> str:
+    """The buckets `shard_map` gives `shard`, as the text of a bit(4096), bucket 0 first:
+    what a read of many runs passes the shard as `mine` (schema/functions/holds_exactly.sql)."""
+    return _buckets_of(shard_map, shard.name)
+
+
+@functools.lru_cache(maxsize=64)
+def _buckets_of(shard_map: ShardMap, name: str) -> str:
+    return "".join("1" if shard_map.for_bucket(b).name == name else "0" for b in range(BUCKETS))
 
 
 _SERVER_STATES = ("53", "57", "58", "25006")

@@ -58,6 +58,9 @@ stays running), or why nothing landed."""
 MIN_POLL_S = 0.1
 """The shortest safety poll a worker or a relay accepts."""
 COALESCE_S = 0.001
+MAP_CHECK_S = 1.0
+"""How often a worker (and a relay) compares the shards it serves with the current map
+version; the version itself is kept current by the pools (shards/follow.py)."""
 """How long a claim loop with a few free turn threads waits for more to free up: a
 partial batch is claimed once a wait this long freed none."""
 GC_YOUNG_THRESHOLD = 20_000
@@ -176,6 +179,11 @@ class Worker:
         self.registry = registry
         self.store = store
         self.shards = shards or list(store.map.shards)
+        # Without a named subset, the worker serves the shards of the current map
+        # version: one a newer version adds is served within MAP_CHECK_S, one it
+        # drops is no longer claimed from (its leases still end normally).
+        self._following = shards is None
+        self._retired: set[str] = set()
         self._stopping = threading.Event()
         # Heartbeats go on until the drain is over: a turn finishing during the
         # drain must not lose its lease to another worker.
@@ -209,20 +217,43 @@ class Worker:
         for completer in self._completers.values():
             completer.start()
         for shard in self.shards:
-            claim_loop = functools.partial(self._claim_loop, shard)
-            self._claimers.append(self._spawn(f"shardq-claim-{shard.name}", claim_loop))
+            self._start_loops(shard)
         for i in range(self.config.concurrency):
             self._spawn(f"shardq-turn-{i}", self._turn_loop)
-        for shard in self.shards:
-            heartbeat = functools.partial(self._heartbeat_loop, shard)
-            self._spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
         if self.config.housekeeping_interval_s > 0:
             self._spawn("shardq-housekeeping", self._housekeeping_loop)
+        if self._following:
+            self._spawn("shardq-map", self._map_loop)
         log.info("worker started", extra={
             "owner": self.config.owner, "shards": ",".join(s.name for s in self.shards),
             "concurrency": self.config.concurrency,
         })
         return self
+
+    def _start_loops(self, shard: Shard) -> None:
+        claim_loop = functools.partial(self._claim_loop, shard)
+        self._claimers.append(self._spawn(f"shardq-claim-{shard.name}", claim_loop))
+        heartbeat = functools.partial(self._heartbeat_loop, shard)
+        self._spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
+
+    def _map_loop(self) -> None:
+        """Serve the shards newer map versions add; stop claiming from those they drop."""
+        while not self._stopping.wait(MAP_CHECK_S):
+            current = {s.name: s for s in self.store.map.shards}
+            with self._lock:
+                served = {s.name for s in self.shards}
+                added = [s for name, s in current.items() if name not in served]
+                self._retired = served - set(current)
+            for shard in added:
+                self._wakes[shard.name] = WakeSource(shard)
+                completer = Completer(self.store, shard, lease_s=self.config.lease_s,
+                                      max_batch=self.config.commit_batch)
+                self._completers[shard.name] = completer
+                completer.start()
+                with self._lock:
+                    self.shards.append(shard)
+                self._start_loops(shard)
+                log.info("serving a shard the map added", extra={"shard": shard.name})
 
     def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
         # Daemon threads: a step stuck past the drain deadline must not keep the
@@ -249,7 +280,8 @@ class Worker:
         self._drained.set()
         released = 0
         for shard in self.shards:
-            leases = [Lease(f.execution_id, f.token) for f in leftover if f.shard == shard]
+            leases = [Lease(f.execution_id, f.token) for f in leftover
+                      if f.shard.name == shard.name]
             if leases:
                 try:
                     released += len(self.store.release_leases(shard, leases))
@@ -294,6 +326,9 @@ class Worker:
             (notified if wake.wait(seconds) else timed).inc()
 
         while not self._stopping.is_set():
+            if shard.name in self._retired:
+                sleep(self.config.poll_interval_s)
+                continue
             # Cleared before the slots are read: a wake from here on is kept
             # for the wait below.
             wake.clear()
@@ -455,7 +490,9 @@ class Worker:
             return outcome
 
         def on_this_shard(target: uuid.UUID) -> bool:
-            return shard.first_bucket <= bucket_of(target) <= shard.last_bucket
+            # By the current map: a target that moved since is queued in the
+            # outbox by the commit itself (commit_turns_v2), whichever is older.
+            return self.store.map.for_bucket(bucket_of(target)).name == shard.name
 
         started = time.perf_counter()
         try:
@@ -558,7 +595,7 @@ class Worker:
         while not self._drained.wait(interval):
             with self._lock:
                 leases = [Lease(e.execution_id, e.token) for e in self._inflight.values()
-                          if e.shard == shard]
+                          if e.shard.name == shard.name]
             if not leases:
                 continue
             try:

@@ -227,11 +227,17 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.fence(ids uuid[])
---   RETURNS void
+--   RETURNS boolean
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.holds_exactly(mine bit)
+--   RETURNS boolean
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE
+-- FUNCTION shardq.owns(ids uuid[])
+--   RETURNS boolean
+--   LANGUAGE plpgsql STABLE
 -- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)
 --   RETURNS TABLE(execution_id uuid)
 --   LANGUAGE sql STABLE

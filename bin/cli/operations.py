@@ -214,6 +214,7 @@ def metrics_command(
 
     from shardq.bin.metrics import StoreCollector, serve
     from shardq.queue.store import Store
+    from shardq.shards.follow import map_poll_interval
     from shardq.shards.pools import ShardPools
 
     with errors_as_exit_codes():
@@ -221,13 +222,19 @@ def metrics_command(
         bounds = _bounds(stale_after, deadline_grace)
         registry = CollectorRegistry(auto_describe=False)
 
+        # What follows the map (newer versions as moves switch buckets, shards added):
+        # each scrape reads the shards of the current version.
+        follower = ShardPools(shard_map, timeout=scrape_timeout, probe=True,
+                              application_name="shardq-metrics",
+                              follow_every_s=map_poll_interval()).open()
+
         def open_store() -> Store:
             # Probing: a shard that refuses connections is reported down at once.
-            return Store(ShardPools(shard_map, timeout=scrape_timeout, probe=True,
+            return Store(ShardPools(follower.map, timeout=scrape_timeout, probe=True,
                                     application_name="shardq-metrics").open())
 
         collector = StoreCollector(
-            open_store, shard_map, bounds=bounds, overdue_grace_s=overdue_grace,
+            open_store, follower, bounds=bounds, overdue_grace_s=overdue_grace,
             cache_s=cache_seconds, timeout_s=scrape_timeout)
         try:
             registry.register(collector)
@@ -236,6 +243,7 @@ def metrics_command(
             # Closed here, not by the interpreter's exit: a pool left to its finalizer
             # may print a traceback after the one line that says what went wrong.
             collector.close()
+            follower.close()
             raise
     stop = stop_on_signals()
     click.echo(f"store exporter on http://{host}:{port}/metrics for "
@@ -243,6 +251,7 @@ def metrics_command(
     stop.wait()
     server.shutdown()
     collector.close()
+    follower.close()
 
 
 COMMANDS = [migrate, stale, purge_command, metrics_command]

@@ -88,9 +88,11 @@ def outbox_relay(
                        options="-c idle_in_transaction_session_timeout=60s "
                                "-c statement_timeout=30s",
                        on_fatal=lambda _: stop.set(),
-                       verified=[s.shard for s in checked if s.reachable]).open()
-    relay = Relay(Store(pools), sources=sources, config=config).start()
-    click.echo(f"outbox relay serving {', '.join(s.name for s in sources)}", err=True)
+                       verified=checked).open()
+    # Without --shard the relay follows the map: it relays from a shard a version adds.
+    relay = Relay(Store(pools), sources=sources if only else None, config=config).start()
+    click.echo(f"outbox relay serving {', '.join(s.name for s in relay.sources)}"
+               f"{'' if only else ' and the shards the map adds'}", err=True)
     stop.wait()
     relay.stop()
     pools.close()

@@ -80,9 +80,12 @@ def worker(
     # gives up and is retried, rather than holding a turn thread for good.
     pools = ShardPools(shard_map, options="-c statement_timeout=60s",
                        on_fatal=lambda _: stop.set(),
-                       verified=[s.shard for s in checked if s.reachable]).open()
-    running = Worker(Store(pools), registry, shards=served, config=config).start()
-    click.echo(f"worker {config.owner} serving {', '.join(s.name for s in served)}", err=True)
+                       verified=checked).open()
+    # Without --shard the worker follows the map: it serves a shard a newer version adds.
+    running = Worker(Store(pools), registry, shards=served if only else None,
+                     config=config).start()
+    click.echo(f"worker {config.owner} serving {', '.join(s.name for s in running.shards)}"
+               f"{'' if only else ' and the shards the map adds'}", err=True)
     stop.wait()
     released = running.stop()
     pools.close()

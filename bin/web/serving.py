@@ -64,6 +64,7 @@ def build_app(config: ServeConfig) -> Starlette:
     from shardq.bin.web.app import create_app
     from shardq.queue.client import Client
     from shardq.queue.store import Store
+    from shardq.shards.follow import map_poll_interval
     from shardq.shards.pools import ShardPools
 
     registry, tokens, shard_map = checked(config)
@@ -72,8 +73,10 @@ def build_app(config: ServeConfig) -> Starlette:
     # pool timeout, and leaves no background retries logging warnings.
     # A request answers within a bound: a statement stuck behind a lock or on
     # an overloaded shard is cancelled by the server (the caller gets a 503).
+    # Long-lived though probing: it polls for newer map versions like a daemon.
     pools = ShardPools(shard_map, application_name="shardq-api", probe=True,
-                       options="-c statement_timeout=15s").open()
+                       options="-c statement_timeout=15s",
+                       follow_every_s=map_poll_interval()).open()
     client = Client(Store(pools), registry)
 
     @asynccontextmanager

@@ -28,7 +28,15 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
+DECLARE
+    -- While this shard holds rows of buckets it cannot write (a move froze them,
+    -- or moved them away and has not cleaned up yet), those runs are not
+    -- claimed: the buckets it can write. NULL on a clean shard, where the
+    -- custom plan then drops the filter altogether.
+    claimable bit(4096);
 BEGIN
+    claimable := shardq.unclean_writable();
+
     -- Losing a claim in a server crash only leaves its task due (the turn's
     -- fenced commit then fails), and the turn's own durable commit flushes the
     -- WAL past the claim anyway. Transaction-local: the caller is autocommit.
@@ -45,6 +53,7 @@ BEGIN
             SELECT d.execution_id
             FROM shardq.tasks d
             WHERE d.run_at <= now()
+              AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
             ORDER BY d.run_at
             LIMIT lim
             FOR UPDATE SKIP LOCKED
@@ -78,6 +87,7 @@ BEGIN
     SELECT NULL::uuid, NULL::uuid, NULL::integer, NULL::text, NULL::text, NULL::integer,
            NULL::text, NULL::text, NULL::boolean, now(), NULL::text, NULL::text,
            extract(epoch FROM min(t.run_at) - now())::float8
-    FROM shardq.tasks t;
+    FROM shardq.tasks t
+    WHERE claimable IS NULL OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1;
 END
 $$;

@@ -26,6 +26,9 @@
 --     o: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
 --        a signal to a run of another shard, written to the outbox for the relay;
 --        the call's history event comes in e_*.
+-- A run whose bucket this shard cannot write (a move froze it, or moved it
+-- away) commits nothing, as if its lease were lost; a signal to a run of such
+-- a bucket is queued in the outbox instead (the relay finds its owner).
 -- The answer is one row per commit that held its lease: its position in c_*
 -- (from 1), whether cancellation was requested meanwhile, and the outcomes of
 -- its signals to other runs (null when it sent none; a refused one carries
@@ -85,6 +88,10 @@ DECLARE
     x_max_total     integer;
     sent            jsonb := '{}';
     held            uuid[];
+    own_writable    bit(4096);
+    own_unclean     boolean;
+    x_away          uuid[] := '{}';
+    away_out        jsonb := '{}';
 BEGIN
     -- Signals to other runs of this shard: every lock their delivery takes is
     -- taken here, before the fence and the first delivery, in the global order:
@@ -126,6 +133,25 @@ BEGIN
     -- Usually every lease held: the per-row `= ANY(fenced)` filters below,
     -- a scan of the whole array per row, are then skipped.
     all_fenced := cardinality(fenced) = cardinality(c_ids);
+
+    -- The fence of a move (see shardq.fence): read after the row locks above
+    -- gave this transaction its xid. A shard that holds rows of buckets it
+    -- cannot write (frozen by a move, or moved away and not cleaned up yet)
+    -- commits none of their turns: answered as a lost lease, each such turn
+    -- runs again where its bucket is writable. A clean shard holds no such run.
+    SELECT o.writable, o.unclean INTO own_writable, own_unclean FROM shardq.ownership o;
+    IF own_unclean THEN
+        SELECT coalesce(array_agg(f.id ORDER BY f.n), '{}'),
+               coalesce(array_agg(f.ord ORDER BY f.n), '{}'),
+               coalesce(array_agg(f.cancel ORDER BY f.n), '{}')
+        INTO fenced, fenced_ords, cancels
+        FROM unnest(fenced, fenced_ords, cancels) WITH ORDINALITY AS f(id, ord, cancel, n)
+        WHERE get_bit(own_writable, shardq.bucket(f.id)) = 1;
+        IF cardinality(fenced) = 0 THEN
+            RETURN;
+        END IF;
+        all_fenced := cardinality(fenced) = cardinality(c_ids);
+    END IF;
 
     -- A timeout is the store's to grant (see defer_premature_timeouts): a run
     -- whose wait was satisfied in time, or whose deadline has not passed by
@@ -279,6 +305,50 @@ BEGIN
     -- sender with all its signals in send order (a fan-out of a thousand is one
     -- set-based statement, not a thousand calls), its outcomes recorded in one
     -- insert, its reasons deliver_signals', as a client or the relay would be told.
+    --
+    -- A target whose bucket this shard cannot write moved (or is moving) since
+    -- the worker read its map: its signal goes through the outbox, as one to
+    -- another shard would, recorded and answered as queued
+    -- (`external.queued`, what queue/context.py records for an outbox send);
+    -- the relay finds the target's owner.
+    IF rare ? 'x' AND own_writable IS NOT NULL THEN
+        SELECT coalesce(array_agg(t), '{}') INTO x_away
+        FROM unnest(x_targets) AS t WHERE get_bit(own_writable, shardq.bucket(t)) = 0;
+    END IF;
+    IF cardinality(x_away) > 0 THEN
+        WITH away AS (
+            SELECT (r->>0)::uuid AS sender, (r->>1)::integer AS position,
+                   (r->>2)::uuid AS target, r->>3 AS name, r->4 AS payload, r->>5 AS key,
+                   x.o
+            FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
+            WHERE (r->>2)::uuid = ANY(x_away)
+              AND (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
+        ), queued AS (
+            INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
+                                       target_bucket, tenant, signal_name, payload,
+                                       idempotency_key)
+            SELECT a.sender, a.position, a.target, shardq.bucket(a.target)::smallint,
+                   e.tenant, a.name, a.payload, a.key
+            FROM away a JOIN shardq.executions e ON e.id = a.sender
+            ORDER BY a.o
+        ), outcome AS (
+            SELECT a.sender, a.position, a.name, a.o,
+                   jsonb_build_object('target', a.target, 'name', a.name,
+                                      'idempotency_key', a.key, 'queued', true) AS outcome
+            FROM away a
+        ), recorded AS (
+            INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+            SELECT o.sender, o.position, 'external.queued', o.name, o.outcome
+            FROM outcome o ORDER BY o.o
+        )
+        SELECT coalesce(jsonb_object_agg(g.sender, g.outcomes), '{}') INTO away_out
+        FROM (SELECT o.sender::text AS sender,
+                     jsonb_object_agg(o.position::text, o.outcome) AS outcomes
+              FROM outcome o GROUP BY o.sender) AS g;
+        IF away_out <> '{}' THEN
+            PERFORM pg_notify(shardq.outbox_channel(), '');
+        END IF;
+    END IF;
     IF rare ? 'x' THEN
         FOR sender, sender_tenant, x_ids, x_names, x_payloads, x_keys, x_positions, x_max,
             x_max_total IN
@@ -290,6 +360,7 @@ BEGIN
             FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
             JOIN shardq.executions e ON e.id = (r->>0)::uuid
             WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
+              AND NOT (r->>2)::uuid = ANY(x_away)
             GROUP BY 1, 2
             ORDER BY min(o)
         LOOP
@@ -317,6 +388,25 @@ BEGIN
             -- Keyed by the sender's id as uuid text (the document spells it as hex).
             sent := sent || jsonb_build_object(sender::text, sender_sent);
         END LOOP;
+    END IF;
+    -- Each sender's answer in send order: the queued outcomes slotted between
+    -- the delivered ones (the k-th delivered item is the k-th of its answer).
+    IF away_out <> '{}' THEN
+        WITH item AS (
+            SELECT ((r->>0)::uuid)::text AS sender, r->>1 AS position, x.o,
+                   (away_out->((r->>0)::uuid)::text) ? (r->>1) AS away
+            FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
+            WHERE away_out ? ((r->>0)::uuid)::text
+        ), numbered AS (
+            SELECT i.*, (count(*) FILTER (WHERE NOT i.away)
+                         OVER (PARTITION BY i.sender ORDER BY i.o))::integer - 1 AS k
+            FROM item i
+        )
+        SELECT sent || jsonb_object_agg(g.sender, g.outcomes) INTO sent
+        FROM (SELECT n.sender,
+                     jsonb_agg(CASE WHEN n.away THEN away_out->n.sender->n.position
+                                    ELSE sent->n.sender->n.k END ORDER BY n.o) AS outcomes
+              FROM numbered n GROUP BY n.sender) AS g;
     END IF;
 
     -- Signals to runs of other shards: a row each, in send order (the relay

@@ -52,6 +52,7 @@ DECLARE
     finished   text;
     arrived    timestamptz;
 BEGIN
+    PERFORM shardq.fence(ARRAY[p_id]);  -- a run of a bucket moved or moving is decided there
     PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = p_id FOR UPDATE;
     SELECT x.tenant INTO run_tenant FROM shardq.executions x WHERE x.id = p_id FOR UPDATE;
     arrived := clock_timestamp();

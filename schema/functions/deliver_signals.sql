@@ -11,7 +11,8 @@
 -- in outbox/). A run of a declarative workflow takes one signal per gate name
 -- (its executions.gates): a second one is refused (`gate_closed`), the first
 -- one stands. Rows come back one per input, `ord` numbering them from 1;
--- signal_id is set when this call stored the signal.
+-- signal_id is set when this call stored the signal. A target whose bucket
+-- this shard cannot write refuses the whole call (shardq.fence).
 --
 -- Bounds: at most p_max_pending unconsumed signals of one name per run, and
 -- p_max_pending_total of all names: a flood of a name the run never waits on
@@ -52,6 +53,9 @@ AS $$
 DECLARE
     i integer;
 BEGIN
+    -- Every target's bucket must be writable here, or nothing is delivered: the
+    -- caller (client, relay) follows the refusal to the target's owner.
+    PERFORM shardq.fence(p_ids);
     PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(p_ids)
     ORDER BY t.execution_id FOR UPDATE;
     PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(p_ids)

@@ -4,11 +4,14 @@
 -- ownership row decides, in the writing transaction: no process's map is
 -- trusted with it.
 --
--- Call it after the transaction's first write (or row lock), as a statement
--- of its own. The write gave the transaction its xid, and this statement's
--- snapshot is newer than that xid. That is what a move's freeze relies on: a
--- writer either had its xid when the freeze committed, and the mover waits for
--- it to end before it copies, or it reads the freeze here and is refused.
+-- It takes the transaction's xid first and reads the ownership row after, in
+-- a snapshot of its own (a statement of a volatile function, READ COMMITTED):
+-- that is what a move's freeze relies on. A writer either had its xid when the
+-- freeze committed, and the mover waits for it to end before it copies, or it
+-- reads the freeze here and is refused. So it may be called anywhere in the
+-- writing transaction: as a statement, or inside the writing statement as an
+-- uncorrelated subquery (`WHERE (SELECT shardq.fence(ids))`, evaluated once).
+-- It returns true, or raises.
 --
 -- Refusals, each with a JSON detail {"bucket", "map_version", "move", "target"}:
 --   SQ001 fenced:    the bucket is owned here but frozen by a move: retry soon.
@@ -16,22 +19,23 @@
 --                    named (it is in shardq.shard_maps here) and go there.
 -- A shard with no ownership row was migrated by a release before map versions:
 -- it owns what its map says, as before.
-CREATE OR REPLACE FUNCTION shardq.fence(ids uuid[]) RETURNS void
+CREATE OR REPLACE FUNCTION shardq.fence(ids uuid[]) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     own    shardq.ownership;
     bucket integer;
 BEGIN
+    PERFORM pg_current_xact_id();
     SELECT * INTO own FROM shardq.ownership;
     IF NOT FOUND THEN
-        RETURN;
+        RETURN true;
     END IF;
     SELECT b INTO bucket
     FROM unnest(ids) AS i(id), LATERAL (SELECT shardq.bucket(i.id) AS b) AS x
     WHERE get_bit(own.writable, x.b) = 0
     LIMIT 1;
     IF bucket IS NULL THEN
-        RETURN;
+        RETURN true;
     END IF;
     IF get_bit(own.owned, bucket) = 1 THEN
         RAISE EXCEPTION 'bucket % is frozen by move % to %', bucket, own.fence_move,

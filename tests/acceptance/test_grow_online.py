@@ -290,12 +290,6 @@ def check_timers(client: Client, naps: list[uuid.UUID]) -> None:
         assert fired is not None and fired >= wake_at, (run, wake_at, fired)
 
 
-@pytest.mark.xfail(reason=(
-    "the daemons do not follow the map to an added shard: `shardq worker` and `shardq "
-    "outbox-relay` pass every seed shard as an explicit subset (Worker/Relay then never "
-    "serve shard-2, so the moved interrupt run is never resumed), and the store exporter "
-    "scrapes the shards of its start only (its count drops as runs leave shard-0); "
-    "bin/cli/worker.py, bin/cli/outbox.py, bin/metrics.py, the lead's to fix"), strict=False)
 def test_a_third_server_added_and_a_range_moved_onto_it_while_everything_runs(
     servers: list[EmbeddedPostgres], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

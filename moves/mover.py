@@ -615,6 +615,38 @@ class Mover:
         crash_point("cleaned", item.batch)
 
 
+def moves_in_progress(shard_map: ShardMap) -> list[dict[str, Any]]:
+    """The unfinished move in the home shard's journal (at most one), for `shards status`:
+    its range, shards, phase, batches done of planned, and the batch frozen now if one is.
+    None when the home shard cannot be read or holds no journal (raises nothing: status
+    reports the shard's own reachability)."""
+    try:
+        with connect(shard_map.named([shard_map.home])[0], autocommit=True) as home:
+            found = home.execute(SQL["unfinished_move"]).fetchone()
+            batches = list(home.execute(SQL["batches"], {"move": found["id"]})) if found else []
+    except (ShardqError, psycopg.Error):
+        return []
+    if found is None:
+        return []
+    done = sum(b["phase"] in ("switched", "released", "cleaned") for b in batches)
+    frozen = [b for b in batches if b["phase"] == "fenced"]
+    move = {
+        "id": found["id"], "buckets": [found["first_bucket"], found["last_bucket"]],
+        "source": found["source"], "target": found["target"], "phase": found["phase"],
+        "batches": len(batches), "batches_switched": done,
+        "runs_moved": sum(b["runs"] or 0 for b in batches),
+        "frozen_batch": frozen[0]["batch"] if frozen else None,
+        "started_at": found["started_at"],
+    }
+    move["text"] = (
+        f"move {move['id']}: buckets {found['first_bucket']}-{found['last_bucket']} "
+        f"{found['source']} -> {found['target']}, {found['phase']}, batch {done} of "
+        f"{len(batches)} switched, {move['runs_moved']} runs moved"
+        + (f", batch {move['frozen_batch']} frozen" if frozen else "")
+        + " (resume: shardq shards move --resume; abort: --abort)")
+    return [move]
+
+
 def _switch_name(move: int, batch: int) -> str:
     return f"shardq-mover/{move}/{batch}"
 

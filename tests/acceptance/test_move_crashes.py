@@ -13,6 +13,7 @@ copy left on the other shard, and every acknowledged signal there exactly once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -175,3 +176,29 @@ def test_a_mover_killed_at_each_phase_resumes_or_rolls_back_cleanly(
     with psycopg.connect(deployment.urls[0]) as conn:
         phase = conn.execute("SELECT phase FROM shardq.moves").fetchone()
     assert phase == ("done" if then == "--resume" else "aborted",)
+
+
+def test_status_shows_a_move_a_killed_mover_left_frozen_until_it_is_resumed(
+    deployment: Deployment,
+) -> None:
+    """An operator's first question after a mover died: what is stuck, and how to go on."""
+    populate(deployment, moved=24, kept=4)
+    args = [f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10", "--grace", "0"]
+    killed = mover(deployment, *args, crash_at="fenced@1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    def status() -> dict[str, object]:
+        shown = subprocess.run(
+            [sys.executable, "-m", "shardq.bin.cli", "shards", "status", "--json"],
+            env={**os.environ, **deployment.env()}, cwd=ROOT, capture_output=True, text=True,
+            timeout=60, check=False)
+        assert shown.returncode == 0, shown.stderr
+        return dict(json.loads(shown.stdout))
+
+    (move,) = status()["moves"]  # type: ignore[misc]
+    assert (move["buckets"], move["source"], move["target"], move["phase"]) == (
+        list(MOVED), "shard-0", "shard-1", "moving")
+    assert move["frozen_batch"] == 1 and move["batches_switched"] == 1
+    assert "--resume" in move["text"]
+    assert mover(deployment, "--resume").returncode == 0
+    assert status()["moves"] == []

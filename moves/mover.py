@@ -58,7 +58,13 @@ from shardq.moves.plan import (
     shard_names,
 )
 from shardq.shards.config import Shard, ShardMap, without_password
-from shardq.shards.errors import ConfigError, SchemaBehind, ShardqError, ShardUnavailable
+from shardq.shards.errors import (
+    ConfigError,
+    MoveRunning,
+    SchemaBehind,
+    ShardqError,
+    ShardUnavailable,
+)
 from shardq.shards.pools import DictConnection, connect
 from shardq.shards.sqlfile import load_queries
 
@@ -84,10 +90,6 @@ CRASH_POINTS = {
 TABLES = ("executions", "history", "signals", "waits", "tasks", "outbox")
 CLEAN_CHUNK = 500
 ORPHAN_WAIT_S = 5.0
-
-
-class MoveRunning(ShardqError):
-    """Another move holds the mover's lock, or is unfinished (resume or abort it first)."""
 
 
 @dataclass(frozen=True)

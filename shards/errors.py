@@ -33,6 +33,11 @@ class MigrationError(ShardqError):
     """A migration file failed; nothing of that file was applied."""
 
 
+class MoveRunning(ShardqError):
+    """The map is being changed: another move or `shards add|remove` holds the mover's
+    lock, or a move is unfinished (resume or abort it first)."""
+
+
 class NotOwner(ShardqError):
     """A shard refused a write (or a read) of a bucket it does not own: the bucket moved.
 

@@ -48,6 +48,7 @@ from shardq.shards.errors import (
     ConfigError,
     MapMismatch,
     MigrationError,
+    MoveRunning,
     SchemaBehind,
     ShardUnavailable,
 )
@@ -645,7 +646,7 @@ def _mover_lock(current: ShardMap) -> Iterator[None]:
     with connect(home, autocommit=True) as conn:
         row = conn.execute(SQL["try_mover_lock"], {"key": MOVER_LOCK_KEY}).fetchone()
         if row is None or not row["locked"]:
-            raise ShardUnavailable(
+            raise MoveRunning(
                 f"{home.label}: another map change or move holds the mover lock; try again "
                 "when it is done (`shardq shards status`)")
         try:

@@ -44,6 +44,7 @@ from shardq.shards.errors import (
     ConfigError,
     MapMismatch,
     MigrationError,
+    MoveRunning,
     SchemaBehind,
     ShardqError,
     ShardUnavailable,
@@ -60,6 +61,7 @@ EXIT_CODES: dict[type[ShardqError], int] = {
     MapMismatch: 4,
     SchemaBehind: 5,
     MigrationError: 6,
+    MoveRunning: 9,
 }
 EXIT_USAGE = 2
 EXIT_WORKFLOW = 7

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from shardq.bin.cli.common import (
+    EXIT_CODES,
     EXIT_USAGE,
     Seconds,
     Settings,
@@ -26,8 +27,9 @@ from shardq.bin.cli.common import (
     json_option,
     pass_settings,
 )
+from shardq.shards.errors import MoveRunning
 
-EXIT_MOVE_RUNNING = 9
+EXIT_MOVE_RUNNING = EXIT_CODES[MoveRunning]
 
 
 def _positive(_ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
@@ -73,14 +75,9 @@ def _text(result: dict[str, Any]) -> str:
 
 
 def _run_guarded(action: Any) -> Any:
-    from shardq.moves.mover import MoveRunning
-
     try:
-        with errors_as_exit_codes():
-            try:
-                return action()
-            except MoveRunning as exc:
-                fail(str(exc), EXIT_MOVE_RUNNING)
+        with errors_as_exit_codes():  # MoveRunning: EXIT_MOVE_RUNNING
+            return action()
     except KeyboardInterrupt:
         fail("interrupted: the move stopped where it was; `shardq shards move --resume` "
              "finishes it, `--abort` rolls back what did not switch", 1)

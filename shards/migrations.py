@@ -687,7 +687,12 @@ def add_shard(seeds: ShardMap, name: str, url: str) -> ShardMap:
         view = read_map(seeds)  # under the lock: no other change slips in between
         _require_all(view)
         current = view.map
-        if current.get(name) is not None:
+        completed = _complete_newest(view)
+        existing = current.get(name)
+        if existing is not None and completed and (
+                without_password(existing.url) == without_password(url)):
+            return current  # this add had stopped part-way: its version is everywhere now
+        if existing is not None:
             raise ConfigError(f"shard {name} exists already (map version {current.version})")
         new = Shard(len(current.shards), name, url, (), current.pool_min, current.pool_max)
         layout = current.layout()
@@ -738,7 +743,10 @@ def remove_shard(seeds: ShardMap, name: str) -> ShardMap:
     with _mover_lock(read_map(seeds).map):
         view = read_map(seeds)
         current = view.map
+        completed = _complete_newest(view)
         shard = current.get(name)
+        if shard is None and completed:
+            return current  # this remove had stopped part-way: its version is everywhere now
         if shard is None:
             raise ConfigError(f"unknown shard {name!r}: map version {current.version} has "
                               f"{', '.join(s.name for s in current.shards)}")
@@ -762,6 +770,29 @@ def remove_shard(seeds: ShardMap, name: str) -> ShardMap:
         _write_version(shrunk, list(current.shards))
     log.info("shard removed", extra={"shard": name, "map_version": shrunk.version})
     return shrunk
+
+
+def _complete_newest(view: MapView) -> bool:
+    """Write the newest version to the reachable shards that lack it; True if any did.
+
+    A map change writes its version shard by shard: one that stopped part-way (killed,
+    a shard lost in between) leaves some shards a version behind, and the next change,
+    or the same command run again, finishes it first."""
+    newest = view.map.version
+    document = next((s.layout for s in view.statuses
+                     if s.map_version == newest and s.layout is not None), None)
+    lagging = [s.shard for s in view.statuses
+               if s.reachable and s.map_version is not None and s.map_version < newest]
+    if document is None or not lagging:
+        return False
+    layout = json.dumps(document)
+    for shard in lagging:
+        with connect(shard, autocommit=True) as conn, conn.transaction():
+            conn.execute(SQL["record_map_version_once"], {"version": newest, "layout": layout})
+            conn.execute(SQL["take_version"], {"version": newest})
+    log.warning("finished writing a map version a change left part-way", extra={
+        "map_version": newest, "shards": ",".join(s.name for s in lagging)})
+    return True
 
 
 def _write_version(new: ShardMap, shards: list[Shard]) -> None:

@@ -103,6 +103,30 @@ def test_add_then_remove_an_empty_shard_on_another_server(
     assert (after["version"], [s["name"] for s in after["shards"]]) == (3, ["shard-0", "shard-1"])
 
 
+def test_an_add_that_stopped_part_way_is_finished_by_running_it_again(
+    deployment: Deployment, other_server: EmbeddedPostgres,
+) -> None:
+    """A map change writes its version shard by shard; one killed in between leaves a
+    shard a version behind. The same command again finishes it (and any change does
+    first), instead of refusing a name that exists already."""
+    new_url = other_server.create_database(f"regrown_{os.getpid()}")
+    _ok(deployment.cli("shards", "add", "shard-2", new_url, "--json"))
+    def forget_version_2() -> None:
+        """As if the command died after writing shard-0's version 2, before shard-1's."""
+        rows(deployment.urls[1], "UPDATE shardq.ownership SET map_version = 1 RETURNING 1")
+        rows(deployment.urls[1], "DELETE FROM shardq.shard_maps WHERE version = 2 RETURNING 1")
+
+    forget_version_2()
+    other = deployment.cli("shards", "add", "shard-2", "postgresql://127.0.0.1/elsewhere")
+    assert other.returncode == 2 and "exists already" in other.stderr
+    # The refused command above still finished the version first.
+    assert _versions(deployment.urls[1])[0][:2] == ([1, 2], 2)
+    forget_version_2()
+    again = _ok(deployment.cli("shards", "add", "shard-2", new_url, "--json"))
+    assert again["version"] == 2
+    assert [_versions(url)[0][:2] for url in [*deployment.urls, new_url]] == [([1, 2], 2)] * 3
+
+
 def _other_spelling(url: str) -> str:
     """The same database under another spelling of its server."""
     parts = urlsplit(url)

@@ -229,6 +229,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.fence(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.first_unset_bucket(ids uuid[], mask bit)
+--   RETURNS integer
+--   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.holds_exactly(mine bit)
 --   RETURNS boolean
 --   LANGUAGE sql STABLE

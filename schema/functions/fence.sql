@@ -30,25 +30,18 @@ BEGIN
     IF NOT FOUND THEN
         RETURN true;
     END IF;
-    SELECT b INTO bucket
-    FROM unnest(ids) AS i(id), LATERAL (SELECT shardq.bucket(i.id) AS b) AS x
-    WHERE get_bit(own.writable, x.b) = 0
-    LIMIT 1;
+    bucket := shardq.first_unset_bucket(ids, own.writable);
     IF bucket IS NULL THEN
         RETURN true;
     END IF;
-    IF get_bit(own.owned, bucket) = 1 THEN
-        RAISE EXCEPTION 'bucket % is frozen by move % to %', bucket, own.fence_move,
-            own.fence_target
-            USING ERRCODE = 'SQ001',
-                  DETAIL = json_build_object('bucket', bucket, 'map_version', own.map_version,
-                                             'move', own.fence_move,
-                                             'target', own.fence_target)::text;
+    IF get_bit(own.owned, bucket) = 0 THEN
+        PERFORM shardq.owns(ids);  -- raises SQ002, as a read of a bucket not owned does
     END IF;
-    RAISE EXCEPTION 'bucket % is not owned by this shard (map version %)', bucket,
-        own.map_version
-        USING ERRCODE = 'SQ002',
+    RAISE EXCEPTION 'bucket % is frozen by move % to %', bucket, own.fence_move,
+        own.fence_target
+        USING ERRCODE = 'SQ001',
               DETAIL = json_build_object('bucket', bucket, 'map_version', own.map_version,
-                                         'move', NULL, 'target', NULL)::text;
+                                         'move', own.fence_move,
+                                         'target', own.fence_target)::text;
 END
 $$;

@@ -15,10 +15,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN true;
     END IF;
-    SELECT b INTO bucket
-    FROM unnest(ids) AS i(id), LATERAL (SELECT shardq.bucket(i.id) AS b) AS x
-    WHERE get_bit(own.owned, x.b) = 0
-    LIMIT 1;
+    bucket := shardq.first_unset_bucket(ids, own.owned);
     IF bucket IS NULL THEN
         RETURN true;
     END IF;

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -187,18 +188,19 @@ def test_status_shows_a_move_a_killed_mover_left_frozen_until_it_is_resumed(
     killed = mover(deployment, *args, crash_at="fenced@1")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
-    def status() -> dict[str, object]:
+    def moves() -> list[dict[str, Any]]:
         shown = subprocess.run(
             [sys.executable, "-m", "shardq.bin.cli", "shards", "status", "--json"],
             env={**os.environ, **deployment.env()}, cwd=ROOT, capture_output=True, text=True,
             timeout=60, check=False)
         assert shown.returncode == 0, shown.stderr
-        return dict(json.loads(shown.stdout))
+        found: list[dict[str, Any]] = json.loads(shown.stdout)["moves"]
+        return found
 
-    (move,) = status()["moves"]  # type: ignore[misc]
+    (move,) = moves()
     assert (move["buckets"], move["source"], move["target"], move["phase"]) == (
         list(MOVED), "shard-0", "shard-1", "moving")
     assert move["frozen_batch"] == 1 and move["batches_switched"] == 1
     assert "--resume" in move["text"]
     assert mover(deployment, "--resume").returncode == 0
-    assert status()["moves"] == []
+    assert moves() == []

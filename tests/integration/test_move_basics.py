@@ -28,6 +28,7 @@ from shardq.moves import mover
 from shardq.moves.plan import parse_range, plan_batches, plan_rebalance, reassign
 from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
+from shardq.shards.errors import MoveRunning
 from shardq.shards.migrations import migrate
 from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
 
@@ -376,11 +377,11 @@ def test_a_second_mover_is_refused_naming_the_running_move(deployment: Deploymen
     dep = mover.Deployment.load(deployment.seeds)
     with mover.mover_lock(dep) as home:
         number = mover.Mover(dep, home, options()).start(*MOVED, "shard-1")
-        with pytest.raises(mover.MoveRunning, match=rf"move {number} \(buckets 1024-1535 "
+        with pytest.raises(MoveRunning, match=rf"move {number} \(buckets 1024-1535 "
                                                     r"from shard-0 to shard-1.*by pid \d+"):
             mover.move(deployment.seeds, 0, 10, "shard-1", options())
     # The lock is free, the move unfinished: another range is refused until resumed.
-    with pytest.raises(mover.MoveRunning, match=r"unfinished.*--resume"):
+    with pytest.raises(MoveRunning, match=r"unfinished.*--resume"):
         mover.move(deployment.seeds, 0, 10, "shard-1", options())
     assert mover.move(deployment.seeds, None, None, None, options(), resume=True).phase == "done"
 

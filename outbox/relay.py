@@ -4,7 +4,7 @@ A `ctx.signal_external` to a run of another shard commits an outbox row with
 the sender's turn. A relay runs one loop per source shard. Each round locks a
 batch of due rows (FOR UPDATE SKIP LOCKED, so any number of relays share the
 work), delivers them to their target shards through the queue's own signal
-path (queue/signaling.py: one commit per target shard and tenant), and settles
+path (shardq.deliver_signals: one commit per target shard and tenant), and settles
 them in the same source transaction: delivered rows are deleted, rows that met
 a transient error get their next attempt time, rows the target refused for
 good are marked failed and their sender's history says why.

@@ -14,7 +14,7 @@ from typing import Any
 from psycopg.rows import tuple_row
 
 from shardq.outbox.models import OutboxBacklog, OutboxFailure, OutboxRow, OutboxSettlement
-from shardq.queue.store import SQL as QUEUE_SQL
+from shardq.queue.statements import SQL as QUEUE_SQL
 from shardq.queue.store import Store, listen
 from shardq.shards.config import Shard
 from shardq.shards.pools import DictConnection

@@ -42,11 +42,10 @@ from shardq.queue.models import (
     WaitInfo,
 )
 from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
-from shardq.queue.statements import Op, Row, run_async
-from shardq.queue.store import CANCEL_ATTEMPTS, _TaskAppeared, buckets_of
+from shardq.queue.statements import CANCEL_ATTEMPTS, Op, Row, _TaskAppeared, buckets_of, run_async
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import NotOwner, ShardUnavailable
-from shardq.shards.fanout import Reached, by_shard
+from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting, map_poll_interval
 from shardq.shards.pools import (
     CONNECT_TIMEOUT_S,
@@ -281,31 +280,15 @@ class AsyncStore:
 # -- following moves ---------------------------------------------------------------------
 
 
-class _Pause:
-    """Rerouting's `sleep`, recorded instead of slept: the caller awaits it."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __call__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
-
-
 class AsyncRerouting:
     """shards.follow.Rerouting for a coroutine: the same decision (what to refresh, how
     long to pause, when to give up), its refresh on a thread and its pause awaited."""
 
     def __init__(self, pools: AsyncShardPools) -> None:
-        self._pause = _Pause()
-        self._policy = Rerouting(pools, sleep=self._pause)
+        self._policy = Rerouting(pools)
 
     async def after(self, refusal: NotOwner) -> None:
-        await asyncio.to_thread(self._policy.after, refusal)
-        pause = self._pause.take()
+        pause = await asyncio.to_thread(self._policy.pause_after, refusal)
         if pause > 0:
             await asyncio.sleep(pause)
 
@@ -346,20 +329,11 @@ async def fan_out(
         else:
             answers = {shard: await _one(call, shard, members)
                        for shard, members in groups.items()}
-        refused: list[int] = []
-        first: NotOwner | None = None
-        for shard, members in groups.items():
-            answer = answers[shard]
-            if isinstance(answer, NotOwner):
-                first = first or answer
-                refused += [pending[index] for index, _ in members]
-                continue
-            for (index, _), value in zip(members, answer, strict=True):
-                results[pending[index]] = value
+        refused, first = settle(groups, answers, pending, results)
         if first is not None:
             retry = retry or AsyncRerouting(pools)
             await retry.after(first)
-        pending = sorted(refused)
+        pending = refused
     return cast(list[R], results)
 
 

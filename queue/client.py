@@ -122,7 +122,8 @@ class Client:
         return rerouted(self.store.pools, call)
 
     def _deliver(self, tenant: str, signals: Sequence[SignalDelivery]) -> list[SignalResult]:
-        """queue.signaling.deliver, re-routing a shard's signals when a move refused them."""
+        """One tenant's signals, one commit per shard (shardq.deliver_signals), a shard's
+        signals sent again where the map now says when a move refused them."""
         return fan_out(self.store.pools, signals, lambda s: bucket_of(s.target),
                        lambda shard, members: self.store.deliver_signals(shard, tenant, members))
 

@@ -6,15 +6,17 @@ rows (dicts; none for a statement that returns none); what it returns is the
 operation's answer, what it raises its refusal. `run` drives one over a psycopg
 connection (the sync `Store`), `run_async` over an async one (`AsyncStore`): the
 SQL, the parameters and the parsing have one definition whichever client asked.
-The statements are queue/queries.sql's (`store.SQL`), the row parsers
-queue/store.py's own where it has them.
+The statements are queue/queries.sql's (`SQL`), and the row parsers and bounds
+every driver shares are here too. The hot paths only the worker takes (claim,
+commit, heartbeats) stay in queue/store.py, which only a sync driver runs.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Generator, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -23,6 +25,7 @@ from shardq.queue import listing
 from shardq.queue.errors import (
     ExecutionNotFound,
     ShardUnavailable,
+    SignalRefused,
     StoreConflict,
     StoreRejected,
 )
@@ -38,28 +41,102 @@ from shardq.queue.models import (
     WaitInfo,
 )
 from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
-from shardq.queue.store import (
-    _END,
-    _EPOCH,
-    _STATES,
-    MAX_PENDING_SIGNALS,
-    MAX_PENDING_SIGNALS_TOTAL,
-    SQL,
-    _about_the_server,
-    _execution,
-    _signal_result,
-    _TaskAppeared,
-    _workflow_params,
-)
-from shardq.shards.config import Shard
+from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import refusal
 from shardq.shards.pools import connection_lost
+from shardq.shards.routing import BUCKETS
+from shardq.shards.sqlfile import load_queries
 
 R = TypeVar("R")
 Row = dict[str, Any]
 Step = tuple[str, Mapping[str, Any]]
 Op = Generator[Step, list[Row], R]
 """An operation: yields (statement, parameters), is sent the rows, returns its answer."""
+
+SQL = load_queries("shardq.queue", "queries.sql")
+_STATES = {s.value: s for s in State}  # State(value) costs ~3 us: felt in a 20k-run start
+MAX_PENDING_SIGNALS = 1000
+"""Unconsumed signals of one name one execution may buffer; beyond it a sender is refused.
+
+Per name, so a flood of a name the run never waits on cannot crowd out the
+signal it does wait on."""
+MAX_PENDING_SIGNALS_TOTAL = 10_000
+"""Unconsumed signals of all names one execution may buffer."""
+CANCEL_ATTEMPTS = 5
+"""A cancel starts again when the run became due while it waited for the run's lock;
+each new start holds the task row, so a second race needs a second sender in between."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_END = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def buckets_of(shard_map: ShardMap, shard: Shard) -> str:
+    """The buckets `shard_map` gives `shard`, as the text of a bit(4096), bucket 0 first:
+    what a read of many runs passes the shard as `mine` (schema/functions/holds_exactly.sql)."""
+    return _buckets_of(shard_map, shard.name)
+
+
+@functools.lru_cache(maxsize=64)
+def _buckets_of(shard_map: ShardMap, name: str) -> str:
+    return "".join("1" if shard_map.for_bucket(b).name == name else "0" for b in range(BUCKETS))
+
+
+_SERVER_STATES = ("53", "57", "58", "25006")
+"""SQLSTATEs that speak of the server, not the statement (a lost connection aside):
+insufficient resources (connection slots, disk full), operator intervention
+(shutdown, recovery, a statement cancelled by statement_timeout), system errors,
+and a server switched read-only. Callers see them as ShardUnavailable."""
+
+
+def _about_the_server(exc: psycopg.Error) -> bool:
+    return exc.sqlstate is not None and exc.sqlstate.startswith(_SERVER_STATES)
+
+
+class _TaskAppeared(Exception):
+    """Rolls back a cancel whose read of the run's task row went stale."""
+
+
+def _workflow_params(batch: StartBatch) -> dict[str, Any]:
+    return {"tenant": batch.tenant, "workflow_name": batch.workflow_name,
+            "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None}
+
+
+def _signal_result(execution_id: uuid.UUID, name: str, row: dict[str, Any]) -> SignalResult:
+    """A deliver_signals row as a result.
+
+    Its reason code is decided in SQL (shardq.signal_refusal), which also
+    refuses a run's ctx.signal_external to a run of its own shard: one refusal
+    has one code, whoever sent the signal.
+    """
+    reason, detail = row["reason_code"], row["detail"]
+    if reason == "target_not_found":
+        return _refused(execution_id, ExecutionNotFound(detail))
+    if reason is not None:
+        return _refused(execution_id, SignalRefused(detail, reason))
+    if row["earlier_id"] is not None:
+        return SignalResult(execution_id, row["earlier_id"], delivered=False,
+                            signal_name=row["earlier_name"])
+    return SignalResult(execution_id, row["signal_id"], delivered=True, signal_name=name)
+
+
+def _refused(execution_id: uuid.UUID, error: ExecutionNotFound | SignalRefused) -> SignalResult:
+    return SignalResult(execution_id, None, delivered=False, error=error)
+
+
+def _execution(row: dict[str, Any]) -> Execution:
+    return Execution(
+        id=row["id"],
+        tenant=row["tenant"],
+        workflow_name=row["workflow_name"],
+        workflow_version=row["workflow_version"],
+        workflow_id=row["workflow_id"],
+        state=State(row["state"]),
+        input=row["input"],
+        output=row["output"],
+        error=row["error"],
+        cancel_requested=row["cancel_requested"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )
 
 
 # -- drivers -------------------------------------------------------------------------

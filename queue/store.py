@@ -7,32 +7,31 @@ layers, the parameter objects of queue/params.py. Each is one transaction on
 that shard, and as few round trips as the statement shapes allow: the
 hot paths (claim, commit, signal) are one statement each, calls of the
 functions in schema/functions/ on an autocommit connection. The driver's errors
-stop here: callers see ShardUnavailable, StoreRejected, StoreConflict and the
-engine's own errors.
+stop here: callers see ShardUnavailable, StoreRejected, StoreConflict, NotOwner and
+Fenced, and the engine's own errors.
+
+The operations the clients call are written once in queue/statements.py, as
+generators of (statement, parameters) that parse the rows they get back; a
+method here drives one over a pooled connection, as queue/async_store.py does
+over an async one. The worker's own paths (claim, leases, commit) and the
+operator's reads are written here: only this sync store runs them.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
 
-from shardq.queue import listing
-from shardq.queue.errors import (
-    ExecutionNotFound,
-    ShardUnavailable,
-    SignalRefused,
-    StoreConflict,
-    StoreRejected,
-)
+from shardq.queue import listing, statements
+from shardq.queue.errors import StoreRejected
 from shardq.queue.models import (
     BufferedSignal,
     Claim,
@@ -52,28 +51,18 @@ from shardq.queue.models import (
     WaitInfo,
 )
 from shardq.queue.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
+from shardq.queue.statements import (
+    CANCEL_ATTEMPTS,
+    MAX_PENDING_SIGNALS,
+    MAX_PENDING_SIGNALS_TOTAL,
+    SQL,
+    _TaskAppeared,
+    buckets_of,
+)
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import refusal
-from shardq.shards.pools import DictConnection, ShardPools, connection_lost
-from shardq.shards.routing import BUCKETS
-from shardq.shards.sqlfile import load_queries
+from shardq.shards.pools import DictConnection, ShardPools
 
 log = logging.getLogger(__name__)
-
-SQL = load_queries("shardq.queue", "queries.sql")
-_STATES = {s.value: s for s in State}  # State(value) costs ~3 us: felt in a 20k-run start
-MAX_PENDING_SIGNALS = 1000
-"""Unconsumed signals of one name one execution may buffer; beyond it a sender is refused.
-
-Per name, so a flood of a name the run never waits on cannot crowd out the
-signal it does wait on."""
-MAX_PENDING_SIGNALS_TOTAL = 10_000
-"""Unconsumed signals of all names one execution may buffer."""
-CANCEL_ATTEMPTS = 5
-"""A cancel starts again when the run became due while it waited for the run's lock;
-each new start holds the task row, so a second race needs a second sender in between."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_END = datetime(9999, 12, 31, tzinfo=UTC)
 
 
 class Store:
@@ -96,22 +85,11 @@ class Store:
         with self.pools.connection(shard) as conn:
             try:
                 yield conn
-            except (psycopg.DataError, psycopg.errors.UntranslatableCharacter) as exc:
-                raise StoreRejected(f"{shard.name}: the database refused a value: {exc}") from exc
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-                raise StoreConflict(f"{shard.name}: {exc.sqlstate}: {exc}") from exc
             except psycopg.Error as exc:
-                # A bucket frozen by a move, or moved away: the caller follows the map.
-                moved = refusal(shard.name, exc.sqlstate, exc.diag.message_primary or "",
-                                exc.diag.message_detail)
-                if moved is not None:
-                    raise moved from exc
-                # A broken connection is the pool's to report (it marks the shard down).
-                if connection_lost(exc) or not _about_the_server(exc):
-                    raise
-                first = str(exc).strip().splitlines()
-                raise ShardUnavailable(
-                    f"{shard.label}: {first[0] if first else exc.sqlstate}") from exc
+                mapped = statements.translated(shard, exc)
+                if mapped is None:
+                    raise  # a broken connection is the pool's to report (it marks the shard down)
+                raise mapped from exc
 
     @contextmanager
     def transaction(self, shard: Shard) -> Iterator[DictConnection]:
@@ -127,40 +105,16 @@ class Store:
         Results come back in `batch.runs` order; an existing workflow_id returns
         its execution with `created=False`.
         """
-        runs = batch.runs
-        params = {
-            "ids": [r.execution_id for r in runs],
-            "workflow_ids": [r.workflow_id for r in runs],
-            "inputs": [r.input_json for r in runs],
-            **_workflow_params(batch),
-        }
         with self.connection(shard) as conn:
-            # One statement: one round trip, its own transaction.
-            rows = {r["workflow_id"]: r for r in conn.execute(SQL["start_executions"], params)}
-            missing = [r.workflow_id for r in runs if r.workflow_id not in rows]
-            if missing:
-                # Already there, possibly committed by a concurrent start after
-                # our statement's snapshot: a new statement sees it.
-                found = conn.execute(SQL["find_executions"], {**params, "workflow_ids": missing})
-                rows.update({r["workflow_id"]: r for r in found})
-        return [
-            StartResult(row["id"], row["created"], _STATES[row["state"]])
-            for row in (rows[r.workflow_id] for r in runs)
-        ]
+            return statements.run(conn, statements.start_executions(batch))
 
     def get_execution(self, shard: Shard, execution_id: uuid.UUID) -> Execution | None:
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["get_execution"], {"id": execution_id}).fetchone()
-        return _execution(row) if row else None
+            return statements.run(conn, statements.get_execution(execution_id))
 
     def read_history(self, shard: Shard, execution_id: uuid.UUID) -> list[HistoryEvent]:
         with self.connection(shard) as conn:
-            rows = conn.execute(SQL["read_history"], {"id": execution_id}).fetchall()
-        return [
-            HistoryEvent(r["seq"], r["position"], r["kind"], r["name"], r["payload"],
-                         r["recorded_at"])
-            for r in rows
-        ]
+            return statements.run(conn, statements.read_history(execution_id))
 
     def list_executions(
         self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
@@ -168,10 +122,9 @@ class Store:
         """A page of `shard`'s runs, of the buckets `shard_map` (by default the store's
         current map) gives it: a reader of several shards passes the one map it read them by,
         so a run a move has on two shards is listed once."""
-        statement, params = listing.compile_list(query)
-        params["mine"] = buckets_of(shard_map or self.map, shard)
+        mine = buckets_of(shard_map or self.map, shard)
         with self.connection(shard) as conn:
-            return [_execution(r) for r in conn.execute(statement, params)]
+            return statements.run(conn, statements.list_executions(query, mine))
 
     # -- claiming and leases -------------------------------------------------
 
@@ -258,23 +211,8 @@ class Store:
         It locks every target run before inserting, so one run's signals commit
         in id order: replay relies on that to consume the same one again.
         """
-        relayed = any(s.origin is not None for s in signals)
-        params = {
-            "origins": [s.origin for s in signals] if relayed else None,
-            "tenant": tenant,
-            "ids": [s.target for s in signals],
-            "names": [s.name for s in signals],
-            "payloads": [s.payload_json for s in signals],
-            "keys": [s.idempotency_key for s in signals],
-            "max_pending": MAX_PENDING_SIGNALS,
-            "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
-        }
         with self.connection(shard) as conn:
-            rows = conn.execute(SQL["deliver_signals"], params).fetchall()
-        return [
-            _signal_result(s.target, s.name, row)
-            for s, row in zip(signals, rows, strict=True)
-        ]
+            return statements.run(conn, statements.deliver_signals(tenant, signals))
 
     def signal_with_start(self, shard: Shard, request: StartSignalled) -> SignalWithStartResult:
         """Start the key's run unless it exists, then deliver the signal to it.
@@ -283,21 +221,8 @@ class Store:
         (SignalRefused); only an existing run can refuse (a new one has the
         caller's tenant, no signals and no outcome), so nothing was created then.
         """
-        (run,) = request.start.runs
-        params = {
-            **_workflow_params(request.start), "workflow_id": run.workflow_id,
-            "new_id": run.execution_id, "input": run.input_json, "name": request.name,
-            "payload": request.payload_json, "key": request.idempotency_key,
-            "max_pending": MAX_PENDING_SIGNALS, "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,
-        }
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["signal_with_start"], params).fetchone()
-        assert row is not None
-        result = _signal_result(row["execution_id"], request.name, row)
-        if result.error is not None:
-            raise result.error
-        return SignalWithStartResult(row["execution_id"], row["created"], result.delivered,
-                                     result.signal_id, result.signal_name)
+            return statements.run(conn, statements.signal_with_start(request))
 
     def takes_writes(self, shard: Shard) -> bool:
         """Whether `shard` answers and would accept a write (not read-only, not a standby)."""
@@ -372,15 +297,8 @@ class Store:
     ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
         """Each of these runs of `shard`: its open wait and the signals buffered for it,
         oldest first. Two statements however many runs."""
-        found: dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]] = {
-            i: (None, []) for i in ids}
         with self.connection(shard) as conn:
-            for row in conn.execute(SQL["open_wait"], {"ids": list(ids)}):
-                run = row.pop("execution_id")
-                found[run] = (WaitInfo(**row), found[run][1])
-            for row in conn.execute(SQL["pending_signals"], {"ids": list(ids)}):
-                found[row.pop("execution_id")][1].append(BufferedSignal(**row))
-        return found
+            return statements.run(conn, statements.waits_and_signals(ids))
 
     # -- contracts: updates and signal schemas -------------------------------------
 
@@ -389,37 +307,29 @@ class Store:
     ) -> tuple[dict[str, Any] | None, State | None]:
         """(the update's recorded outcome or None, the run's state; None: no run)."""
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["update_outcome"], {"id": execution_id,
-                                                       "update_id": update_id}).fetchone()
-        assert row is not None
-        return row["outcome"], _STATES[row["state"]] if row["state"] else None
+            return statements.run(conn, statements.update_outcome(execution_id, update_id))
 
     def find_run(
         self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str
     ) -> uuid.UUID | None:
         """The run of this workflow key, if one was started."""
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["find_executions"], {
-                "tenant": tenant, "workflow_name": workflow_name, "workflow_ids": [workflow_id],
-            }).fetchone()
-        return None if row is None else row["id"]
+            return statements.run(conn, statements.find_run(
+                tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id))
 
     def signal_by_key(
         self, shard: Shard, execution_id: uuid.UUID, key: str
     ) -> tuple[int, str] | None:
         """(id, name) of the signal `key` landed as on this run, if it did."""
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["signal_by_key"], {"id": execution_id, "key": key}
-                               ).fetchone()
-        return None if row is None else (row["id"], row["name"])
+            return statements.run(conn, statements.signal_by_key(execution_id, key))
 
     def workflows_of(
         self, shard: Shard, ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, tuple[str, int]]:
         """The (workflow name, version) of each of these runs of `shard` that exists."""
         with self.connection(shard) as conn:
-            rows = conn.execute(SQL["workflows_of"], {"ids": list(ids)}).fetchall()
-        return {r["id"]: (r["workflow_name"], r["workflow_version"]) for r in rows}
+            return statements.run(conn, statements.workflows_of(ids))
 
     # -- interrupts --------------------------------------------------------------
 
@@ -431,23 +341,14 @@ class Store:
         Position and request are None when the run waits for no such interrupt.
         """
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["open_interrupt"], {"id": execution_id, "name": name}
-                               ).fetchone()
-        return None if row is None else (row["tenant"], row["position"], row["request"])
+            return statements.run(conn, statements.open_interrupt(execution_id, name))
 
     def decide_interrupt(
         self, shard: Shard, decision: InterruptDecision
     ) -> tuple[str, dict[str, Any] | None, str | None]:
         """(outcome, decision, detail): one statement, shardq.decide_interrupt()."""
-        d = decision
         with self.connection(shard) as conn:
-            row = conn.execute(SQL["decide_interrupt"], {
-                "tenant": d.tenant, "id": d.execution_id, "name": d.name, "position": d.position,
-                "action": d.action, "payload": d.payload_json, "decision_id": d.decision_id,
-                "actor": d.actor,
-            }).fetchone()
-        assert row is not None
-        return row["outcome"], row["decision"], row["detail"]
+            return statements.run(conn, statements.decide_interrupt(decision))
 
     def pending_interrupts(
         self, shard: Shard, *, tenant: str, workflow: str | None,
@@ -456,19 +357,10 @@ class Store:
     ) -> list[PendingInterrupt]:
         """A page of `shard`'s open interrupts of `tenant`, oldest (or newest) first, past
         the keyset position `after`; only those open at least `waited_s` seconds."""
-        after_at, after_id = after or (
-            (_END, uuid.UUID(int=(1 << 128) - 1)) if newest_first else (_EPOCH, uuid.UUID(int=0)))
-        statement = SQL["pending_interrupts_newest"] if newest_first else SQL[
-            "pending_interrupts"]
         with self.connection(shard) as conn:
-            found = conn.execute(statement, {
-                "mine": buckets_of(self.map, shard),
-                "tenant": tenant, "workflow": workflow, "after_at": after_at,
-                "after_id": after_id, "limit": limit, "waited_s": waited_s,
-            })
-            return [
-                PendingInterrupt(**{**r, "actions": tuple(r["actions"] or ())}) for r in found
-            ]
+            return statements.run(conn, statements.pending_interrupts(
+                mine=buckets_of(self.map, shard), tenant=tenant, workflow=workflow, after=after,
+                limit=limit, newest_first=newest_first, waited_s=waited_s))
 
     def cancel(
         self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, actor: str | None = None
@@ -482,57 +374,11 @@ class Store:
         for _ in range(CANCEL_ATTEMPTS):
             try:
                 with self.transaction(shard) as conn:
-                    conn.execute(SQL["fence_run"], {"id": execution_id})
-                    lease = conn.execute(SQL["lock_task"], {"id": execution_id}).fetchone()
-                    target = conn.execute(SQL["lock_execution"], {"id": execution_id}).fetchone()
-                    if target is None or target["tenant"] != tenant:
-                        raise ExecutionNotFound(f"execution {execution_id} not found")
-                    state = State(target["state"])
-                    if state.terminal:
-                        return state
-                    if lease is None and conn.execute(
-                        SQL["task_exists"], {"id": execution_id}
-                    ).fetchone():
-                        # A sender made the run due between the two locks, and a
-                        # worker may hold it by now: what was read of its task row
-                        # is stale. Locking that row now would take the locks out
-                        # of order, so start again, task row first.
-                        raise _TaskAppeared
-                    if lease is not None and lease["leased"]:
-                        conn.execute(SQL["request_cancel"], {"id": execution_id})
-                        return state
-                    conn.execute(SQL["cancel_now"], {"id": execution_id, "actor": actor})
-                    return State.CANCELLED
+                    return statements.run(conn, statements.cancel_attempt(
+                        execution_id, tenant=tenant, actor=actor))
             except _TaskAppeared:
                 continue
-        raise StoreConflict(f"{shard.name}: execution {execution_id} kept changing under "
-                            f"cancel; try again")
-
-
-def buckets_of(shard_map: ShardMap, shard: Shard) -> str:
-    """The buckets `shard_map` gives `shard`, as the text of a bit(4096), bucket 0 first:
-    what a read of many runs passes the shard as `mine` (schema/functions/holds_exactly.sql)."""
-    return _buckets_of(shard_map, shard.name)
-
-
-@functools.lru_cache(maxsize=64)
-def _buckets_of(shard_map: ShardMap, name: str) -> str:
-    return "".join("1" if shard_map.for_bucket(b).name == name else "0" for b in range(BUCKETS))
-
-
-_SERVER_STATES = ("53", "57", "58", "25006")
-"""SQLSTATEs that speak of the server, not the statement (a lost connection aside):
-insufficient resources (connection slots, disk full), operator intervention
-(shutdown, recovery, a statement cancelled by statement_timeout), system errors,
-and a server switched read-only. Callers see them as ShardUnavailable."""
-
-
-def _about_the_server(exc: psycopg.Error) -> bool:
-    return exc.sqlstate is not None and exc.sqlstate.startswith(_SERVER_STATES)
-
-
-class _TaskAppeared(Exception):
-    """Rolls back a cancel whose read of the run's task row went stale."""
+        raise statements.cancel_gave_up(shard.name, execution_id)
 
 
 def listen_for_wakes(conn: DictConnection) -> None:
@@ -545,11 +391,6 @@ def listen(conn: DictConnection, query: str) -> None:
     statement = conn.execute(query, {}).fetchone()
     assert statement is not None
     conn.execute(statement["statement"])
-
-
-def _workflow_params(batch: StartBatch) -> dict[str, Any]:
-    return {"tenant": batch.tenant, "workflow_name": batch.workflow_name,
-            "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None}
 
 
 def _commit_turns(
@@ -643,45 +484,6 @@ def _outcome(landed: tuple[bool, list[dict[str, Any]] | None] | None) -> CommitO
 
 
 _LANDED, _CANCEL, _LOST = CommitOutcome(True), CommitOutcome(True, True), CommitOutcome(False)
-
-
-def _signal_result(execution_id: uuid.UUID, name: str, row: dict[str, Any]) -> SignalResult:
-    """A deliver_signals row as a result.
-
-    Its reason code is decided in SQL (shardq.signal_refusal), which also
-    refuses a run's ctx.signal_external to a run of its own shard: one refusal
-    has one code, whoever sent the signal.
-    """
-    reason, detail = row["reason_code"], row["detail"]
-    if reason == "target_not_found":
-        return _refused(execution_id, ExecutionNotFound(detail))
-    if reason is not None:
-        return _refused(execution_id, SignalRefused(detail, reason))
-    if row["earlier_id"] is not None:
-        return SignalResult(execution_id, row["earlier_id"], delivered=False,
-                            signal_name=row["earlier_name"])
-    return SignalResult(execution_id, row["signal_id"], delivered=True, signal_name=name)
-
-
-def _refused(execution_id: uuid.UUID, error: ExecutionNotFound | SignalRefused) -> SignalResult:
-    return SignalResult(execution_id, None, delivered=False, error=error)
-
-
-def _execution(row: dict[str, Any]) -> Execution:
-    return Execution(
-        id=row["id"],
-        tenant=row["tenant"],
-        workflow_name=row["workflow_name"],
-        workflow_version=row["workflow_version"],
-        workflow_id=row["workflow_id"],
-        state=State(row["state"]),
-        input=row["input"],
-        output=row["output"],
-        error=row["error"],
-        cancel_requested=row["cancel_requested"],
-        created_at=row["created_at"],
-        finished_at=row["finished_at"],
-    )
 
 
 def _claim(row: tuple[Any, ...]) -> Claim:

@@ -9,7 +9,7 @@ all split a batch this way; this is the one place that does it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
@@ -59,23 +59,34 @@ def fan_out(
         shard_map = route if isinstance(route, ShardMap) else route.map
         groups = by_shard(shard_map, [items[i] for i in pending], bucket)
         answers = _call_groups(groups, call, parallel=parallel)
-        refused: list[int] = []
-        first: NotOwner | None = None
-        for shard, members in groups.items():
-            answer = answers[shard]
-            if isinstance(answer, NotOwner):
-                first = first or answer
-                refused += [pending[index] for index, _ in members]
-                continue
-            for (index, _), value in zip(members, answer, strict=True):
-                results[pending[index]] = value
+        refused, first = settle(groups, answers, pending, results)
         if first is not None:
             if isinstance(route, ShardMap):
                 raise first
             retry = retry or Rerouting(route)
             retry.after(first)
-        pending = sorted(refused)
+        pending = refused
     return cast(list[R], results)  # every index was filled: each item is in one group
+
+
+def settle(
+    groups: dict[Shard, list[tuple[int, T]]], answers: Mapping[Shard, Sequence[R] | NotOwner],
+    pending: list[int], results: list[R | None],
+) -> tuple[list[int], NotOwner | None]:
+    """One round of a fan-out: each answered group's values into `results` (at the
+    indices `pending` gives its members), and the indices of the refused groups, with
+    the first refusal (None when no shard refused)."""
+    refused: list[int] = []
+    first: NotOwner | None = None
+    for shard, members in groups.items():
+        answer = answers[shard]
+        if isinstance(answer, NotOwner):
+            first = first or answer
+            refused += [pending[index] for index, _ in members]
+            continue
+        for (index, _), value in zip(members, answer, strict=True):
+            results[pending[index]] = value
+    return sorted(refused), first
 
 
 def _call_groups(

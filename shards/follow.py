@@ -79,8 +79,9 @@ def map_poll_interval() -> float:
 @dataclass
 class Rerouting:
     """The retry state of one request (or one batch) refused by a move; see the module
-    docstring. `after(refusal)` returns when the caller should retry, having refreshed
-    the router's map as the refusal asks, or raises ShardUnavailable past the budget."""
+    docstring. `pause_after(refusal)` refreshes the router's map as the refusal asks and
+    says how long to wait before the retry, or raises ShardUnavailable past the budget;
+    `after(refusal)` waits that long (an asyncio caller awaits it instead)."""
 
     router: Router
     budget_s: float = field(default_factory=move_retry_budget)
@@ -91,6 +92,11 @@ class Rerouting:
     attempts: int = 0
 
     def after(self, refusal: NotOwner) -> None:
+        pause = self.pause_after(refusal)
+        if pause > 0:
+            self.sleep(pause)
+
+    def pause_after(self, refusal: NotOwner) -> float:
         now = self.clock()
         if self.started < 0:
             self.started = now
@@ -107,15 +113,15 @@ class Rerouting:
                 # The switch commits on the target first: it may own the bucket already.
                 self._refresh_quietly(refusal.target)
         elif self.router.map.version > before:
-            return  # the owner is known now: at once
+            return 0.0  # the owner is known now: at once
         else:
             # Not the owner, yet no newer version there: another process's refresh
             # may have raced ours; read once more, then back off as for a fence.
             self._refresh_quietly(refusal.shard)
             if self.router.map.version > before:
-                return
-        pause = min(MAX_PAUSE_S, FIRST_PAUSE_S * 2 ** min(self.attempts - 1, 8))
-        self.sleep(max(0.0, min(pause, self.budget_s - elapsed)))
+                return 0.0
+        pause: float = min(MAX_PAUSE_S, FIRST_PAUSE_S * 2.0 ** min(self.attempts - 1, 8))
+        return max(0.0, min(pause, self.budget_s - elapsed))
 
     def _refresh_quietly(self, via: str) -> None:
         try:

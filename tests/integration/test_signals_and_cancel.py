@@ -334,9 +334,9 @@ def test_changed_code_between_park_and_resume_is_a_nondeterminism_error(
 def test_pending_signals_per_run_are_bounded(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardq.queue import store
+    from shardq.queue import statements
 
-    monkeypatch.setattr(store, "MAX_PENDING_SIGNALS", 3)
+    monkeypatch.setattr(statements, "MAX_PENDING_SIGNALS", 3)
     run = client.start("two_payments", "b-1")
     for n in range(3):
         client.signal(run.execution_id, "paid", n)
@@ -386,10 +386,10 @@ def test_a_cancel_after_completion_says_so_and_changes_nothing(
 def test_a_flood_of_one_name_does_not_crowd_out_another(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardq.queue import store
+    from shardq.queue import statements
 
-    monkeypatch.setattr(store, "MAX_PENDING_SIGNALS", 3)
-    monkeypatch.setattr(store, "MAX_PENDING_SIGNALS_TOTAL", 5)
+    monkeypatch.setattr(statements, "MAX_PENDING_SIGNALS", 3)
+    monkeypatch.setattr(statements, "MAX_PENDING_SIGNALS_TOTAL", 5)
     run = client.start("two_payments", "flooded")
     for _ in range(3):
         assert client.signal(run.execution_id, "spam").delivered

@@ -56,7 +56,7 @@ def _callee(call: ast.Call) -> str:
 @pytest.mark.parametrize(
     ("package", "sql_file", "code", "runners"),
     [
-        ("shardq.queue", "queries.sql", ["queue/store.py"], {}),
+        ("shardq.queue", "queries.sql", ["queue/store.py", "queue/statements.py"], {}),
         ("shardq.shards", "queries.sql", ["shards/migrations.py"], {}),
         ("shardq.outbox", "queries.sql", ["outbox/store.py"], {}),
         ("shardq.benchmarks", "queries.sql", ["benchmarks/*.py"], BENCHMARK_RUNNERS),

@@ -99,12 +99,23 @@ class MoveOptions:
     fence_wait_s: float = 1.0
     fence_retries: int = 10
     grace_s: float = 60.0
+    rest: float = 1.0
+    """After each batch (and each chunk of cleanup), rest this many times as long as it
+    took: a move is background work, and on a busy server the copy's CPU and I/O are
+    taken from the shard's own traffic. 0 moves at full speed."""
 
     def __post_init__(self) -> None:
         if self.max_batch_runs <= 0 or self.max_batch_rows <= 0:
             raise ConfigError("batch sizes must be positive (--batch-runs, --batch-rows)")
         if not 0 <= self.grace_s <= 1e9 or not 0 < self.fence_wait_s <= 3600:
             raise ConfigError("--grace must be >= 0 and --fence-wait > 0 seconds")
+        if not 0 <= self.rest <= 100:  # nan fails too
+            raise ConfigError("--rest must be within 0..100 (times a batch's own time)")
+
+    def pace(self, since: float) -> None:
+        """Rest in proportion to the work done since `since` (time.monotonic())."""
+        if self.rest > 0:
+            time.sleep(self.rest * (time.monotonic() - since))
 
 
 @dataclass
@@ -374,7 +385,9 @@ class Mover:
             if abort:
                 self._roll_back(move, item, batch)
             else:
+                began = time.monotonic()
                 self._move_batch(move, item, batch)
+                self.options.pace(began)
         self._set_move(move, "cleaning")
         for item, b in zip(result.batches, self._batches(move), strict=True):
             if b["phase"] == "released":
@@ -565,9 +578,11 @@ class Mover:
             if not ids:
                 return deleted
             if chunked:
+                began = time.monotonic()
                 with conn.transaction():
                     conn.execute(SQL["delete_runs"], {"ids": ids})
                 crash_point("clean", number)
+                self.options.pace(began)
             else:
                 conn.execute(SQL["delete_runs"], {"ids": ids})
             deleted += len(ids)

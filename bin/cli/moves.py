@@ -50,16 +50,21 @@ def _move_options(f: Any) -> Any:
                           "and retrying."),
         click.option("--grace", type=Seconds(zero_ok=True), default=60.0, show_default=True,
                      help="Seconds between a batch's switch and deleting the source's copy."),
+        click.option("--rest", type=Seconds(zero_ok=True, maximum=100), default=1.0,
+                     show_default=True,
+                     help="After each batch and cleanup chunk, rest this many times as long "
+                          "as it took (0: full speed), leaving the servers to their traffic."),
     ]):
         f = option(f)
     return f
 
 
-def _options(batch_runs: int, batch_rows: int, fence_wait: float, grace: float) -> Any:
+def _options(batch_runs: int, batch_rows: int, fence_wait: float, grace: float,
+             rest: float) -> Any:
     from shardq.moves.mover import MoveOptions
 
     return MoveOptions(max_batch_runs=batch_runs, max_batch_rows=batch_rows,
-                       fence_wait_s=fence_wait, grace_s=grace)
+                       fence_wait_s=fence_wait, grace_s=grace, rest=rest)
 
 
 def _progress(settings: Settings) -> Any:
@@ -94,7 +99,7 @@ def _run_guarded(action: Any) -> Any:
 @pass_settings
 def move_command(settings: Settings, buckets: str | None, target: str | None, resume: bool,
                  abort: bool, batch_runs: int, batch_rows: int, fence_wait: float,
-                 grace: float) -> None:
+                 grace: float, rest: float) -> None:
     """Move buckets FIRST-LAST (or one bucket N) to shard NAME, online, batch by batch."""
     from shardq.moves.mover import move
     from shardq.moves.plan import parse_range
@@ -113,7 +118,7 @@ def move_command(settings: Settings, buckets: str | None, target: str | None, re
         with errors_as_exit_codes():
             first, last = parse_range(buckets)
     with errors_as_exit_codes():
-        options = _options(batch_runs, batch_rows, fence_wait, grace)
+        options = _options(batch_runs, batch_rows, fence_wait, grace, rest)
         seeds = settings.shard_map()
     result = _run_guarded(lambda: move(seeds, first, last, target, options, resume=resume,
                                        abort=abort, progress=_progress(settings)))
@@ -127,12 +132,12 @@ def move_command(settings: Settings, buckets: str | None, target: str | None, re
 @json_option
 @pass_settings
 def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_rows: int,
-                      fence_wait: float, grace: float) -> None:
+                      fence_wait: float, grace: float, rest: float) -> None:
     """Even out runs per shard: moves of bucket ranges from the fullest to the emptiest."""
     from shardq.moves.mover import move, rebalance_plan
 
     with errors_as_exit_codes():
-        options = _options(batch_runs, batch_rows, fence_wait, grace)
+        options = _options(batch_runs, batch_rows, fence_wait, grace, rest)
         seeds = settings.shard_map()
     dep, plan, runs = _run_guarded(lambda: rebalance_plan(seeds))
     if len(dep.names) < 2:

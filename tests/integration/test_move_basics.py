@@ -250,7 +250,7 @@ def fence_state(url: str, run: uuid.UUID) -> str | None:
 
 
 def options(**given: Any) -> mover.MoveOptions:
-    return mover.MoveOptions(**{"max_batch_runs": 10, "grace_s": 0.0, **given})
+    return mover.MoveOptions(**{"max_batch_runs": 10, "grace_s": 0.0, "rest": 0.0, **given})
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -414,6 +414,10 @@ def _cli(dep: Deployment, *args: str) -> tuple[int, str]:
     (["move", "--abort", "--json"], 2, "no unfinished move"),
     (["move", "--resume", "--abort"], 2, "exclude"),
     (["move", "5", "--to", "shard-1", "--grace", "nan"], 2, "finite"),
+    (["move", "5", "--to", "shard-1", "--rest", "nan"], 2, "finite"),
+    (["move", "5", "--to", "shard-1", "--rest", "-1"], 2, ">= 0 and <= 100"),
+    (["move", "5", "--to", "shard-1", "--rest", "1e9"], 2, ">= 0 and <= 100"),
+    (["rebalance", "--rest", "inf"], 2, "finite"),
 ])
 def test_hostile_move_input_is_one_line_and_stores_nothing(
     deployment: Deployment, args: list[str], code: int, message: str,

@@ -231,10 +231,10 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.first_unset_bucket(ids uuid[], mask bit)
 --   RETURNS integer
---   LANGUAGE sql IMMUTABLE
+--   LANGUAGE plpgsql IMMUTABLE
 -- FUNCTION shardq.holds_exactly(mine bit)
 --   RETURNS boolean
---   LANGUAGE sql STABLE
+--   LANGUAGE plpgsql STABLE
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE
@@ -246,7 +246,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE sql STABLE
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
---   LANGUAGE sql STABLE
+--   LANGUAGE plpgsql STABLE
 -- FUNCTION shardq.signal_refusal(p_target uuid, p_tenant text, p_name text, p_max_pending integer, p_max_pending_total integer, p_run_tenant text, p_finished text, p_earlier_id bigint, p_gate_closed boolean, p_pending bigint, p_pending_total bigint)
 --   RETURNS TABLE(reason_code text, detail text)
 --   LANGUAGE sql STABLE
@@ -258,7 +258,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE sql STABLE
 -- FUNCTION shardq.unclean_writable()
 --   RETURNS bit
---   LANGUAGE sql STABLE
+--   LANGUAGE plpgsql STABLE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE

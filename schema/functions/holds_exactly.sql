@@ -6,6 +6,10 @@
 --   (SELECT shardq.holds_exactly(mine)) OR get_bit(mine, shardq.bucket(<id>)) = 1
 -- and this is its fast path: true when the shard holds rows of exactly those
 -- buckets (it is clean and owns `mine`), so no row needs its bucket read.
+-- plpgsql, not sql: it keeps its plan for the session (see run_state.sql).
 CREATE OR REPLACE FUNCTION shardq.holds_exactly(mine bit(4096)) RETURNS boolean
-LANGUAGE sql STABLE
-AS $$ SELECT coalesce((SELECT NOT o.unclean AND o.owned = mine FROM shardq.ownership o), false) $$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT NOT o.unclean AND o.owned = mine FROM shardq.ownership o), false);
+END
+$$;

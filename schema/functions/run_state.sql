@@ -3,9 +3,15 @@
 -- wait, else pending. Three primary-key or partial-index probes. A lease
 -- whose expiry passed counts as not held: the run is due for another worker.
 -- Only meaningful for a run that exists.
+--
+-- plpgsql, not sql: a query in an SQL function that is not inlined (this one
+-- has subqueries) is planned again by every statement that calls it, about
+-- 0.2 ms of a read of one run on PostgreSQL 15; plpgsql keeps its plans for
+-- the session (measured: Client.get 0.8 ms -> 0.4 ms).
 CREATE OR REPLACE FUNCTION shardq.run_state(run uuid) RETURNS text
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce(
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN coalesce(
         (SELECT substr(o.kind, 5) FROM shardq.history o
          WHERE o.execution_id = run
            AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')),
@@ -13,5 +19,6 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
          WHERE t.execution_id = run AND t.lease_token IS NOT NULL AND t.run_at > now()),
         (SELECT CASE w.kind WHEN 'interrupt' THEN 'input_required' ELSE 'waiting' END
          FROM shardq.waits w WHERE w.execution_id = run),
-        'pending')
+        'pending');
+END
 $$;

@@ -6,6 +6,10 @@
 --   OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(<id>)) = 1
 -- which costs a clean shard one read of the ownership row per statement (the
 -- subqueries run once) and nothing per row.
+-- plpgsql, not sql: it keeps its plan for the session (see run_state.sql).
 CREATE OR REPLACE FUNCTION shardq.unclean_writable() RETURNS bit(4096)
-LANGUAGE sql STABLE
-AS $$ SELECT o.writable FROM shardq.ownership o WHERE o.unclean $$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT o.writable FROM shardq.ownership o WHERE o.unclean);
+END
+$$;

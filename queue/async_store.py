@@ -359,12 +359,4 @@ async def each_shard(shards: Sequence[Shard], call: Callable[[Shard], Awaitable[
         except ShardUnavailable as exc:
             return exc
 
-    outcomes = await asyncio.gather(*(one(shard) for shard in shards))
-    answers: dict[Shard, R] = {}
-    unavailable: dict[Shard, ShardUnavailable] = {}
-    for shard, outcome in zip(shards, outcomes, strict=True):
-        if isinstance(outcome, ShardUnavailable):
-            unavailable[shard] = outcome
-        else:
-            answers[shard] = outcome
-    return Reached(answers, unavailable)
+    return Reached.of(shards, await asyncio.gather(*(one(shard) for shard in shards)))

@@ -119,6 +119,18 @@ class Reached(Generic[R]):
     def unavailable_names(self) -> list[str]:
         return [shard.name for shard in self.unavailable]
 
+    @classmethod
+    def of(cls, shards: Sequence[Shard], outcomes: Sequence[R | ShardUnavailable]) -> Reached[R]:
+        """Each shard's outcome, in order: an answer, or the error it could not be read with."""
+        answers: dict[Shard, R] = {}
+        unavailable: dict[Shard, ShardUnavailable] = {}
+        for shard, outcome in zip(shards, outcomes, strict=True):
+            if isinstance(outcome, ShardUnavailable):
+                unavailable[shard] = outcome
+            else:
+                answers[shard] = outcome
+        return cls(answers, unavailable)
+
 
 def each_shard(shards: Sequence[Shard], call: Callable[[Shard], R]) -> Reached[R]:
     """`call(shard)` for every shard, all at once; a shard that raises ShardUnavailable is
@@ -138,11 +150,4 @@ def each_shard(shards: Sequence[Shard], call: Callable[[Shard], R]) -> Reached[R
             outcomes = list(pool.map(one, shards))
     else:
         outcomes = [one(shard) for shard in shards]
-    answers: dict[Shard, R] = {}
-    unavailable: dict[Shard, ShardUnavailable] = {}
-    for shard, outcome in zip(shards, outcomes, strict=True):
-        if isinstance(outcome, ShardUnavailable):
-            unavailable[shard] = outcome
-        else:
-            answers[shard] = outcome
-    return Reached(answers, unavailable)
+    return Reached.of(shards, outcomes)

@@ -65,14 +65,13 @@ from shardq.shards.errors import (
     ShardqError,
     ShardUnavailable,
 )
+from shardq.shards.migrations import MOVER_LOCK_KEY
 from shardq.shards.pools import DictConnection, connect
 from shardq.shards.sqlfile import load_queries
 
 log = logging.getLogger(__name__)
 
 SQL = load_queries("shardq.moves", "queries.sql")
-# "shardqmv" as a number, so the lock is recognisable in pg_locks.
-MOVER_LOCK_KEY = int.from_bytes(b"shardqmv", "big") & 0x7FFF_FFFF_FFFF_FFFF
 CRASH_ENV = "SHARDQ_MOVE_CRASH_AT"
 CRASH_POINTS = {
     "plan": "the move and its batches journaled, nothing frozen",

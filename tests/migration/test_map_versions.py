@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import MapMismatch, ShardUnavailable
@@ -189,7 +190,7 @@ def _version_2_by_hand(urls: list[str]) -> dict[str, Any]:
                         (urls[1], "owned | %(mask)s::bit(4096)")):
         with psycopg.connect(url) as conn:
             conn.execute("INSERT INTO shardq.shard_maps (version, layout) VALUES (2, %(l)s)",
-                         {"l": psycopg.types.json.Jsonb(layout)})
+                         {"l": Jsonb(layout)})
             conn.execute(f"UPDATE shardq.ownership SET map_version = 2, owned = {change}, "
                          f"writable = {change}", {"mask": mask})
     return layout

@@ -20,6 +20,8 @@ goes back to its pool idle.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -44,11 +46,13 @@ from shardq.queue.models import (
 from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
 from shardq.queue.statements import CANCEL_ATTEMPTS, Op, Row, _TaskAppeared, buckets_of, run_async
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import NotOwner, ShardUnavailable
+from shardq.shards.errors import NotOwner, SchemaBehind, ShardUnavailable
 from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting, map_poll_interval
 from shardq.shards.pools import (
     CONNECT_TIMEOUT_S,
+    DOWN_PROBE_INTERVAL_S,
+    SILENT_PEER_TIMEOUT_S,
     ShardPools,
     connection_lost,
     describe_connect_error,
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
 
     from shardq.shards.migrations import ShardStatus
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 R = TypeVar("R")
 AsyncDictConnection = psycopg.AsyncConnection[Row]
@@ -69,14 +75,28 @@ class AsyncShardPools:
     """One `AsyncConnectionPool` per shard, made and opened on first use; the map they
     route by is followed by a sync ShardPools in probe mode (`follower`).
 
-    A shard is verified (its recorded map and schema) the first time it is reached,
-    unless the caller checked it just before (`verified`, as verify_shards returns).
+    What shards.pools.ShardPools promises its callers, these keep too:
+
+    - A shard is verified (its recorded map and schema) the first time it is
+      reached, by a direct connection, unless the caller checked it just before
+      (`verified`, as verify_shards returns): a shard that is down on first use
+      fails that call at once with libpq's reason, and its pool is not made.
+    - After a failure that says the shard is gone (refused, timed out, broken
+      connection), calls fail at once with that error, and one call a second
+      (DOWN_PROBE_INTERVAL_S) tries a direct connection; the one that succeeds
+      gives the shard a fresh pool, so a shard that came back is used within a
+      second, not after the old pool's reconnection backoff. A server behind an
+      HTTP API is why: a down shard must cost a request nothing, not a pool timeout.
+    - A shard a newer map version drops has its pool closed after its last
+      connection comes back.
+
+    `options` are server settings for every connection, in libpq's form.
     """
 
     def __init__(
         self, shard_map: ShardMap, *, verified: Iterable[Shard | ShardStatus] = (),
         timeout: float = 10.0, application_name: str = "shardq",
-        follow_every_s: float | None = None,
+        follow_every_s: float | None = None, options: str | None = None,
     ) -> None:
         checked = list(verified)
         self.follower = ShardPools(
@@ -87,8 +107,15 @@ class AsyncShardPools:
             v.name if isinstance(v, Shard) else v.shard.name
             for v in checked if isinstance(v, Shard) or v.reachable}
         self._timeout = timeout
-        self._application_name = application_name
+        self._connect_kwargs: dict[str, Any] = {
+            "connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
+            **({"options": options} if options else {})}
         self._pools: dict[str, AsyncConnectionPool[AsyncDictConnection]] = {}
+        self._down: dict[str, tuple[ShardUnavailable, float]] = {}  # error, next probe at
+        self._users: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # retired pools, closing
+        self._swept = self.map.version
         self._closed = False
 
     @property
@@ -109,40 +136,69 @@ class AsyncShardPools:
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             await pool.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.to_thread(self.follower.close)
 
     def pool(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection] | None:
         """The shard's pool if one was made (tests read its stats)."""
         return self._pools.get(shard.name)
 
+    def is_down(self, shard: Shard) -> bool:
+        """True while `shard`'s last use failed for want of the shard itself."""
+        return shard.name in self._down
+
     async def _pool_of(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection]:
-        pool = self._pools.get(shard.name)
-        if pool is not None:
-            return pool
         if self._closed:
             raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
-        if self.map.get(shard.name) is None:
+        current = self.map
+        if current.version != self._swept:
+            self._sweep(current)
+        if current.get(shard.name) is None:
             raise ShardUnavailable(
-                f"{shard.label}: not in the shard map any more (version {self.map.version})")
-        if shard.name not in self._verified:
-            await self._verify(shard)
-        pool = self._pools.get(shard.name)  # made meanwhile by another task
+                f"{shard.label}: not in the shard map any more (version {current.version})")
+        if shard.name in self._down or shard.name not in self._verified:
+            await self._reach(shard)
+        pool = self._pools.get(shard.name)
         if pool is None:
-            pool = AsyncConnectionPool(
-                shard.url, min_size=shard.pool_min, max_size=shard.pool_max,
-                kwargs={
-                    "autocommit": True,
-                    "row_factory": dict_row,
-                    "connect_timeout": CONNECT_TIMEOUT_S,
-                    "application_name": self._application_name,
-                    **tcp_settings(shard.url),
-                },
-                connection_class=psycopg.AsyncConnection[dict[str, Any]],
-                open=False, timeout=self._timeout, name=f"shardq-async-{shard.name}",
-            )
-            self._pools[shard.name] = pool
+            pool = self._pools[shard.name] = self._new_pool(shard)
             await pool.open(wait=False)
         return pool
+
+    def _new_pool(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection]:
+        return AsyncConnectionPool(
+            shard.url, min_size=shard.pool_min, max_size=shard.pool_max,
+            kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_kwargs,
+                    **tcp_settings(shard.url)},
+            connection_class=psycopg.AsyncConnection[dict[str, Any]],
+            open=False, timeout=self._timeout, name=f"shardq-async-{shard.name}",
+        )
+
+    async def _reach(self, shard: Shard) -> None:
+        """Verify a shard not reached yet, or probe one that is down; raise if it fails."""
+        lock = self._locks.setdefault(shard.name, asyncio.Lock())
+        async with lock:
+            down = self._down.get(shard.name)
+            if down is not None and time.monotonic() < down[1]:
+                raise down[0]
+            if down is None and shard.name in self._verified:
+                return  # another task reached it meanwhile
+            try:
+                if shard.name not in self._verified:
+                    await self._verify(shard)  # connects directly: raises at once if down
+                else:
+                    await self._probe(shard)
+            except ShardUnavailable as exc:
+                self._down[shard.name] = (exc, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+                raise
+            except SchemaBehind as exc:  # being migrated: wait for it like an outage
+                unready = ShardUnavailable(str(exc))
+                self._down[shard.name] = (unready, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+                raise unready from exc
+            if down is not None:
+                self._retire(shard.name)  # its old pool may sit in a reconnection backoff
+                log.warning("shard reachable again", extra={"shard": shard.name})
+            self._down.pop(shard.name, None)
 
     async def _verify(self, shard: Shard) -> None:
         from shardq.shards.migrations import verify_shard  # noqa: PLC0415 - imports pools
@@ -153,19 +209,60 @@ class AsyncShardPools:
             # A shard reached late holds a newer version: follow it before routing more.
             await asyncio.to_thread(self.refresh, newer, shard)
 
+    async def _probe(self, shard: Shard) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                shard.url, **self._connect_kwargs, **tcp_settings(shard.url))
+        except psycopg.OperationalError as exc:
+            raise describe_connect_error(shard, exc) from exc
+        await conn.close()
+
+    def _went_down(self, shard: Shard, error: ShardUnavailable) -> ShardUnavailable:
+        if shard.name not in self._down:
+            log.warning("shard unavailable", extra={"shard": shard.name, "error": str(error)})
+        self._down[shard.name] = (error, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+        return error
+
+    def _sweep(self, current: ShardMap) -> None:
+        """Close the idle pools of shards `current` dropped; the busy ones close after
+        their last connection comes back (_done_with)."""
+        self._swept = current.version
+        for name in [n for n in self._pools if current.get(n) is None]:
+            if not self._users.get(name):
+                log.info("shard left the map; its pool is closed", extra={"shard": name})
+                self._retire(name)
+
+    def _retire(self, name: str) -> None:
+        """Take the shard's pool out of use and close it in the background: connections
+        still lent out close as they come back."""
+        pool = self._pools.pop(name, None)
+        if pool is not None:
+            task = asyncio.get_running_loop().create_task(
+                pool.close(timeout=SILENT_PEER_TIMEOUT_S))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _done_with(self, name: str) -> None:
+        self._users[name] -= 1
+        if not self._users[name] and self.map.get(name) is None:
+            self._retire(name)
+
     @asynccontextmanager
     async def connection(self, shard: Shard) -> AsyncIterator[AsyncDictConnection]:
         """A pooled autocommit connection to `shard`."""
         pool = await self._pool_of(shard)
+        self._users[shard.name] = self._users.get(shard.name, 0) + 1
         try:
             async with pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise describe_connect_error(shard, exc) from exc
+            raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
         except psycopg.OperationalError as exc:
             if not connection_lost(exc):
                 raise
-            raise describe_connect_error(shard, exc) from exc
+            raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
+        finally:
+            self._done_with(shard.name)
 
 
 class AsyncStore:

@@ -447,3 +447,17 @@ class AsyncClient:
         """Client.waiting: the run's open wait (None: none) and its buffered signals."""
         view = await self.describe(execution_id, tenant=tenant, history=False)
         return view.wait, view.pending
+
+    async def waiting_on_page(
+        self, page: Page
+    ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
+        """Client.waiting_on_page: `waiting` for every run of a `list_runs` page, two
+        statements per shard."""
+        async def read(shard: Shard, runs: list[Execution]) -> list[
+            tuple[WaitInfo | None, list[BufferedSignal]]
+        ]:
+            found = await self.store.waits_and_signals(shard, [e.id for e in runs])
+            return [found[e.id] for e in runs]
+
+        answers = await fan_out(self.store.pools, page.items, lambda e: bucket_of(e.id), read)
+        return {e.id: answer for e, answer in zip(page.items, answers, strict=True)}

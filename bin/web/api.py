@@ -13,11 +13,11 @@ application's client and tokens from `shared(request)` (bin/web/state.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -193,23 +193,25 @@ async def start(request: Request, tenant: str) -> Response:
     client = shared(request).client
     body = await _json_object(request, "start")
     workflow_id = _field(body, "workflow_id", str)
-    result = await run_in_threadpool(client.start, request.path_params["name"], workflow_id,
-                                     body.get("input"), tenant=tenant)
+    result = await client.start(request.path_params["name"], workflow_id, body.get("input"),
+                                tenant=tenant)
     return JSONResponse({"execution_id": str(result.execution_id),
                          "created": result.created}, 201 if result.created else 200)
 
 
 @_api
 async def signal(request: Request, tenant: str) -> Response:
-    client = shared(request).client
+    state = shared(request)
+    client = state.client
     ident = _execution_id(request)
     key = _idempotency_key(request)
     payload = rules.json_value(await _body(request), "the signal payload")
-    result = await run_in_threadpool(rules.send_signal, client, ident,
-                                     request.path_params["signal_name"], payload, key, tenant)
+    result = await rules.send_signal_async(state.signals, ident,
+                                           request.path_params["signal_name"], payload, key,
+                                           tenant)
     if isinstance(result.error, SignalRefused):
-        state = (await run_in_threadpool(client.get, ident, tenant=tenant)).state
-        return JSONResponse({"error": str(result.error), "state": state.value,
+        run = await client.get(ident, tenant=tenant)
+        return JSONResponse({"error": str(result.error), "state": run.state.value,
                              "reason_code": result.error.reason_code}, 409)
     if result.error is not None:
         raise result.error
@@ -220,8 +222,8 @@ async def signal(request: Request, tenant: str) -> Response:
 async def signal_with_start(request: Request, tenant: str) -> Response:
     client = shared(request).client
     body = await _json_object(request, "signalWithStart")
-    result = await run_in_threadpool(
-        client.signal_with_start, request.path_params["name"],
+    result = await client.signal_with_start(
+        request.path_params["name"],
         _field(body, "workflow_id", str), body.get("input"), _field(body, "signal", str),
         body.get("payload"), idempotency_key=_field(body, "idempotency_key", str,
                                                       required=False), tenant=tenant)
@@ -235,8 +237,8 @@ async def decide(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
     body = await _json_object(request, "decide")
-    result = await run_in_threadpool(
-        client.decide, ident, request.path_params["name"], _field(body, "action", str),
+    result = await client.decide(
+        ident, request.path_params["name"], _field(body, "action", str),
         body.get("payload"), decision_id=_field(body, "decision_id", str),
         actor=_field(body, "actor", str), tenant=tenant)
     return JSONResponse({"accepted": result.accepted, "decision": result.decision.as_json()})
@@ -247,8 +249,7 @@ async def query(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
     argument = rules.json_value(await _body(request), "the query argument")
-    result = await run_in_threadpool(client.query, ident, request.path_params["name"],
-                                     argument, tenant=tenant)
+    result = await client.query(ident, request.path_params["name"], argument, tenant=tenant)
     return JSONResponse({"result": result})
 
 
@@ -259,9 +260,8 @@ async def update(request: Request, tenant: str) -> Response:
     key = _idempotency_key(request)
     wait = _wait(request)
     argument = rules.json_value(await _body(request), "the update argument")
-    result = await run_in_threadpool(
-        lambda: client.update(ident, request.path_params["name"], argument,
-                              idempotency_key=key, tenant=tenant, wait=wait))
+    result = await client.update(ident, request.path_params["name"], argument,
+                                 idempotency_key=key, tenant=tenant, wait=wait)
     return JSONResponse(_update_result(result))
 
 
@@ -272,11 +272,10 @@ async def update_with_start(request: Request, tenant: str) -> Response:
     key = _field(body, "idempotency_key", str, required=False)
     key = rules.idempotency_key(key, "idempotency_key")
     wait = _wait(request)
-    result = await run_in_threadpool(
-        lambda: client.update_with_start(
-            request.path_params["name"], _field(body, "workflow_id", str),
-            body.get("input"), _field(body, "update", str), body.get("argument"),
-            idempotency_key=key, tenant=tenant, wait=wait))
+    result = await client.update_with_start(
+        request.path_params["name"], _field(body, "workflow_id", str),
+        body.get("input"), _field(body, "update", str), body.get("argument"),
+        idempotency_key=key, tenant=tenant, wait=wait)
     return JSONResponse({**_update_result(result), "created": result.created},
                         201 if result.created else 200)
 
@@ -290,7 +289,7 @@ async def interface(request: Request, tenant: str) -> Response:
 async def cancel(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
-    state = await run_in_threadpool(client.cancel, ident, tenant=tenant)
+    state = await client.cancel(ident, tenant=tenant)
     return JSONResponse({"execution_id": str(ident), "state": state.value})
 
 
@@ -302,9 +301,8 @@ async def listing(request: Request, tenant: str) -> Response:
     state = q.get("state")
     if state is not None and state not in {s.value for s in State}:
         raise ApiError(400, f"state must be one of {', '.join(s.value for s in State)}")
-    page = await run_in_threadpool(client.list_runs, tenant=tenant, state=state,
-                                   workflow=q.get("workflow"), limit=limit,
-                                   cursor=q.get("cursor"))
+    page = await client.list_runs(tenant=tenant, state=state, workflow=q.get("workflow"),
+                                  limit=limit, cursor=q.get("cursor"))
     return JSONResponse({"items": [_execution(e) for e in page.items],
                          "next_cursor": page.next_cursor})
 
@@ -313,7 +311,7 @@ async def listing(request: Request, tenant: str) -> Response:
 async def show(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
-    view = await run_in_threadpool(lambda: client.describe(ident, tenant=tenant))
+    view = await client.describe(ident, tenant=tenant)
     execution, wait, buffered, events = (view.execution, view.wait, view.pending,
                                          view.history)
     return JSONResponse({
@@ -335,7 +333,7 @@ async def show(request: Request, tenant: str) -> Response:
 async def history(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
-    events = await run_in_threadpool(client.history, ident, tenant=tenant)
+    events = await client.history(ident, tenant=tenant)
     return JSONResponse({"events": [
         {"seq": e.seq, "position": e.position, "kind": e.kind, "name": e.name,
          "payload": e.payload,
@@ -348,9 +346,9 @@ async def interrupts(request: Request, tenant: str) -> Response:
     client = shared(request).client
     q = request.query_params
     limit = _limit(request)
-    page = await run_in_threadpool(lambda: client.pending_interrupts(
-        tenant=tenant, workflow=q.get("workflow"), cursor=q.get("cursor"),
-        limit=limit, skip_unavailable=True))
+    page = await client.pending_interrupts(
+        tenant=tenant, workflow=q.get("workflow"), cursor=q.get("cursor"), limit=limit,
+        skip_unavailable=True)
     return JSONResponse({"unavailable_shards": list(page.unavailable_shards), "items": [
         {"execution_id": str(p.execution_id), "workflow": p.workflow_name,
          "workflow_id": p.workflow_id, "name": p.name, "prompt": p.prompt,
@@ -365,7 +363,7 @@ async def healthz(request: Request) -> Response:
     from shardq.shards.migrations import check_shard
 
     shard_map = shared(request).map
-    statuses = await run_in_threadpool(
+    statuses = await asyncio.to_thread(
         lambda: [check_shard(shard_map, s) for s in shard_map.shards])
     shards = {st.shard.name: st.problem is None for st in statuses}
     return JSONResponse({"ok": all(shards.values()), "shards": shards},

@@ -2,7 +2,7 @@
 
 This package (bin/web/) owns everything served over HTTP:
 
-- app.py: `create_app`, the Starlette application over one Client;
+- app.py: `create_app`, the Starlette application over one AsyncClient;
 - api.py: the JSON management API under /api/shardq, its route table;
 - openapi.py: the API's OpenAPI document, and the body keys each route takes;
 - inbox.py, forms.py, templates/, static/: the review inbox under /inbox;
@@ -19,8 +19,8 @@ The CLI imports this package to serve; nothing here imports the CLI
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -29,17 +29,29 @@ from starlette.responses import JSONResponse, Response
 from shardq.bin.web import api, inbox
 from shardq.bin.web.openapi import document
 from shardq.bin.web.state import Shared
-from shardq.queue.client import Client
+from shardq.queue.async_client import AsyncClient
+from shardq.queue.coalesce import SignalCoalescer
 
 
 def create_app(
-    client: Client, tokens: list[tuple[str, str]], *, inbox_stale_after: float = 86400.0,
+    client: AsyncClient, tokens: list[tuple[str, str]], *, inbox_stale_after: float = 86400.0,
     lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]] | None = None,
 ) -> Starlette:
-    """The API over `client`, for the tenants in `tokens`, and the review inbox (/inbox)."""
+    """The API over `client`, for the tenants in `tokens`, and the review inbox (/inbox).
+    `lifespan` opens and closes the client's pools around the signals still in flight."""
+    signals = SignalCoalescer(client)
+
+    @asynccontextmanager
+    async def serving(app: Starlette) -> AsyncIterator[None]:
+        async with lifespan(app) if lifespan is not None else nullcontext():
+            try:
+                yield
+            finally:
+                await signals.close()
+
     app = Starlette(routes=[*api.ROUTES, *inbox.ROUTES],
-                    exception_handlers={404: _not_found, 405: _not_allowed}, lifespan=lifespan)
-    app.state.shared = Shared(client, tokens, inbox_stale_after,
+                    exception_handlers={404: _not_found, 405: _not_allowed}, lifespan=serving)
+    app.state.shared = Shared(client, signals, tokens, inbox_stale_after,
                               document(client.registry.names()))
     return app
 

@@ -37,7 +37,6 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
@@ -184,9 +183,9 @@ async def listing(request: Request, tenant: str) -> Response:
     workflow = q.get("workflow") or None
     newest = q.get("order") == "newest"
     waited = dict(WAITED).get(q.get("waited", "any"), 0.0)
-    page_ = await run_in_threadpool(lambda: client.pending_interrupts(
+    page_ = await client.pending_interrupts(
         tenant=tenant, workflow=workflow, cursor=q.get("cursor") or None, limit=PAGE,
-        newest_first=newest, waited_s=waited, skip_unavailable=True))
+        newest_first=newest, waited_s=waited, skip_unavailable=True)
     now = datetime.now(UTC)
     rows = [{"item": p, "stale": (now - p.requested_at).total_seconds() > stale_after
              or (p.deadline is not None and p.deadline < now)} for p in page_.items]
@@ -209,7 +208,7 @@ async def _detail(request: Request, tenant: str, decision_id: str, status: int =
     client = shared(request).client
     ident = _execution_id(request)
     name = request.path_params["name"]
-    view = await run_in_threadpool(lambda: client.describe(ident, tenant=tenant))
+    view = await client.describe(ident, tenant=tenant)
     execution, events = view.execution, view.history
     asked = _interrupt(events, name)
     if asked is None:
@@ -240,7 +239,7 @@ async def decide(request: Request, tenant: str) -> Response:
     actor = request.cookies.get(ACTOR_COOKIE) or ""
     payload: Any = None
     if action == "edit":
-        events = await run_in_threadpool(client.history, ident, tenant=tenant)
+        events = await client.history(ident, tenant=tenant)
         asked = _interrupt(events, name)
         schema = asked[0].payload.get("schema") if asked else None
         payload, problems = payload_from(fields_of(schema), form)
@@ -248,9 +247,9 @@ async def decide(request: Request, tenant: str) -> Response:
             return await _detail(request, tenant, decision_id, 400, violations=problems,
                                  posted=form)
     try:
-        await run_in_threadpool(lambda: client.decide(
+        await client.decide(
             ident, name, action, payload, decision_id=decision_id, actor=actor,
-            tenant=tenant))
+            tenant=tenant)
     except PayloadInvalid as exc:
         return await _detail(request, tenant, decision_id, 400,
                              violations=exc.violations, posted=form)
@@ -274,7 +273,7 @@ async def interrupt_state(request: Request) -> Response:
         client = shared(request).client
         ident = _execution_id(request)
         name = request.path_params["name"]
-        events = await run_in_threadpool(client.history, ident, tenant=tenant)
+        events = await client.history(ident, tenant=tenant)
         asked = _interrupt(events, name)
         if asked is None:
             raise Refused(404, f"this run has asked for no interrupt named {name!r}")
@@ -305,9 +304,9 @@ def _state(request_: HistoryEvent, outcome: HistoryEvent | None) -> dict[str, An
 async def parked(request: Request, tenant: str) -> Response:
     client = shared(request).client
     q = request.query_params
-    runs = await run_in_threadpool(lambda: client.list_runs(
-        tenant=tenant, state=State.WAITING, limit=PAGE, cursor=q.get("cursor") or None))
-    waits = await run_in_threadpool(client.waiting_on_page, runs)
+    runs = await client.list_runs(
+        tenant=tenant, state=State.WAITING, limit=PAGE, cursor=q.get("cursor") or None)
+    waits = await client.waiting_on_page(runs)
     more = f"/inbox/parked?{urlencode({'cursor': runs.next_cursor})}" if (
         runs.next_cursor) else None
     return render(request, "parked.html", runs=[(r, waits[r.id]) for r in runs.items],
@@ -318,7 +317,7 @@ async def parked(request: Request, tenant: str) -> Response:
 async def run_history(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
-    view = await run_in_threadpool(lambda: client.describe(ident, tenant=tenant))
+    view = await client.describe(ident, tenant=tenant)
     return render(request, "run.html", execution=view.execution, events=view.history)
 
 

@@ -4,7 +4,8 @@
 other commands and routes that take a key or a JSON value) read idempotency
 keys and JSON payloads by the input rules (shardq.queue.rules: `idempotency_key`,
 `json_value`, RuleBroken, re-exported here), and deliver a signal through
-`send_signal`, so the command line and the HTTP API cannot drift apart; a test
+`send_signal` (`send_signal_async` in the server), so the command
+line and the HTTP API cannot drift apart; a test
 (tests/acceptance/test_signal_parity.py) drives both with one table.
 
 - A key that is present must be usable: empty or blank is refused, never read
@@ -17,13 +18,16 @@ keys and JSON payloads by the input rules (shardq.queue.rules: `idempotency_key`
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shardq.queue.client import Client
 from shardq.queue.models import SignalRequest, SignalResult
 from shardq.queue.rules import RuleBroken, idempotency_key, json_value
 
-__all__ = ["RuleBroken", "idempotency_key", "json_value", "send_signal"]
+if TYPE_CHECKING:  # the CLI reads its options by these rules: no asyncio stack to import
+    from shardq.queue.client import Client
+    from shardq.queue.coalesce import SignalCoalescer
+
+__all__ = ["RuleBroken", "idempotency_key", "json_value", "send_signal", "send_signal_async"]
 
 
 def send_signal(
@@ -35,3 +39,11 @@ def send_signal(
     (result,) = client.signal_many([SignalRequest(execution_id, name, payload, key)],
                                    tenant=tenant)
     return result
+
+
+async def send_signal_async(
+    signals: SignalCoalescer, execution_id: uuid.UUID, name: str, payload: Any,
+    key: str | None, tenant: str,
+) -> SignalResult:
+    """send_signal for `shardq serve`: its AsyncClient's, sharing a commit under load."""
+    return await signals.signal(SignalRequest(execution_id, name, payload, key), tenant=tenant)

@@ -3,9 +3,9 @@
 With `--workers N` (N > 1) uvicorn runs N processes that share the listening
 socket; each builds its own application here, with its own pools, from the
 configuration the parent checked and left in the environment
-(SHARDQ_SERVE_CONFIG). An HTTP request costs the server about three times the
-CPU of the same `Client` call (Starlette's middleware, anyio's thread hop, one
-GIL), so processes are the way to more requests per second.
+(SHARDQ_SERVE_CONFIG). Requests are served on the event loop by an AsyncClient,
+with no thread hop; one process is one core, so processes are the way to more
+requests per second.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 
 from shardq.bin.loading import load_registry, shard_map_of
 from shardq.bin.web.tokens import load_tokens
 from shardq.shards.config import ShardMap
+
+if TYPE_CHECKING:
+    from shardq.shards.migrations import ShardStatus
 
 ENV_CONFIG = "SHARDQ_SERVE_CONFIG"
 
@@ -47,44 +50,45 @@ class ServeConfig:
         return shard_map_of(self.shards, Path(self.shards_file) if self.shards_file else None)
 
 
-def checked(config: ServeConfig) -> tuple[Any, list[tuple[str, str]], ShardMap]:
-    """(registry, tokens, shard map) of `config`, every shard verified; raises the
-    errors the command reports in one line (ConfigError, MapMismatch, ...)."""
+def checked(config: ServeConfig) -> tuple[Any, list[tuple[str, str]], ShardMap,
+                                         list[ShardStatus]]:
+    """(registry, tokens, shard map, each shard's status) of `config`, every shard
+    verified; raises the errors the command reports in one line (ConfigError,
+    MapMismatch, ...)."""
     from shardq.shards.migrations import verify_shards
 
     registry = load_registry(config.app)
     tokens = load_tokens(Path(config.tokens_file))
     shard_map = config.shard_map()
-    verify_shards(shard_map)
-    return registry, tokens, shard_map
+    return registry, tokens, shard_map, verify_shards(shard_map)
 
 
 def build_app(config: ServeConfig) -> Starlette:
-    """The application with its own pools, which it closes when the server stops."""
+    """The application with its own pools, opened on the server's event loop when it
+    starts and closed when it stops."""
     from shardq.bin.web.app import create_app
-    from shardq.queue.client import Client
-    from shardq.queue.store import Store
+    from shardq.queue.async_client import AsyncClient
+    from shardq.queue.async_store import AsyncShardPools, AsyncStore
     from shardq.shards.follow import map_poll_interval
-    from shardq.shards.pools import ShardPools
 
-    registry, tokens, shard_map = checked(config)
-    # Probing: a shard that refuses connections fails a request at once (the
-    # inbox and /interrupts then serve the other shards) instead of after a
-    # pool timeout, and leaves no background retries logging warnings.
-    # A request answers within a bound: a statement stuck behind a lock or on
-    # an overloaded shard is cancelled by the server (the caller gets a 503).
-    # Long-lived though probing: it polls for newer map versions like a daemon.
-    pools = ShardPools(shard_map, application_name="shardq-api", probe=True,
-                       options="-c statement_timeout=15s",
-                       follow_every_s=map_poll_interval()).open()
-    client = Client(Store(pools), registry)
+    registry, tokens, shard_map, statuses = checked(config)
+    # A shard that refuses connections fails a request at once (the inbox and
+    # /interrupts then serve the other shards) instead of after a pool timeout.
+    # A request answers within a bound: a statement stuck behind a lock or on an
+    # overloaded shard is cancelled by the server (the caller gets a 503). The map
+    # is polled for newer versions, as a daemon's is.
+    pools = AsyncShardPools(shard_map, verified=statuses, application_name="shardq-api",
+                            options="-c statement_timeout=15s",
+                            follow_every_s=map_poll_interval())
+    client = AsyncClient(AsyncStore(pools), registry)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        pools.open()
         try:
             yield
         finally:
-            pools.close()
+            await pools.close()
 
     return create_app(client, tokens, inbox_stale_after=config.inbox_stale_after,
                       lifespan=lifespan)

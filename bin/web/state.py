@@ -11,13 +11,16 @@ from typing import Any, cast
 
 from starlette.requests import Request
 
-from shardq.queue.client import Client
+from shardq.queue.async_client import AsyncClient
+from shardq.queue.coalesce import SignalCoalescer
 from shardq.shards.config import ShardMap
 
 
 @dataclass(frozen=True)
 class Shared:
-    client: Client
+    client: AsyncClient
+    signals: SignalCoalescer
+    """Single signals (POST .../signal/{name}) to one shard share a commit under load."""
     tokens: list[tuple[str, str]]
     """(tenant, hashed token) pairs: bin/web/tokens.py."""
     inbox_stale_after: float

@@ -2,12 +2,15 @@
 
 The same runs, the same number of sending threads, the same keyed signals:
 once through the Python client in this process, once as HTTP requests (one
-keep-alive httpx connection per thread) to a `shardq serve` process, and once
-to a `shardq serve --workers 2` (two processes sharing the port). No
-worker runs, so the runs stay pending and every signal is buffered: what is
-measured is the send path (HTTP parsing, auth, the one rule set, one
-deliver_signals commit per call), not the wake. Rounds alternate the two
-paths so drift on a noisy box hits both.
+keep-alive connection per thread) to a `shardq serve` process, and once to a
+`shardq serve --workers 2` (two processes sharing the port). No worker runs,
+so the runs stay pending and every signal is buffered: what is measured is the
+send path (HTTP parsing, auth, the one rule set, the deliver_signals commit),
+not the wake. The HTTP sender is a bare socket per thread (_Connection): what
+is measured is the ingress, not an HTTP client library sharing its cores.
+Rounds alternate the paths so drift on a noisy box hits each. Beside the
+rates: each path's p99, and the server's CPU per request (its processes' CPU
+time over the round, divided by the requests).
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError
@@ -46,10 +52,9 @@ def http_signals(b: Bench) -> dict[str, Any]:
         "park", [(f"http-{i}", None) for i in range(RUNS)])]
     rounds: dict[str, list[dict[str, Any]]] = {"client": [], "http": [], "http_2": []}
     with _server(b, 1) as one, _server(b, 2) as two:
-        sessions = {path: [httpx.Client(base_url=base, timeout=30,
-                                        headers={"Authorization": f"Bearer {token}"})
-                           for _ in range(threads)]
-                    for path, (base, token) in (("http", one), ("http_2", two))}
+        servers = {"http": one, "http_2": two}
+        sessions = {path: [_Connection(server.base, server.token) for _ in range(threads)]
+                    for path, server in servers.items()}
         try:
             for r in range(ROUNDS):
                 rounds["client"].append(_measure(
@@ -57,18 +62,28 @@ def http_signals(b: Bench) -> dict[str, Any]:
                 for path, clients in sessions.items():
                     rounds[path].append(_measure(
                         f"{path} round {r + 1}", n, threads,
-                        _http_sender(clients, runs, f"{path}-{r}")))
+                        _http_sender(clients, runs, f"{path}-{r}"), servers[path].cpu_s))
         finally:
             for clients in sessions.values():
                 for session in clients:
                     session.close()
-    best = {path: max(m["signals_per_s"] for m in found) for path, found in rounds.items()}
+    best = {path: max(found, key=lambda m: m["signals_per_s"])
+            for path, found in rounds.items()}
+    rate = {path: m["signals_per_s"] for path, m in best.items()}
+    p99 = {path: m["latency_ms"]["p99"] for path, m in best.items()}
     return {
         "signals_per_round": n, "threads": threads, "runs": RUNS, "rounds": rounds,
-        "client_signals_per_s": best["client"], "http_signals_per_s": best["http"],
-        "http_2_processes_signals_per_s": best["http_2"],
-        "http_over_client": round(best["http"] / best["client"], 3),
-        "http_2_processes_over_client": round(best["http_2"] / best["client"], 3),
+        "client_signals_per_s": rate["client"], "http_signals_per_s": rate["http"],
+        "http_2_processes_signals_per_s": rate["http_2"],
+        "http_over_client": round(rate["http"] / rate["client"], 3),
+        "http_2_processes_over_client": round(rate["http_2"] / rate["client"], 3),
+        "client_p99_ms": p99["client"], "http_p99_ms": p99["http"],
+        "http_p99_over_client": round(p99["http"] / p99["client"], 3),
+        # The least of the rounds: the server's own cost, with the least noise on top.
+        "http_server_cpu_ms_per_request": min(
+            m["server_cpu_ms_per_request"] for m in rounds["http"]),
+        "http_2_server_cpu_ms_per_request": min(
+            m["server_cpu_ms_per_request"] for m in rounds["http_2"]),
     }
 
 
@@ -82,18 +97,71 @@ def _client_sender(b: Bench, runs: list[uuid.UUID], round_: int) -> Send:
     return send
 
 
-def _http_sender(sessions: list[httpx.Client], runs: list[uuid.UUID], round_: str) -> Send:
+def _http_sender(sessions: list[_Connection], runs: list[uuid.UUID], round_: str) -> Send:
     def send(i: int, thread: int) -> None:
-        answer = sessions[thread].post(
-            f"/workflows/{runs[i % RUNS]}/signal/go", content=b'{"n": %d}' % i,
-            headers={"Idempotency-Key": f"http-{round_}-{i}"})
-        if answer.status_code != 202 or not answer.json()["signal_delivered"]:
-            raise BenchError(f"http signal {i}: {answer.status_code} {answer.text[:200]}")
+        status, body = sessions[thread].post(
+            f"/workflows/{runs[i % RUNS]}/signal/go", b'{"n": %d}' % i,
+            idempotency_key=f"http-{round_}-{i}")
+        if status != 202 or not json.loads(body)["signal_delivered"]:
+            raise BenchError(f"http signal {i}: {status} {body[:200]!r}")
 
     return send
 
 
-def _measure(label: str, n: int, threads: int, send: Send) -> dict[str, Any]:
+class _Connection:
+    """One keep-alive HTTP/1.1 connection that sends a POST and reads its answer, and does
+    nothing else. The sender shares two cores with the server and PostgreSQL: httpx
+    spends about 0.8 ms of this process's CPU on a request (more than the server spends
+    answering it), which would measure httpx, not the ingress. A webhook's sender runs
+    elsewhere."""
+
+    def __init__(self, base: str, token: str) -> None:
+        url = urlsplit(base)
+        self._prefix = url.path
+        self._head = (f"Host: {url.netloc}\r\nAuthorization: Bearer {token}\r\n"
+                      "Content-Type: application/json\r\n").encode()
+        self._socket = socket.create_connection((url.hostname, url.port), timeout=30)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buffer = b""
+
+    def post(self, path: str, body: bytes, *, idempotency_key: str) -> tuple[int, bytes]:
+        self._socket.sendall(
+            b"POST %s HTTP/1.1\r\n%sIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s"
+            % ((self._prefix + path).encode(), self._head, idempotency_key.encode(),
+               len(body), body))
+        head = self._read_until(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        return status, self._read(length)
+
+    def _read_until(self, end: bytes) -> bytes:
+        while (at := self._buffer.find(end)) < 0:
+            self._fill()
+        found, self._buffer = self._buffer[:at], self._buffer[at + len(end):]
+        return found
+
+    def _read(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            self._fill()
+        found, self._buffer = self._buffer[:size], self._buffer[size:]
+        return found
+
+    def _fill(self) -> None:
+        chunk = self._socket.recv(65536)
+        if not chunk:
+            raise BenchError("shardq serve closed the connection")
+        self._buffer += chunk
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def _measure(
+    label: str, n: int, threads: int, send: Send, server_cpu: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    """`n` signals from `threads` threads: the rate, the latencies, and with `server_cpu`
+    (the server's CPU seconds so far) what each request cost the server."""
     latencies: list[list[float]] = [[] for _ in range(threads)]
     failures: list[BaseException] = []
 
@@ -108,6 +176,7 @@ def _measure(label: str, n: int, threads: int, send: Send) -> dict[str, Any]:
 
     workers = [threading.Thread(target=sender, args=(t,)) for t in range(threads)]
     bar = Progress(f"http: {label}", n)
+    cpu_before = server_cpu() if server_cpu else 0.0
     t0 = time.perf_counter()
     for w in workers:
         w.start()
@@ -115,19 +184,39 @@ def _measure(label: str, n: int, threads: int, send: Send) -> dict[str, Any]:
         bar.update(sum(len(x) for x in latencies))
         time.sleep(0.05)
     seconds = time.perf_counter() - t0
+    cpu = server_cpu() - cpu_before if server_cpu else None
     bar.close()
     if failures:
         raise BenchError(f"{label}: {failures[0]!r}")
     stats = percentiles([v for x in latencies for v in x])
     return {"signals": n, "seconds": round(seconds, 3),
             "signals_per_s": round(n / seconds, 1),
-            "latency_ms": {k: round(v, 2) for k, v in stats.items()}}
+            "latency_ms": {k: round(v, 2) for k, v in stats.items()},
+            **({} if cpu is None else {"server_cpu_ms_per_request": round(cpu * 1000 / n, 3)})}
+
+
+@dataclass(frozen=True)
+class _Server:
+    base: str
+    """The API's base URL."""
+    token: str
+    process: psutil.Process
+
+    def cpu_s(self) -> float:
+        """CPU seconds the server has used so far, its worker processes' included."""
+        total = 0.0
+        for proc in (self.process, *self.process.children(recursive=True)):
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
 
 
 @contextmanager
-def _server(b: Bench, processes: int) -> Iterator[tuple[str, str]]:
-    """`shardq serve` over the bench's shards (`processes` of them sharing the port): its
-    API's base URL and a token."""
+def _server(b: Bench, processes: int) -> Iterator[_Server]:
+    """`shardq serve` over the bench's shards (`processes` of them sharing the port)."""
     cli = [sys.executable, "-m", "shardq.bin.cli"]
     # The bench's runs belong to the default tenant, and so does the token.
     made = json.loads(subprocess.run([*cli, "api-token", "default", "--json"], check=True,
@@ -147,7 +236,7 @@ def _server(b: Bench, processes: int) -> Iterator[tuple[str, str]]:
         base = f"http://127.0.0.1:{port}/api/shardq"
         try:
             _wait_ready(base, process)
-            yield base, made["token"]
+            yield _Server(base, made["token"], psutil.Process(process.pid))
         finally:
             process.terminate()
             process.wait(timeout=30)

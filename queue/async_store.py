@@ -161,6 +161,8 @@ class AsyncShardPools:
             await self._reach(shard)
         pool = self._pools.get(shard.name)
         if pool is None:
+            if self._closed:  # while it was reached: a pool made now would never close
+                raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
             pool = self._pools[shard.name] = self._new_pool(shard)
             await pool.open(wait=False)
         return pool

@@ -343,14 +343,23 @@ class ShardPools:
                     self._on_fatal(exc)
                 raise
             if self._probe and shard.name not in self._opened:
-                self._pool_of(shard).open(wait=False)
-                self._opened.add(shard.name)
+                self._open_probed(shard)
             elif down is not None:
                 self._renew_pool(shard)
             if down is not None:
                 log.warning("shard reachable again", extra={"shard": shard.name})
             self._down.pop(shard.name, None)
         return newer
+
+    def _open_probed(self, shard: Shard) -> None:
+        """Open the pool of a shard a probe reached, unless the pools closed meanwhile:
+        opened after close(), it would keep its threads and connections for good."""
+        pool = self._pool_of(shard)
+        with self._guard:
+            if self._closed:
+                raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
+            pool.open(wait=False)
+            self._opened.add(shard.name)
 
     def _went_down(self, shard: Shard, error: ShardUnavailable) -> ShardUnavailable:
         with self._lock_of(shard):

@@ -153,3 +153,42 @@ def test_a_caller_cancelled_before_its_batch_left_stores_nothing(shard_map: Shar
         assert rows == [(first,)]
 
     asyncio.run(run())
+
+
+HOSTILE: list[tuple[str, SignalRequest]] = [
+    ("not an id", SignalRequest("not-a-uuid", "go")),
+    ("a uuid4", SignalRequest(str(uuid.uuid4()), "go")),
+    ("blank name", SignalRequest(UNKNOWN, " ")),
+    ("reserved name", SignalRequest(UNKNOWN, "shardq.go")),
+    ("NUL in the name", SignalRequest(UNKNOWN, "g\x00o")),
+    ("NUL in the payload", SignalRequest(UNKNOWN, "go", {"a": "\x00"})),
+    ("a lone surrogate", SignalRequest(UNKNOWN, "go", "\ud800")),
+    ("NaN", SignalRequest(UNKNOWN, "go", float("nan"))),
+    ("blank key", SignalRequest(UNKNOWN, "go", None, " ")),
+    ("a key too long", SignalRequest(UNKNOWN, "go", None, "k" * 5000)),
+    ("a payload too large", SignalRequest(UNKNOWN, "go", "x" * (2 << 20))),
+    ("not JSON", SignalRequest(UNKNOWN, "go", object())),
+]
+
+
+def _said(answer: object) -> tuple[str, str]:
+    error = answer.error if isinstance(answer, SignalResult) else answer
+    return type(error).__name__, str(error)
+
+
+def test_hostile_signals_are_answered_as_signal_many_answers_them(shard_map: ShardMap) -> None:
+    async def run() -> None:
+        async with AsyncClient.connect(shard_map, registry) as client:
+            coalescer = SignalCoalescer(client)
+            for label, request in HOSTILE:
+                direct = await asyncio.gather(client.signal_many([request]),
+                                              return_exceptions=True)
+                shared = await asyncio.gather(coalescer.signal(request),
+                                              return_exceptions=True)
+                expected = direct[0][0] if isinstance(direct[0], list) else direct[0]
+                assert _said(shared[0]) == _said(expected), label
+                assert _said(expected)[0] != "NoneType", label  # every one is refused
+            await coalescer.close()
+        assert _signals(shard_map) == 0
+
+    asyncio.run(run())

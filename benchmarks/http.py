@@ -115,17 +115,31 @@ class _Connection:
     answering it), which would measure httpx, not the ingress. A webhook's sender runs
     elsewhere."""
 
+    IDLE_S = 2.0
+    """Idle longer than this, the connection is made again before a request: uvicorn
+    closes a keep-alive connection idle for 5 s (while the other paths' rounds run)."""
+
     def __init__(self, base: str, token: str) -> None:
         url = urlsplit(base)
+        self._address = (url.hostname or "127.0.0.1", url.port or 80)
         self._prefix = url.path
         self._head = (f"Host: {url.netloc}\r\nAuthorization: Bearer {token}\r\n"
                       "Content-Type: application/json\r\n").encode()
-        self._socket = socket.create_connection((url.hostname, url.port), timeout=30)
-        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._socket: socket.socket | None = None
+        self._used = 0.0
         self._buffer = b""
 
+    def _connected(self) -> socket.socket:
+        if self._socket is None or time.monotonic() - self._used > self.IDLE_S:
+            self.close()
+            self._socket = socket.create_connection(self._address, timeout=30)
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._buffer = b""
+        self._used = time.monotonic()
+        return self._socket
+
     def post(self, path: str, body: bytes, *, idempotency_key: str) -> tuple[int, bytes]:
-        self._socket.sendall(
+        self._connected().sendall(
             b"POST %s HTTP/1.1\r\n%sIdempotency-Key: %s\r\nContent-Length: %d\r\n\r\n%s"
             % ((self._prefix + path).encode(), self._head, idempotency_key.encode(),
                len(body), body))
@@ -148,13 +162,16 @@ class _Connection:
         return found
 
     def _fill(self) -> None:
+        assert self._socket is not None
         chunk = self._socket.recv(65536)
         if not chunk:
             raise BenchError("shardq serve closed the connection")
         self._buffer += chunk
 
     def close(self) -> None:
-        self._socket.close()
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 def _measure(

@@ -1,0 +1,65 @@
+"""AsyncShardPools and a shard that does not answer: the first call waits out the connect
+timeout and names the shard; the calls after it, until the next probe, fail at once with
+the same error instead of each waiting again (an HTTP server must not spend a request's
+whole budget on a down shard); the reachable shard serves meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from shardq.bin.examples import registry
+from shardq.queue.async_client import AsyncClient
+from shardq.queue.async_store import AsyncShardPools, AsyncStore
+from shardq.shards.config import ShardMap
+from shardq.shards.errors import ShardUnavailable
+from shardq.shards.pools import CONNECT_TIMEOUT_S, DOWN_PROBE_INTERVAL_S
+from shardq.shards.routing import new_execution_id
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose listener never accepts: connections open, and nothing answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield listener.getsockname()[1]
+
+
+def test_a_silent_shard_costs_one_connect_timeout_then_fails_at_once(
+    shard_map: ShardMap, silent_port: int
+) -> None:
+    up = shard_map.shards[0]
+    silent_url = f"postgresql://nobody@127.0.0.1:{silent_port}/nothing"
+    two = ShardMap.from_urls([up.url, silent_url])
+
+    async def run() -> list[tuple[float, str]]:
+        pools = AsyncShardPools(two).open()
+        try:
+            client = AsyncClient(AsyncStore(pools), registry)
+            on_silent = new_execution_id(two.shards[1].first_bucket)
+            timings = []
+            for _ in range(3):
+                began = time.monotonic()
+                with pytest.raises(ShardUnavailable) as refused:
+                    await client.get(on_silent)
+                timings.append((time.monotonic() - began, str(refused.value)))
+            # The reachable shard answers meanwhile.
+            on_up = new_execution_id(two.shards[0].first_bucket)
+            with pytest.raises(Exception, match="not found"):
+                await client.get(on_up)
+            return timings
+        finally:
+            await pools.close()
+
+    timings = asyncio.run(run())
+    first, *later = timings
+    assert first[0] >= CONNECT_TIMEOUT_S / 2, first  # it did wait for the shard once
+    assert "shard-1" in first[1] and "timed out" in first[1], first
+    for seconds, message in later:  # within one probe interval: no second wait
+        assert seconds < DOWN_PROBE_INTERVAL_S / 2, (seconds, message)
+        assert message == first[1]

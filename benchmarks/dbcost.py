@@ -9,7 +9,9 @@ the drain is over) and reports, per job:
   count too, as other processes' CPU shows in the CPU meter's `other_cpu_s`.
 - WAL by resource manager (Heap, Btree, Transaction, ...), with its full-page
   images, where pg_walinspect (contrib, no preloading) can be created: Btree
-  is index maintenance, Transaction the commit records.
+  is index maintenance, Transaction the commit records. And by relation, from
+  the same extension: which table and which index each byte went to, so an
+  index a layout adds or drops shows by name.
 - per statement, where the server preloads pg_stat_statements: the difference
   of two snapshots of its counters for the shards' databases (no reset: other
   users of the server keep theirs), grouped by statement: execution time,
@@ -51,7 +53,8 @@ LABELS = (
     ("FROM shardq.tasks WHERE run_at < now()", "the suite's progress poll (no job's)"),
 )
 
-OWN = ("FROM pg_stat_statements s", "pg_current_wal_insert_lsn()", "FROM pg_get_wal_stats(")
+OWN = ("FROM pg_stat_statements s", "pg_current_wal_insert_lsn()", "FROM pg_get_wal_stats(",
+       "FROM pg_get_wal_records_info(")
 """The meter's own statements, left out of what it reports."""
 
 SHOWN = 8
@@ -181,27 +184,49 @@ class DbMeter:
         return rows
 
     def _by_rmgr(self, ends: dict[tuple[str, str], Row | None], jobs: int) -> Row:
+        try:
+            by = self._grouped("wal_by_rmgr", lambda r: str(r["rmgr"]), ends)
+            names = self._relation_names()
+            relations = self._grouped("wal_by_relation", lambda r: names.get(
+                (r["db"], r["filenode"]), "(outside the shards)" if r["db"] is not None
+                else "(no relation: commit records and the like)"), ends)
+        except psycopg.Error as exc:  # recycled already, or refused: say so in the result
+            return {"by_rmgr_error": str(exc).strip()}
+        records = sum(e["records"] for e in by.values())
+        fpi = sum(e["fpi_bytes"] for e in by.values())
+        return {
+            "records_per_job": _per(records, jobs), "fpi_bytes_per_job": _per(fpi, jobs),
+            "by_rmgr": _per_job(by, jobs), "by_relation": _per_job(relations, jobs),
+        }
+
+    def _relation_names(self) -> dict[tuple[int, int], str]:
+        """(database oid, file node) -> relation name, in every shard database: the
+        shards share one schema, so a name sums over them."""
+        return {(int(r["db"]), int(r["filenode"])): str(r["relname"])
+                for group in self.groups.values() for url in group
+                for r in query(url, "relation_names")}
+
+    def _grouped(self, statement: str, key: Callable[[Row], str],
+                 ends: dict[tuple[str, str], Row | None]) -> dict[str, Row]:
+        """The window's WAL grouped by `key` of `statement`'s rows, summed over the
+        servers."""
         by: dict[str, Row] = {}
         for server, conn in self._conns.items():
             end = ends.get(server)
             if not end or int(end["bytes"]) <= 0:
                 continue
-            try:
-                found = conn.execute(SQL["wal_by_rmgr"], {"start": self._lsn[server],
-                                                          "end": end["readable_end"]}).fetchall()
-            except psycopg.Error as exc:  # recycled already, or refused: say so in the result
-                return {"by_rmgr_error": str(exc).strip()}
-            for r in found:
-                entry = by.setdefault(str(r["rmgr"]), {"records": 0, "bytes": 0, "fpi_bytes": 0})
+            for r in conn.execute(SQL[statement], {"start": self._lsn[server],
+                                                   "end": end["readable_end"]}).fetchall():
+                entry = by.setdefault(key(r), {"records": 0, "bytes": 0, "fpi_bytes": 0})
                 for k in ("records", "bytes", "fpi_bytes"):
                     entry[k] += int(r[k])
-        records = sum(e["records"] for e in by.values())
-        fpi = sum(e["fpi_bytes"] for e in by.values())
-        return {
-            "records_per_job": _per(records, jobs), "fpi_bytes_per_job": _per(fpi, jobs),
-            "by_rmgr": {name: {**e, "bytes_per_job": _per(e["bytes"], jobs)}
-                        for name, e in sorted(by.items(), key=lambda kv: -kv[1]["bytes"])},
-        }
+        return by
+
+
+def _per_job(by: dict[str, Row], jobs: int) -> dict[str, Row]:
+    """Each group with its bytes per job, the largest first."""
+    return {name: {**e, "bytes_per_job": _per(e["bytes"], jobs)}
+            for name, e in sorted(by.items(), key=lambda kv: -kv[1]["bytes"])}
 
 
 def _per(value: float, jobs: int) -> float | None:

@@ -139,6 +139,23 @@ FROM pg_get_wal_stats(%(start)s::pg_lsn, %(end)s::pg_lsn, false)
           bytes_pct)
 WHERE records > 0
 
+-- name: wal_by_relation
+-- The same WAL by the relation each record is for (its first block reference,
+-- as database oid and file node; none for a commit record): which table and
+-- which index a byte went to, named by relation_names in each database.
+SELECT rel[1]::oid::bigint AS db, rel[2]::oid::bigint AS filenode, count(*) AS records,
+       sum(record_length)::bigint AS bytes, sum(fpi_length)::bigint AS fpi_bytes
+FROM (SELECT (regexp_match(block_ref, 'rel \d+/(\d+)/(\d+)')) AS rel,
+             record_length, fpi_length
+      FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)) r
+GROUP BY 1, 2
+
+-- name: relation_names
+-- This database's oid, and its relations by file node (for wal_by_relation).
+SELECT (SELECT oid FROM pg_database WHERE datname = current_database())::bigint AS db,
+       pg_relation_filenode(c.oid)::bigint AS filenode, c.relname
+FROM pg_class c WHERE pg_relation_filenode(c.oid) IS NOT NULL
+
 -- name: database_oid
 SELECT oid::bigint AS oid FROM pg_database WHERE datname = current_database()
 

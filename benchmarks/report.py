@@ -180,8 +180,11 @@ def cost_rows(sc: dict[str, Result], head: Result) -> list[tuple[str, str, str, 
         if "by_rmgr" in wal:
             kinds = ", ".join(f"{kind} {_n(e['bytes_per_job'])}"
                               for kind, e in list(wal["by_rmgr"].items())[:5])
+            relations = ", ".join(f"{name} {_n(e['bytes_per_job'])}"
+                                  for name, e in list(wal.get("by_relation", {}).items())[:6])
             detail = (f"{_n(wal['records_per_job'])} records/job, full-page images "
-                      f"{_n(wal['fpi_bytes_per_job'])} B/job; by record type (B/job): {kinds}")
+                      f"{_n(wal['fpi_bytes_per_job'])} B/job; by record type (B/job): {kinds}"
+                      + (f"; by relation (B/job): {relations}" if relations else ""))
         else:
             detail = "the whole server's WAL" + (
                 f" ({wal['by_rmgr_error']})" if "by_rmgr_error" in wal

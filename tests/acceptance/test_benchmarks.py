@@ -154,6 +154,12 @@ def test_what_one_job_costs_the_database_is_reported(pg_server: Server) -> None:
         assert wal["bytes"] > 0
         assert report[f"{prefix}_wal_bytes_per_job"] == wal["bytes_per_job"] > 0
         assert wal["bytes_per_job"] == pytest.approx(wal["bytes"] / drain["jobs"], abs=0.05)
+        if "by_rmgr" in wal:  # pg_walinspect: the same bytes by relation, named
+            relations = wal["by_relation"]
+            assert sum(e["bytes"] for e in relations.values()) == sum(
+                e["bytes"] for e in wal["by_rmgr"].values())
+            written = {"q"} if prefix == "floor" else {"tasks", "history", "history_pkey"}
+            assert written <= set(relations), (prefix, list(relations))
     for prefix in ("durable", "drain"):
         assert report[f"{prefix}_pg_us_per_job"] == drains[prefix]["cpu"]["postgres_us_per_job"]
         assert report[f"{prefix}_pg_us_per_job"] > 0

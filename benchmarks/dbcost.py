@@ -185,9 +185,9 @@ class DbMeter:
 
     def _by_rmgr(self, ends: dict[tuple[str, str], Row | None], jobs: int) -> Row:
         try:
-            by = self._grouped("wal_by_rmgr", lambda r: str(r["rmgr"]), ends)
+            by = self._grouped(SQL["wal_by_rmgr"], lambda r: str(r["rmgr"]), ends)
             names = self._relation_names()
-            relations = self._grouped("wal_by_relation", lambda r: names.get(
+            relations = self._grouped(SQL["wal_by_relation"], lambda r: names.get(
                 (r["db"], r["filenode"]), "(outside the shards)" if r["db"] is not None
                 else "(no relation: commit records and the like)"), ends)
         except psycopg.Error as exc:  # recycled already, or refused: say so in the result
@@ -208,15 +208,15 @@ class DbMeter:
 
     def _grouped(self, statement: str, key: Callable[[Row], str],
                  ends: dict[tuple[str, str], Row | None]) -> dict[str, Row]:
-        """The window's WAL grouped by `key` of `statement`'s rows, summed over the
-        servers."""
+        """The window's WAL grouped by `key` of the rows `statement` (one of queries.sql's)
+        answers, summed over the servers."""
         by: dict[str, Row] = {}
         for server, conn in self._conns.items():
             end = ends.get(server)
             if not end or int(end["bytes"]) <= 0:
                 continue
-            for r in conn.execute(SQL[statement], {"start": self._lsn[server],
-                                                   "end": end["readable_end"]}).fetchall():
+            for r in conn.execute(statement, {"start": self._lsn[server],
+                                              "end": end["readable_end"]}).fetchall():
                 entry = by.setdefault(key(r), {"records": 0, "bytes": 0, "fpi_bytes": 0})
                 for k in ("records", "bytes", "fpi_bytes"):
                     entry[k] += int(r[k])

@@ -245,12 +245,14 @@ class Worker:
                 added = [s for name, s in current.items() if name not in served]
                 self._retired = served - set(current)
             for shard in added:
-                self._wakes[shard.name] = WakeSource(shard)
                 completer = Completer(self.store, shard, lease_s=self.config.lease_s,
                                       max_batch=self.config.commit_batch)
-                self._completers[shard.name] = completer
                 completer.start()
+                # Under the lock: turn threads read these dicts to wake every claim
+                # loop, and one iterated while a shard was added died of it.
                 with self._lock:
+                    self._wakes[shard.name] = WakeSource(shard)
+                    self._completers[shard.name] = completer
                     self.shards.append(shard)
                 self._start_loops(shard)
                 log.info("serving a shard the map added", extra={"shard": shard.name})
@@ -288,14 +290,16 @@ class Worker:
                 except Exception as exc:  # stop() must still close what it opened
                     log.warning("could not hand leases back; they expire instead",
                                 extra={"shard": shard.name, "error": str(exc)})
-        for completer in self._completers.values():
+        with self._lock:
+            completers, wakes = list(self._completers.values()), list(self._wakes.items())
+        for completer in completers:
             completer.close()
         # A claim loop still alive (stuck past its join) may be waiting on its own;
         # none was started when stop() comes without start().
         waiting = {
             s.name for s, c in zip(self.shards, self._claimers, strict=False) if c.is_alive()
         }
-        for name, wake in self._wakes.items():
+        for name, wake in wakes:
             if name not in waiting:
                 wake.close()
         log.info("worker stopped", extra={"owner": self.config.owner, "released": released})
@@ -303,7 +307,9 @@ class Worker:
 
     def wake(self) -> None:
         """Poke every claim loop (tests, embedding applications)."""
-        for event in self._wakes.values():
+        with self._lock:
+            events = list(self._wakes.values())
+        for event in events:
             event.set()
 
     # -- claiming --------------------------------------------------------------
@@ -563,7 +569,7 @@ class Worker:
         free = self._free_slots()
         if free >= self._claim_threshold:
             self._starved.clear()
-            return self._wakes.keys()
+            return list(self._wakes)  # a copy: the map loop adds shards as it runs
         if free > 0 and self._starved:
             starved, self._starved = self._starved, set()
             return starved

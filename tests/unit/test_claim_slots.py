@@ -116,3 +116,32 @@ def test_a_turn_that_ended_without_a_commit_wakes_the_loop_that_found_no_slot(
     worker._turn_returned(uuid.uuid4(), None)
     assert worker._wakes[first.name].is_set()
     assert (worker._turning, worker._starved) == (1, set())
+
+
+class _AddsAShard:
+    """A claim loop's wake source whose poke lands while the map loop adds a shard: what
+    a turn thread waking every loop met in the grow-online test, and died of."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.poked = 0
+
+    def set(self) -> None:
+        self.poked += 1
+        with self.worker._lock:  # as the map loop adds a shard's wake source
+            self.worker._wakes[f"added-{self.poked}"] = _AddsAShard(self.worker)  # type: ignore[assignment]
+
+
+def test_waking_every_claim_loop_survives_a_shard_added_meanwhile(
+    make_worker: Callable[..., Worker],
+) -> None:
+    worker = make_worker(100, 100)
+    originals = dict(worker._wakes)
+    try:
+        worker._wakes = {name: _AddsAShard(worker) for name in originals}  # type: ignore[misc]
+        with worker._lock:
+            woken = worker._claimers_to_wake()  # every slot free: every loop
+        worker._wake(woken)  # raised "dictionary changed size during iteration"
+        assert set(woken) == set(originals)
+    finally:
+        worker._wakes = originals

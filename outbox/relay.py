@@ -277,14 +277,15 @@ class Relay:
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the rounds in flight, then stop; nothing is left half done."""
         self._stopping.set()
-        for wake in self._wakes.values():
+        # Copies: the map loop may be adding a shard as this runs.
+        for wake in list(self._wakes.values()):
             wake.set()
         deadline = time.monotonic() + timeout
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(max(0.0, deadline - time.monotonic()))
-        for wake in self._wakes.values():
+        for wake in list(self._wakes.values()):
             wake.close()
-        for pool in self._pools.values():
+        for pool in list(self._pools.values()):
             pool.shutdown(wait=False)
 
     def _loop(self, source: Shard) -> None:

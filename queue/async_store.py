@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -51,8 +50,8 @@ from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting, map_poll_interval
 from shardq.shards.pools import (
     CONNECT_TIMEOUT_S,
-    DOWN_PROBE_INTERVAL_S,
     SILENT_PEER_TIMEOUT_S,
+    Outages,
     ShardPools,
     connection_lost,
     describe_connect_error,
@@ -111,7 +110,7 @@ class AsyncShardPools:
             "connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
             **({"options": options} if options else {})}
         self._pools: dict[str, AsyncConnectionPool[AsyncDictConnection]] = {}
-        self._down: dict[str, tuple[ShardUnavailable, float]] = {}  # error, next probe at
+        self._outages = Outages()
         self._users: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()  # retired pools, closing
@@ -146,7 +145,7 @@ class AsyncShardPools:
 
     def is_down(self, shard: Shard) -> bool:
         """True while `shard`'s last use failed for want of the shard itself."""
-        return shard.name in self._down
+        return shard.name in self._outages
 
     async def _pool_of(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection]:
         if self._closed:
@@ -157,7 +156,7 @@ class AsyncShardPools:
         if current.get(shard.name) is None:
             raise ShardUnavailable(
                 f"{shard.label}: not in the shard map any more (version {current.version})")
-        if shard.name in self._down or shard.name not in self._verified:
+        if shard.name in self._outages or shard.name not in self._verified:
             await self._reach(shard)
         pool = self._pools.get(shard.name)
         if pool is None:
@@ -180,10 +179,11 @@ class AsyncShardPools:
         """Verify a shard not reached yet, or probe one that is down; raise if it fails."""
         lock = self._locks.setdefault(shard.name, asyncio.Lock())
         async with lock:
-            down = self._down.get(shard.name)
-            if down is not None and time.monotonic() < down[1]:
-                raise down[0]
-            if down is None and shard.name in self._verified:
+            refused = self._outages.refusal(shard.name)
+            if refused is not None:
+                raise refused
+            down = shard.name in self._outages
+            if not down and shard.name in self._verified:
                 return  # another task reached it meanwhile
             try:
                 if shard.name not in self._verified:
@@ -191,16 +191,13 @@ class AsyncShardPools:
                 else:
                     await self._probe(shard)
             except ShardUnavailable as exc:
-                self._down[shard.name] = (exc, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+                self._outages.mark(shard.name, exc)
                 raise
             except SchemaBehind as exc:  # being migrated: wait for it like an outage
-                unready = ShardUnavailable(str(exc))
-                self._down[shard.name] = (unready, time.monotonic() + DOWN_PROBE_INTERVAL_S)
-                raise unready from exc
-            if down is not None:
+                raise self._outages.mark(shard.name, ShardUnavailable(str(exc))) from exc
+            if down:
                 self._retire(shard.name)  # its old pool may sit in a reconnection backoff
-                log.warning("shard reachable again", extra={"shard": shard.name})
-            self._down.pop(shard.name, None)
+            self._outages.came_back(shard.name)
 
     async def _verify(self, shard: Shard) -> None:
         from shardq.shards.migrations import verify_shard  # noqa: PLC0415 - imports pools
@@ -218,12 +215,6 @@ class AsyncShardPools:
         except psycopg.OperationalError as exc:
             raise describe_connect_error(shard, exc) from exc
         await conn.close()
-
-    def _went_down(self, shard: Shard, error: ShardUnavailable) -> ShardUnavailable:
-        if shard.name not in self._down:
-            log.warning("shard unavailable", extra={"shard": shard.name, "error": str(error)})
-        self._down[shard.name] = (error, time.monotonic() + DOWN_PROBE_INTERVAL_S)
-        return error
 
     def _sweep(self, current: ShardMap) -> None:
         """Close the idle pools of shards `current` dropped; the busy ones close after
@@ -258,11 +249,11 @@ class AsyncShardPools:
             async with pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
+            raise self._outages.went_down(shard.name, describe_connect_error(shard, exc)) from exc
         except psycopg.OperationalError as exc:
             if not connection_lost(exc):
                 raise
-            raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
+            raise self._outages.went_down(shard.name, describe_connect_error(shard, exc)) from exc
         finally:
             self._done_with(shard.name)
 

@@ -100,6 +100,39 @@ def connect(shard: Shard, *, autocommit: bool = False) -> DictConnection:
         raise describe_connect_error(shard, exc) from exc
 
 
+class Outages:
+    """The shards whose last use failed for want of the shard itself, each with its error
+    and the time a call may next probe it (DOWN_PROBE_INTERVAL_S): one policy for the
+    sync pools and the async ones (queue/async_store.py). Callers serialize each shard's
+    probe themselves."""
+
+    def __init__(self) -> None:
+        self._down: dict[str, tuple[ShardUnavailable, float]] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._down
+
+    def refusal(self, name: str) -> ShardUnavailable | None:
+        """The shard's last error while its next probe is not due: a call fails with it."""
+        down = self._down.get(name)
+        return down[0] if down is not None and time.monotonic() < down[1] else None
+
+    def mark(self, name: str, error: ShardUnavailable) -> ShardUnavailable:
+        """Down with `error` until the next probe (a failed probe: said by the caller)."""
+        self._down[name] = (error, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+        return error
+
+    def went_down(self, name: str, error: ShardUnavailable) -> ShardUnavailable:
+        """A shard in use failed: logged once, when it goes down, then marked."""
+        if name not in self._down:
+            log.warning("shard unavailable", extra={"shard": name, "error": str(error)})
+        return self.mark(name, error)
+
+    def came_back(self, name: str) -> None:
+        if self._down.pop(name, None) is not None:
+            log.warning("shard reachable again", extra={"shard": name})
+
+
 class ShardPools:
     """One connection pool per shard of the current map version, opened without waiting.
 
@@ -167,7 +200,7 @@ class ShardPools:
         self._guard = threading.Lock()  # the pools, locks, users and retired sets below
         self._refreshing = threading.RLock()  # a shard first reached in a refresh may refresh
         self._locks: dict[str, threading.Lock] = {}
-        self._down: dict[str, tuple[ShardUnavailable, float]] = {}  # error, next probe at
+        self._outages = Outages()
         self._pools: dict[str, ConnectionPool[DictConnection]] = {}
         self._users: dict[str, int] = {}
         self._retired: set[str] = set()
@@ -267,7 +300,7 @@ class ShardPools:
 
     def is_down(self, shard: Shard) -> bool:
         """True while `shard`'s last use failed for want of the shard itself."""
-        return shard.name in self._down
+        return shard.name in self._outages
 
     @contextmanager
     def connection(self, shard: Shard) -> Iterator[DictConnection]:
@@ -275,7 +308,7 @@ class ShardPools:
         if self._fatal is not None:
             raise self._fatal
         pool = self._pool_of(shard)
-        if (shard.name in self._down or shard.name not in self._verified
+        if (shard.name in self._outages or shard.name not in self._verified
                 or (self._probe and shard.name not in self._opened)):
             newer = self._reach(shard)
             if newer is not None and newer > self._map.version:
@@ -310,31 +343,30 @@ class ShardPools:
         Returns the newest map version a shard verified now holds."""
         newer = None
         with self._lock_of(shard):
-            down = self._down.get(shard.name)
-            if down is not None and time.monotonic() < down[1]:
-                raise down[0]
+            refused = self._outages.refusal(shard.name)
+            if refused is not None:
+                raise refused
+            down = shard.name in self._outages
             opening = self._probe and shard.name not in self._opened
-            if down is None and shard.name in self._verified and not opening:
+            if not down and shard.name in self._verified and not opening:
                 return None  # another thread reached it meanwhile
             try:
                 if shard.name not in self._verified:
                     # connects directly: raises at once if down
                     newer = self._verify(self._map, shard)
                     self._verified.add(shard.name)
-                elif down is not None:
+                elif down:
                     connect(shard).close()
             except ShardUnavailable as exc:
-                self._down[shard.name] = (exc, time.monotonic() + DOWN_PROBE_INTERVAL_S)
+                self._outages.mark(shard.name, exc)
                 raise
             except SchemaBehind as exc:
                 # Being set up or upgraded (`shardq migrate` still to run): this
                 # process's map is not in question, so wait for it like an outage.
-                if shard.name not in self._down:
+                if not down:
                     log.error("shard not ready; retrying", extra={
                         "shard": shard.name, "error": str(exc)})
-                unready = ShardUnavailable(str(exc))
-                self._down[shard.name] = (unready, time.monotonic() + DOWN_PROBE_INTERVAL_S)
-                raise unready from exc
+                raise self._outages.mark(shard.name, ShardUnavailable(str(exc))) from exc
             except ShardqError as exc:
                 self._fatal = exc
                 log.error("shard disagrees with this process; it must stop",
@@ -344,11 +376,9 @@ class ShardPools:
                 raise
             if self._probe and shard.name not in self._opened:
                 self._open_probed(shard)
-            elif down is not None:
+            elif down:
                 self._renew_pool(shard)
-            if down is not None:
-                log.warning("shard reachable again", extra={"shard": shard.name})
-            self._down.pop(shard.name, None)
+            self._outages.came_back(shard.name)
         return newer
 
     def _open_probed(self, shard: Shard) -> None:
@@ -363,10 +393,7 @@ class ShardPools:
 
     def _went_down(self, shard: Shard, error: ShardUnavailable) -> ShardUnavailable:
         with self._lock_of(shard):
-            if shard.name not in self._down:
-                log.warning("shard unavailable", extra={"shard": shard.name, "error": str(error)})
-            self._down[shard.name] = (error, time.monotonic() + DOWN_PROBE_INTERVAL_S)
-        return error
+            return self._outages.went_down(shard.name, error)
 
     def _renew_pool(self, shard: Shard) -> None:
         """Swap in a fresh pool: the old one may sit in a reconnection backoff of minutes."""

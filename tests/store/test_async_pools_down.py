@@ -15,6 +15,7 @@ import pytest
 from shardq.bin.examples import registry
 from shardq.queue.async_client import AsyncClient
 from shardq.queue.async_store import AsyncShardPools, AsyncStore
+from shardq.queue.errors import ExecutionNotFound
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import CONNECT_TIMEOUT_S, DOWN_PROBE_INTERVAL_S
@@ -50,7 +51,7 @@ def test_a_silent_shard_costs_one_connect_timeout_then_fails_at_once(
                 timings.append((time.monotonic() - began, str(refused.value)))
             # The reachable shard answers meanwhile.
             on_up = new_execution_id(two.shards[0].first_bucket)
-            with pytest.raises(Exception, match="not found"):
+            with pytest.raises(ExecutionNotFound):
                 await client.get(on_up)
             return timings
         finally:

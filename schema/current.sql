@@ -229,6 +229,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.fence(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.finish_tasks(ids uuid[], tokens uuid[])
+--   RETURNS TABLE(execution_id uuid, cancel_requested boolean)
+--   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_seqscan=off, enable_bitmapscan=off
 -- FUNCTION shardq.first_unset_bucket(ids uuid[], mask bit)
 --   RETURNS integer
 --   LANGUAGE plpgsql IMMUTABLE

@@ -60,6 +60,21 @@ def rows(url: str, query: str, *params: object) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query, params).fetchall()
 
+def attempt(call: Callable[[], T]) -> T | Exception:
+    """What `call` returned, or the exception it raised (for a thread's outcome)."""
+    try:
+        return call()
+    except Exception as exc:
+        return exc
+
+
+def waiting_on_a_lock(url: str, holder_pid: int) -> bool:
+    """Whether a session other than `holder_pid` waits for a lock in `url`'s database."""
+    found = rows(url, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                      "WHERE NOT l.granted AND a.datname = current_database() AND l.pid <> %s",
+                 holder_pid)
+    return int(found[0][0]) > 0
+
 
 def age(shard_map: ShardMap, table: str, column: str, seconds: float) -> None:
     """Move `column` of every row of shardq.`table` `seconds` into the past, on every shard.

@@ -67,6 +67,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     fenced          uuid[];
+    fused           boolean;
     fenced_ords     integer[];
     all_fenced      boolean;
     cancels         boolean[];
@@ -108,24 +109,42 @@ BEGIN
         ORDER BY x.id FOR UPDATE;
     END IF;
 
-    -- Lock the task rows still leased with each commit's token, in id order so
-    -- two batches never deadlock. The wide executions row is not touched: a
-    -- run's state is where its rows are (see schema/0005's header).
-    WITH req AS (
-        SELECT * FROM unnest(c_ids, c_tokens) WITH ORDINALITY AS r(id, token, ord)
-    ), locked AS (
-        SELECT t.execution_id, t.cancel_requested
-        FROM shardq.tasks t
-        WHERE t.execution_id = ANY(c_ids)
-          AND (t.execution_id, t.lease_token) IN (SELECT r.id, r.token FROM req r)
-        ORDER BY t.execution_id
-        FOR UPDATE OF t
-    )
-    SELECT coalesce(array_agg(r.id ORDER BY r.ord), '{}'),
-           coalesce(array_agg(r.ord::integer ORDER BY r.ord), '{}'),
-           coalesce(array_agg(l.cancel_requested ORDER BY r.ord), '{}')
-    INTO fenced, fenced_ords, cancels
-    FROM req r JOIN locked l ON l.execution_id = r.id;
+    -- A batch in which every commit ends its run (its task deleted, nothing
+    -- parked, sent or granted) on a clean shard, a drain's usual batch, is
+    -- fenced by deleting its task rows: each row is written once, not locked
+    -- and then deleted (shardq.finish_tasks, which keeps the id order).
+    fused := rare IS NULL AND c_actions <@ ARRAY['delete']
+             AND NOT (c_states && ARRAY['waiting', 'input_required'])
+             AND NOT (e_kinds && ARRAY['signal.timed_out', 'condition.timed_out',
+                                       'interrupt.timed_out'])
+             AND (SELECT shardq.unclean_writable()) IS NULL;
+    IF fused THEN
+        SELECT coalesce(array_agg(r.id ORDER BY r.ord), '{}'),
+               coalesce(array_agg(r.ord::integer ORDER BY r.ord), '{}'),
+               coalesce(array_agg(g.cancel_requested ORDER BY r.ord), '{}')
+        INTO fenced, fenced_ords, cancels
+        FROM unnest(c_ids) WITH ORDINALITY AS r(id, ord)
+        JOIN shardq.finish_tasks(c_ids, c_tokens) AS g ON g.execution_id = r.id;
+    ELSE
+        -- Lock the task rows still leased with each commit's token, in id order so
+        -- two batches never deadlock. The wide executions row is not touched: a
+        -- run's state is where its rows are (see schema/0005's header).
+        WITH req AS (
+            SELECT * FROM unnest(c_ids, c_tokens) WITH ORDINALITY AS r(id, token, ord)
+        ), locked AS (
+            SELECT t.execution_id, t.cancel_requested
+            FROM shardq.tasks t
+            WHERE t.execution_id = ANY(c_ids)
+              AND (t.execution_id, t.lease_token) IN (SELECT r.id, r.token FROM req r)
+            ORDER BY t.execution_id
+            FOR UPDATE OF t
+        )
+        SELECT coalesce(array_agg(r.id ORDER BY r.ord), '{}'),
+               coalesce(array_agg(r.ord::integer ORDER BY r.ord), '{}'),
+               coalesce(array_agg(l.cancel_requested ORDER BY r.ord), '{}')
+        INTO fenced, fenced_ords, cancels
+        FROM req r JOIN locked l ON l.execution_id = r.id;
+    END IF;
 
     IF cardinality(fenced) = 0 THEN
         RETURN;
@@ -140,6 +159,15 @@ BEGIN
     -- commits none of their turns: answered as a lost lease, each such turn
     -- runs again where its bucket is writable. A clean shard holds no such run.
     SELECT o.writable, o.unclean INTO own_writable, own_unclean FROM shardq.ownership o;
+    IF fused AND own_unclean THEN
+        -- A move froze buckets after the check above and before the DELETE took
+        -- this transaction's xid (the freeze's wait for writers missed it), and
+        -- its rows are deleted already: nothing of the batch may land. The
+        -- worker retries a serialization failure; the retry takes the locking
+        -- path, which drops the frozen runs' commits as lost leases.
+        RAISE EXCEPTION 'shardq: a move froze buckets while a batch finished its runs'
+            USING ERRCODE = '40001';
+    END IF;
     IF own_unclean THEN
         SELECT coalesce(array_agg(f.id ORDER BY f.n), '{}'),
                coalesce(array_agg(f.ord ORDER BY f.n), '{}'),
@@ -251,7 +279,7 @@ BEGIN
     INTO deleting, keeping, scheduling
     FROM unnest(c_ids, c_actions) AS c(id, action)
     WHERE all_fenced OR c.id = ANY(fenced);
-    IF deleting IS NOT NULL THEN
+    IF deleting IS NOT NULL AND NOT fused THEN
         DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(deleting);
         -- A run that parks leaves an open wait. One whose wait is gone had it
         -- closed while this turn held the lease (a decision, which cannot touch

@@ -9,15 +9,18 @@ refusal, with the map version or the move) and that nothing was stored.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from shardq.outbox.store import OutboxStore
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
+from shardq.queue.errors import StoreConflict
 from shardq.queue.models import ExternalRequest, State, TaskAction, TurnCommit
 from shardq.queue.params import (
     InterruptDecision,
@@ -34,7 +37,7 @@ from shardq.shards.errors import Fenced, NotOwner
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of, new_execution_id
 
-from ..support import key_on, keys_on, rows
+from ..support import attempt, key_on, keys_on, rows, wait_until, waiting_on_a_lock
 
 registry = Registry()
 
@@ -305,3 +308,41 @@ def test_a_read_of_a_run_that_moved_away_is_refused_and_one_frozen_is_served(
     with pytest.raises(NotOwner) as caught:
         READS[read](store, client, moved)
     assert type(caught.value) is NotOwner and caught.value.bucket == bucket_of(moved)
+
+
+def test_a_batch_finishing_runs_frozen_while_it_deleted_their_tasks_lands_nothing(
+    client: Client, pools: ShardPools, ownership: Any
+) -> None:
+    """A batch whose every commit ends its run reads the shard clean, then deletes
+    its task rows (the fused fence). A freeze that commits in between, before the
+    DELETE took an xid for the mover to wait on, must not let the frozen run's
+    commit land: the whole batch is refused as a serialization failure, which the
+    worker retries, and the retry drops the frozen run's commit as a lost lease."""
+    store = Store(pools)
+    shard = client.map.shards[0]
+    frozen, free = (client.start("fence_parked", key).execution_id
+                    for key in keys_on(client.map, 0, "fence_parked", "fused", 2))
+    claims, _ = store.claim(shard, owner="test", limit=10, lease_s=30)
+    assert {c.execution_id for c in claims} == {frozen, free}
+    commits = [TurnCommit(c.execution_id, c.lease_token, state=State.COMPLETED,
+                          output_json="1", task=TaskAction.DELETE) for c in claims]
+    first: list[Any] = []
+    with psycopg.connect(shard.url) as holder:
+        # The batch's DELETE, past its check of the shard, waits on this lock.
+        holder.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE",
+                       [max(frozen, free)])
+        committer = threading.Thread(target=lambda: first.append(
+            attempt(lambda: store.commit_turns(shard, commits, lease_s=30))))
+        committer.start()
+        wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
+                   what="the batch's DELETE waiting on a task row")
+        ownership("freeze", frozen)
+        holder.rollback()
+    committer.join(15)
+    assert len(first) == 1 and isinstance(first[0], StoreConflict), first
+    assert _history(client.map, frozen) == [] and _history(client.map, free) == []
+    assert _count(client.map, "tasks", "execution_id", frozen) == 1
+    retried = store.commit_turns(shard, commits, lease_s=30)
+    assert retried[free].landed and not retried[frozen].landed
+    assert [k for _, k, _ in _history(client.map, frozen)] == []
+    assert [k for _, k, _ in _history(client.map, free)] == ["run.completed"]

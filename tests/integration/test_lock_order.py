@@ -26,7 +26,7 @@ from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.pools import ShardPools
 
-from ..support import key_on, rows, wait_until
+from ..support import attempt, key_on, keys_on, rows, wait_until, waiting_on_a_lock
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -61,20 +61,6 @@ def _effect() -> str:
 
 def _parked(client: Client, run: uuid.UUID) -> bool:
     return client.get(run).state is State.WAITING
-
-
-def _attempt(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except Exception as exc:
-        return exc
-
-
-def _waiting_on_a_lock(url: str, holder_pid: int) -> bool:
-    found = rows(url, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                      "WHERE NOT l.granted AND a.datname = current_database() AND l.pid <> %s",
-                 holder_pid)
-    return int(found[0][0]) > 0
 
 
 def _deadlocks(url: str) -> int:
@@ -113,9 +99,9 @@ def test_a_batch_of_same_shard_sends_locks_its_targets_in_id_order(
         # The client's statement, its first lock taken before the batch's.
         holder.execute("SELECT 1 FROM shardq.executions WHERE id = %s FOR UPDATE", [low])
         committer = threading.Thread(target=lambda: outcome.append(
-            _attempt(lambda: store.commit_turns(shard, batch, lease_s=30))))
+            attempt(lambda: store.commit_turns(shard, batch, lease_s=30))))
         committer.start()
-        wait_until(lambda: _waiting_on_a_lock(shard.url, holder.info.backend_pid),
+        wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
                    what="the batch waiting on a target's lock")
         # The rest of the client's statement: were the batch holding T_high while
         # it waits for T_low, this would close a cycle one of the two loses.
@@ -163,7 +149,7 @@ def test_cancel_sees_a_lease_taken_while_it_waited_for_the_run(
 
         canceller = threading.Thread(target=cancel)
         canceller.start()
-        wait_until(lambda: _waiting_on_a_lock(shard.url, holder.info.backend_pid),
+        wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
                    what="cancel waiting for the run's lock")
         # What a sender that committed between cancel's two reads leaves: the
         # signal, its history event, and the run due again.
@@ -191,3 +177,52 @@ def test_cancel_sees_a_lease_taken_while_it_waited_for_the_run(
     kinds = [e.kind for e in client.history(run)]
     # The step's result is recorded before the run ends: it will never run again.
     assert kinds.index("step.completed") < kinds.index("run.cancelled"), kinds
+
+
+def test_a_batch_that_finishes_its_runs_deletes_their_task_rows_in_id_order(
+    client: Client, pools: ShardPools
+) -> None:
+    """A batch whose every commit ends its run is fenced by deleting its task rows
+    (shardq.finish_tasks). A sender holding T_low's task row and then asking for
+    T_high's must find T_high free: the batch waits for T_low before it touches
+    T_high, although T_high lies first in the heap, where a sequential or bitmap
+    scan of a small table would reach it first."""
+    shard = client.map.shards[0]
+    store = Store(pools)
+    low, high = sorted(client.start("lock_receiver", key).execution_id
+                       for key in keys_on(client.map, 0, "lock_receiver", "finish", 2))
+    claims, _ = store.claim(shard, owner="test", limit=10, lease_s=30)
+    assert sorted(c.execution_id for c in claims) == [low, high]
+    # A new version of T_low's row goes after T_high's in the heap, and the table
+    # is analyzed as autovacuum leaves a small one: planned freely, its DELETE
+    # would scan the heap (the statistics of a table just truncated hide that).
+    rows(shard.url, "UPDATE shardq.tasks SET claims = claims WHERE execution_id = %s "
+                    "RETURNING 1", low)
+    with psycopg.connect(shard.url, autocommit=True) as conn:
+        conn.execute("ANALYZE shardq.tasks")
+    assert [r[0] for r in rows(shard.url, "SELECT execution_id FROM shardq.tasks "
+                                          "WHERE execution_id = ANY(%s) ORDER BY ctid",
+                               [low, high])] == [high, low]
+    batch = [TurnCommit(c.execution_id, c.lease_token, state=State.COMPLETED, output_json="1",
+                        task=TaskAction.DELETE) for c in claims]
+    deadlocks_before = _deadlocks(shard.url)
+    outcome: list[Any] = []
+    with psycopg.connect(shard.url) as holder:
+        holder.execute("SET lock_timeout = '5s'")
+        holder.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE", [low])
+        committer = threading.Thread(target=lambda: outcome.append(
+            attempt(lambda: store.commit_turns(shard, batch, lease_s=30))))
+        committer.start()
+        wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
+                   what="the batch waiting on T_low's task row")
+        holder.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE", [high])
+        holder.commit()
+    committer.join(15)
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    assert {run: o.landed for run, o in outcome[0].items()} == {low: True, high: True}
+    for run in (low, high):
+        assert client.get(run).state is State.COMPLETED
+    assert rows(shard.url, "SELECT count(*) FROM shardq.tasks WHERE execution_id = ANY(%s)",
+                [low, high]) == [(0,)]
+    time.sleep(1.2)
+    assert _deadlocks(shard.url) == deadlocks_before

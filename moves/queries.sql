@@ -312,6 +312,15 @@ SET owned = owned & ~%(bits)s::bit(4096), writable = writable & ~%(bits)s::bit(4
     fence_target = CASE WHEN writable & ~%(bits)s::bit(4096) = owned & ~%(bits)s::bit(4096)
                         THEN NULL ELSE fence_target END
 
+-- name: table_rows
+-- The rows each table's statistics describe (-1: never analyzed).
+SELECT c.relname, c.reltuples
+FROM pg_class c
+WHERE c.relnamespace = 'shardq'::regnamespace AND c.relname = ANY(%(tables)s::text[])
+
+-- name: analyze_lock_timeout
+SET LOCAL lock_timeout = '1s'
+
 -- == C: cleanup, on the source ==
 
 -- name: mark_clean

@@ -308,6 +308,25 @@ def test_every_row_of_a_moved_run_moves_once_and_keeps_its_ids(deployment: Deplo
     assert fence_state(deployment.urls[0], outside[0]) is None
 
 
+def test_the_target_plans_by_the_rows_a_move_copied_into_it(deployment: Deployment) -> None:
+    """A move copies faster than autovacuum notices: the target's statistics would
+    describe tables a fraction of their size, and its claims plan as if they were (at
+    100,000 runs, seconds per claim). Tables the move grew by at least as many rows
+    as their statistics describe are analyzed after the batch."""
+    inside, _ = populate(deployment, moved=400, kept=1)
+
+    mover.move(deployment.seeds, *MOVED, "shard-1", options(max_batch_runs=1000))
+
+    with psycopg.connect(deployment.urls[1]) as conn:
+        described = dict(conn.execute(
+            "SELECT relname, reltuples FROM pg_class WHERE relnamespace = 'shardq'::regnamespace"
+            " AND relname IN ('history', 'executions')").fetchall())
+    # history: three rows of each moved run, 1,200 >= 1,000 rows; executions: 400, left
+    # to autovacuum (the 5 runs shard-1 had of its own are not counted by either).
+    assert described["history"] >= 3 * len(inside)
+    assert described["executions"] < len(inside)
+
+
 def test_a_keyed_resignal_after_the_move_collapses_on_the_target(deployment: Deployment) -> None:
     inside, _ = populate(deployment, moved=4, kept=1)
     with psycopg.connect(deployment.urls[0]) as conn:

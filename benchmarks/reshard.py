@@ -37,7 +37,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shardq.benchmarks.bench import Bench, Sizes
-from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
+from shardq.benchmarks.db import (
+    Autoanalyze,
+    BenchError,
+    Poller,
+    analyze_as_autovacuum,
+    query,
+)
 from shardq.benchmarks.measure import Progress, percentiles
 from shardq.benchmarks.parked import CHUNK, TENANT, parked_run
 from shardq.benchmarks.workflows import NAP_SECONDS
@@ -82,7 +88,7 @@ def reshard(b: Bench) -> dict[str, Any]:
     targets = [run for run, on_signal in parked if on_signal]
     feeder = Feeder(b, first, last)
     signaller = Signaller(b, targets)
-    with Poller(b.urls) as poller:
+    with Poller(b.urls) as poller, Autoanalyze(b.urls) as autoanalyze:
         feeder.start(poller)
         signaller.thread.start()
         time.sleep(1.0)  # the backlog filled and the fleet busy before the window opens
@@ -133,6 +139,7 @@ def reshard(b: Bench) -> dict[str, Any]:
         "client_errors": len(signaller.errors), "client_error_sample": signaller.errors[:3],
         "signalled_runs_completed": signalled,
         "drain_before": before, "drain_during": during, "drain_ratio": ratio,
+        "tables_analyzed": autoanalyze.analyzed,
         "worker_log_problems": problems,
     }
 

@@ -318,7 +318,7 @@ def test_the_target_plans_by_the_rows_a_move_copied_into_it(deployment: Deployme
     mover.move(deployment.seeds, *MOVED, "shard-1", options(max_batch_runs=1000))
 
     with psycopg.connect(deployment.urls[1]) as conn:
-        described = dict(conn.execute(
+        described: dict[str, float] = dict(conn.execute(
             "SELECT relname, reltuples FROM pg_class WHERE relnamespace = 'shardq'::regnamespace"
             " AND relname IN ('history', 'executions')").fetchall())
     # history: three rows of each moved run, 1,200 >= 1,000 rows; executions: 400, left

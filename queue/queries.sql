@@ -39,7 +39,11 @@ FROM inserted i LEFT JOIN notified ON true
 
 -- name: find_executions
 -- One unique-index probe per key (a plain `= ANY` may scan every run of the
--- workflow when the planner has no statistics yet).
+-- workflow when the planner has no statistics yet). A key's bucket is its run's
+-- (`probes`: an id minted for each key's bucket), and a lookup refuses a bucket
+-- this shard does not own, found or not (shardq.owns as a one-time filter): a
+-- reader whose map is older than a move follows it, instead of finding the
+-- copy the source keeps until its cleanup, or nothing once it is cleaned.
 SELECT x.id, x.workflow_id, shardq.run_state(x.id) AS state, false AS created
 FROM unnest(%(workflow_ids)s::text[]) AS i(workflow_id)
 CROSS JOIN LATERAL (
@@ -48,6 +52,7 @@ CROSS JOIN LATERAL (
       AND e.workflow_id = i.workflow_id
     OFFSET 0
 ) x
+WHERE (SELECT shardq.owns(%(probes)s::uuid[]))
 
 -- name: notify_wake
 SELECT pg_notify(shardq.wake_channel(), '')

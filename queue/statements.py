@@ -44,7 +44,7 @@ from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, S
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import refusal
 from shardq.shards.pools import connection_lost
-from shardq.shards.routing import BUCKETS
+from shardq.shards.routing import BUCKETS, bucket_for, new_execution_id
 from shardq.shards.sqlfile import load_queries
 
 R = TypeVar("R")
@@ -201,7 +201,9 @@ def start_executions(batch: StartBatch) -> Op[list[StartResult]]:
     if missing:
         # Already there, possibly committed by a concurrent start after the
         # statement's snapshot: a new statement sees it.
-        found = yield SQL["find_executions"], {**params, "workflow_ids": missing}
+        found = yield SQL["find_executions"], {
+            **params, "workflow_ids": missing,
+            "probes": [r.execution_id for r in runs if r.workflow_id not in rows]}
         rows.update({r["workflow_id"]: r for r in found})
     return [
         StartResult(row["id"], row["created"], _STATES[row["state"]])
@@ -249,8 +251,10 @@ def workflows_of(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, tuple[str, int]
 
 
 def find_run(*, tenant: str, workflow_name: str, workflow_id: str) -> Op[uuid.UUID | None]:
+    probe = new_execution_id(bucket_for(tenant, workflow_name, workflow_id))
     rows = yield SQL["find_executions"], {
-        "tenant": tenant, "workflow_name": workflow_name, "workflow_ids": [workflow_id]}
+        "tenant": tenant, "workflow_name": workflow_name, "workflow_ids": [workflow_id],
+        "probes": [probe]}
     return rows[0]["id"] if rows else None
 
 

@@ -290,7 +290,31 @@ READS: dict[str, Write] = {
         client.map.for_execution(run), run, "k"),
     "update outcome": lambda store, client, run: store.update_outcome(
         client.map.for_execution(run), run, 1),
+    "find by key": lambda store, client, run: store.find_run(
+        client.map.for_execution(run), tenant="default", workflow_name="fence_parked",
+        workflow_id=_workflow_id(client, run)),
 }
+
+
+def _workflow_id(client: Client, run: uuid.UUID) -> str:
+    return str(rows(client.map.for_execution(run).url,
+                    "SELECT workflow_id FROM shardq.executions WHERE id = %s", run)[0][0])
+
+
+def test_a_lookup_by_key_of_a_run_cleaned_up_after_it_moved_away_is_refused(
+    client: Client, pools: ShardPools, ownership: Any
+) -> None:
+    """Once the source's cleanup deleted a moved run, a reader with an older map finds
+    nothing there: it must be sent on to the owner, not told the key has no run."""
+    store = Store(pools)
+    run = _parked_run(client, "fence_parked", "lookup-cleaned")
+    key = _workflow_id(client, run)
+    shard = client.map.for_execution(run)
+    ownership("release", run)
+    rows(shard.url, "DELETE FROM shardq.executions WHERE id = %s RETURNING 1", run)
+    with pytest.raises(NotOwner) as caught:
+        store.find_run(shard, tenant="default", workflow_name="fence_parked", workflow_id=key)
+    assert caught.value.bucket == bucket_of(run)
 
 
 @pytest.mark.parametrize("read", list(READS))

@@ -21,7 +21,7 @@ from shardq.outbox.store import OutboxStore
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import StoreConflict
-from shardq.queue.models import ExternalRequest, State, TaskAction, TurnCommit
+from shardq.queue.models import Claim, ExternalRequest, State, TaskAction, TurnCommit
 from shardq.queue.params import (
     InterruptDecision,
     Lease,
@@ -206,15 +206,22 @@ def test_a_claim_skips_runs_of_frozen_buckets_and_does_not_count_them_due(
     assert _count(client.map, "tasks", "execution_id", frozen) == 1
 
 
+def _two_claimed(client: Client, store: Store, prefix: str
+                 ) -> tuple[uuid.UUID, uuid.UUID, list[Claim]]:
+    """Two runs of shard 0, the first to be frozen, both claimed: (frozen, free, claims)."""
+    frozen, free = (client.start("fence_parked", key).execution_id
+                    for key in keys_on(client.map, 0, "fence_parked", prefix, 2))
+    claims, _ = store.claim(client.map.shards[0], owner="test", limit=10, lease_s=30)
+    assert {c.execution_id for c in claims} == {frozen, free}
+    return frozen, free, claims
+
+
 def test_a_commit_of_a_run_frozen_after_its_claim_is_a_lost_lease(
     client: Client, pools: ShardPools, ownership: Any
 ) -> None:
     store = Store(pools)
     shard = client.map.shards[0]
-    frozen, free = (client.start("fence_parked", key).execution_id
-                    for key in keys_on(client.map, 0, "fence_parked", "commit", 2))
-    claims, _ = store.claim(shard, owner="test", limit=10, lease_s=30)
-    assert {c.execution_id for c in claims} == {frozen, free}
+    frozen, free, claims = _two_claimed(client, store, "commit")
     ownership("freeze", frozen)
     # The heartbeat tells the worker first: the frozen run's lease is not extended.
     leases = [Lease(c.execution_id, c.lease_token) for c in claims]
@@ -344,10 +351,7 @@ def test_a_batch_finishing_runs_frozen_while_it_deleted_their_tasks_lands_nothin
     worker retries, and the retry drops the frozen run's commit as a lost lease."""
     store = Store(pools)
     shard = client.map.shards[0]
-    frozen, free = (client.start("fence_parked", key).execution_id
-                    for key in keys_on(client.map, 0, "fence_parked", "fused", 2))
-    claims, _ = store.claim(shard, owner="test", limit=10, lease_s=30)
-    assert {c.execution_id for c in claims} == {frozen, free}
+    frozen, free, claims = _two_claimed(client, store, "fused")
     commits = [TurnCommit(c.execution_id, c.lease_token, state=State.COMPLETED,
                           output_json="1", task=TaskAction.DELETE) for c in claims]
     first: list[Any] = []

@@ -31,6 +31,7 @@ from shardq.queue.instruments import COMMIT_BATCH, COMMIT_SECONDS
 from shardq.queue.models import CommitOutcome, TurnCommit
 from shardq.queue.store import Store
 from shardq.shards.config import Shard
+from shardq.shards.errors import NotOwner
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +225,12 @@ class Completer:
     def _commit_retrying(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
         results: dict[uuid.UUID, CommitOutcome] = {}
         pending = commits
+        # A NotOwner (or Fenced) here is a same-shard send's target that a move froze
+        # or took between the commit's read of what this shard can write and the
+        # send's own fence: the batch stored nothing, and its retry reads the move
+        # and queues that send for the relay (commit_turns_v2, x_away).
         retrying = Retrying(
-            retry=retry_if_exception_type((ShardUnavailable, StoreConflict)),
+            retry=retry_if_exception_type((ShardUnavailable, StoreConflict, NotOwner)),
             stop=stop_after_delay(self._retry_for_s),
             wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.05),
             reraise=True,

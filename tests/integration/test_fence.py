@@ -19,6 +19,7 @@ import pytest
 
 from shardq.outbox.store import OutboxStore
 from shardq.queue.client import Client
+from shardq.queue.completer import Completer
 from shardq.queue.context import WorkflowContext
 from shardq.queue.errors import StoreConflict
 from shardq.queue.models import Claim, ExternalRequest, State, TaskAction, TurnCommit
@@ -264,6 +265,51 @@ def test_a_same_shard_send_to_a_run_that_moved_goes_through_the_outbox(
                       (2, moved, bucket_of(moved), '"c"', None)]
     assert _count(client.map, "signals", "execution_id", stay) == 1
     assert _count(client.map, "signals", "execution_id", moved) == 0
+
+
+def test_a_send_whose_target_is_frozen_during_the_commit_is_queued_on_the_retry(
+    client: Client, pools: ShardPools, ownership: Any
+) -> None:
+    """The commit reads which buckets it can write, then delivers its same-shard
+    sends, each fenced again. A freeze that commits in between refuses the delivery
+    (Fenced) and with it the batch, which stored nothing; the completer retries it,
+    and the retry, reading the freeze, queues the send for the relay."""
+    store = Store(pools)
+    shard = client.map.shards[0]
+    target = _parked_run(client, "fence_parked", "frozen-mid-commit")
+    sender = client.start("fence_parked", key_on(client.map, 0, "fence_parked", "mid")
+                          ).execution_id
+    (claim,), _ = store.claim(shard, owner="test", limit=10, lease_s=30)
+    # The sender's open wait, which its commit closes after reading the ownership row.
+    rows(shard.url, "INSERT INTO shardq.waits (execution_id, position, kind, name) "
+                    "VALUES (%s, 0, 'signal', 'go') RETURNING 1", sender)
+    commit = TurnCommit(claim.execution_id, claim.lease_token, state=State.COMPLETED,
+                        output_json="1", task=TaskAction.DELETE, close_wait=True,
+                        externals=[ExternalRequest(1, target, "go", '"x"', "k-x")])
+    completer = Completer(store, shard, lease_s=30).start()
+    outcome: list[Any] = []
+    try:
+        with psycopg.connect(shard.url) as holder:
+            holder.execute("SELECT 1 FROM shardq.waits WHERE execution_id = %s FOR UPDATE",
+                           [sender])
+            committer = threading.Thread(target=lambda: outcome.append(
+                attempt(lambda: completer.submit(commit))))
+            committer.start()
+            wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
+                       what="the commit waiting to close the sender's wait")
+            ownership("freeze", target)
+            holder.rollback()
+        committer.join(15)
+    finally:
+        completer.close()
+    assert len(outcome) == 1 and not isinstance(outcome[0], BaseException), outcome
+    assert outcome[0].landed
+    assert [o.get("queued") for o in outcome[0].externals or ()] == [True]
+    assert [(k, n) for _, k, n in _history(client.map, sender)] == [
+        ("external.queued", "go"), ("run.completed", "run")]
+    assert rows(shard.url, "SELECT target_execution_id, idempotency_key FROM shardq.outbox"
+                ) == [(target, "k-x")]
+    assert _count(client.map, "signals", "execution_id", target) == 0
 
 
 def test_the_relay_does_not_claim_rows_of_a_frozen_sender(

@@ -51,6 +51,10 @@ def query(url: str, name: str, params: dict[str, Any] | None = None) -> list[Row
         return cur.fetchall() if cur.description else []
 
 
+QUEUE_TABLES = ("executions", "tasks", "waits", "history")
+"""The tables a drain fills: what analyze_as_autovacuum looks at."""
+
+
 def analyze_as_autovacuum(url: str, changed_rows: float) -> list[str]:
     """ANALYZE the queue tables autovacuum would analyze after `changed_rows` new rows.
 
@@ -60,23 +64,34 @@ def analyze_as_autovacuum(url: str, changed_rows: float) -> list[str]:
     drain for work autovacuum would not do. Returns the tables analyzed.
     """
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        stale = [r["name"] for r in conn.execute(SQL["analyze_rules"])
-                 if changed_rows > r["threshold"] + r["scale"] * r["reltuples"]]
-        if stale:
-            conn.execute(sql.SQL("ANALYZE {}").format(
-                sql.SQL(", ").join(sql.Identifier("shardq", name) for name in stale)
-            ))
+        return _analyze_stale(conn, QUEUE_TABLES, changed_rows)
+
+
+def _analyze_stale(conn: psycopg.Connection[Row], tables: Sequence[str],
+                   changed_rows: float | None) -> list[str]:
+    """ANALYZE those of `tables` past autovacuum's trigger, by `changed_rows` each or
+    (None) by the rows PostgreSQL counted as changed since their last ANALYZE."""
+    stale = [r["name"] for r in conn.execute(SQL["analyze_rules"], {"tables": list(tables)})
+             if (r["changed"] if changed_rows is None else changed_rows)
+             > r["threshold"] + r["scale"] * r["reltuples"]]
+    if stale:
+        conn.execute(sql.SQL("ANALYZE {}").format(
+            sql.SQL(", ").join(sql.Identifier("shardq", name) for name in stale)
+        ))
     return stale
 
 
 class Autoanalyze:
     """ANALYZE, every `interval_s` while it runs, the queue tables autovacuum's
-    trigger would pick (see `analyze_due`): a long scenario's stand-in for the
-    autovacuum a live deployment runs, which CI's server has turned off.
+    trigger would pick by the rows changed since their last ANALYZE: a long
+    scenario's stand-in for the autovacuum a live deployment runs, which CI's
+    server has turned off.
 
     Without it the statistics are those of the tables as a scenario found them
     (just truncated), and a shard filled meanwhile plans as if it were empty.
     """
+
+    TABLES = (*QUEUE_TABLES, "signals", "outbox")
 
     def __init__(self, urls: Sequence[str], interval_s: float = 2.0) -> None:
         self.urls = list(urls)
@@ -90,11 +105,7 @@ class Autoanalyze:
         while not self._stop.wait(self.interval_s):
             for url in self.urls:
                 with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-                    due = [r["name"] for r in conn.execute(SQL["analyze_due"])]
-                    if due:
-                        conn.execute(sql.SQL("ANALYZE {}").format(sql.SQL(", ").join(
-                            sql.Identifier("shardq", name) for name in due)))
-                        self.analyzed += len(due)
+                    self.analyzed += len(_analyze_stale(conn, self.TABLES, None))
 
     def __enter__(self) -> Autoanalyze:
         self._thread.start()

@@ -90,8 +90,10 @@ VACUUM (ANALYZE) shardq.executions, shardq.tasks, shardq.waits, shardq.history
 VACUUM shardq.executions, shardq.tasks, shardq.waits, shardq.history
 
 -- name: analyze_rules
--- What autovacuum's analyze trigger compares a table's changed rows against.
+-- What autovacuum's analyze trigger compares a table's changed rows against,
+-- and the rows changed since the table's last ANALYZE.
 SELECT c.relname AS name, greatest(c.reltuples, 0)::float8 AS reltuples,
+       coalesce(s.n_mod_since_analyze, 0)::float8 AS changed,
        coalesce((SELECT o.option_value FROM pg_options_to_table(c.reloptions) AS o
                  WHERE o.option_name = 'autovacuum_analyze_scale_factor')::float8,
                 current_setting('autovacuum_analyze_scale_factor')::float8) AS scale,
@@ -99,25 +101,8 @@ SELECT c.relname AS name, greatest(c.reltuples, 0)::float8 AS reltuples,
                  WHERE o.option_name = 'autovacuum_analyze_threshold')::float8,
                 current_setting('autovacuum_analyze_threshold')::float8) AS threshold
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = 'shardq' AND c.relname IN ('executions', 'tasks', 'waits', 'history')
-
--- name: analyze_due
--- The queue tables autovacuum's analyze trigger would pick now: more rows
--- changed since their last ANALYZE than threshold + scale factor x rows.
-SELECT c.relname AS name
-FROM pg_class c
-JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE s.schemaname = 'shardq'
-  AND c.relname IN ('executions', 'tasks', 'waits', 'history', 'signals', 'outbox')
-  AND s.n_mod_since_analyze > coalesce(
-          (SELECT o.option_value FROM pg_options_to_table(c.reloptions) AS o
-           WHERE o.option_name = 'autovacuum_analyze_threshold')::float8,
-          current_setting('autovacuum_analyze_threshold')::float8)
-      + coalesce(
-          (SELECT o.option_value FROM pg_options_to_table(c.reloptions) AS o
-           WHERE o.option_name = 'autovacuum_analyze_scale_factor')::float8,
-          current_setting('autovacuum_analyze_scale_factor')::float8)
-        * greatest(c.reltuples, 0)
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE n.nspname = 'shardq' AND c.relname = ANY(%(tables)s::text[])
 
 -- name: checkpoint
 CHECKPOINT

@@ -60,12 +60,20 @@ def rows(url: str, query: str, *params: object) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query, params).fetchall()
 
-def attempt(call: Callable[[], T]) -> T | Exception:
-    """What `call` returned, or the exception it raised (for a thread's outcome)."""
-    try:
-        return call()
-    except Exception as exc:
-        return exc
+def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[Any]]:
+    """`call` on a thread of its own, started; the list receives what it returned or
+    the exception it raised (join the thread before reading it)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
 
 
 def waiting_on_a_lock(url: str, holder_pid: int) -> bool:

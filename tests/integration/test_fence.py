@@ -9,7 +9,6 @@ refusal, with the map version or the move) and that nothing was stored.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,7 +37,7 @@ from shardq.shards.errors import Fenced, NotOwner
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of, new_execution_id
 
-from ..support import attempt, key_on, keys_on, rows, wait_until, waiting_on_a_lock
+from ..support import in_thread, key_on, keys_on, rows, wait_until, waiting_on_a_lock
 
 registry = Registry()
 
@@ -287,14 +286,11 @@ def test_a_send_whose_target_is_frozen_during_the_commit_is_queued_on_the_retry(
                         output_json="1", task=TaskAction.DELETE, close_wait=True,
                         externals=[ExternalRequest(1, target, "go", '"x"', "k-x")])
     completer = Completer(store, shard, lease_s=30).start()
-    outcome: list[Any] = []
     try:
         with psycopg.connect(shard.url) as holder:
             holder.execute("SELECT 1 FROM shardq.waits WHERE execution_id = %s FOR UPDATE",
                            [sender])
-            committer = threading.Thread(target=lambda: outcome.append(
-                attempt(lambda: completer.submit(commit))))
-            committer.start()
+            committer, outcome = in_thread(lambda: completer.submit(commit))
             wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
                        what="the commit waiting to close the sender's wait")
             ownership("freeze", target)
@@ -400,14 +396,11 @@ def test_a_batch_finishing_runs_frozen_while_it_deleted_their_tasks_lands_nothin
     frozen, free, claims = _two_claimed(client, store, "fused")
     commits = [TurnCommit(c.execution_id, c.lease_token, state=State.COMPLETED,
                           output_json="1", task=TaskAction.DELETE) for c in claims]
-    first: list[Any] = []
     with psycopg.connect(shard.url) as holder:
         # The batch's DELETE, past its check of the shard, waits on this lock.
         holder.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE",
                        [max(frozen, free)])
-        committer = threading.Thread(target=lambda: first.append(
-            attempt(lambda: store.commit_turns(shard, commits, lease_s=30))))
-        committer.start()
+        committer, first = in_thread(lambda: store.commit_turns(shard, commits, lease_s=30))
         wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
                    what="the batch's DELETE waiting on a task row")
         ownership("freeze", frozen)

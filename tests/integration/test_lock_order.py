@@ -26,7 +26,7 @@ from shardq.queue.store import Store
 from shardq.queue.worker import Worker
 from shardq.shards.pools import ShardPools
 
-from ..support import attempt, key_on, keys_on, rows, wait_until, waiting_on_a_lock
+from ..support import in_thread, key_on, keys_on, rows, wait_until, waiting_on_a_lock
 
 StartWorker = Callable[..., Worker]
 registry = Registry()
@@ -94,13 +94,10 @@ def test_a_batch_of_same_shard_sends_locks_its_targets_in_id_order(
         for claim, target in zip(claims, (high, low), strict=True)
     ]
     deadlocks_before = _deadlocks(shard.url)
-    outcome: list[Any] = []
     with psycopg.connect(shard.url) as holder:
         # The client's statement, its first lock taken before the batch's.
         holder.execute("SELECT 1 FROM shardq.executions WHERE id = %s FOR UPDATE", [low])
-        committer = threading.Thread(target=lambda: outcome.append(
-            attempt(lambda: store.commit_turns(shard, batch, lease_s=30))))
-        committer.start()
+        committer, outcome = in_thread(lambda: store.commit_turns(shard, batch, lease_s=30))
         wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
                    what="the batch waiting on a target's lock")
         # The rest of the client's statement: were the batch holding T_high while
@@ -206,13 +203,10 @@ def test_a_batch_that_finishes_its_runs_deletes_their_task_rows_in_id_order(
     batch = [TurnCommit(c.execution_id, c.lease_token, state=State.COMPLETED, output_json="1",
                         task=TaskAction.DELETE) for c in claims]
     deadlocks_before = _deadlocks(shard.url)
-    outcome: list[Any] = []
     with psycopg.connect(shard.url) as holder:
         holder.execute("SET lock_timeout = '5s'")
         holder.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE", [low])
-        committer = threading.Thread(target=lambda: outcome.append(
-            attempt(lambda: store.commit_turns(shard, batch, lease_s=30))))
-        committer.start()
+        committer, outcome = in_thread(lambda: store.commit_turns(shard, batch, lease_s=30))
         wait_until(lambda: waiting_on_a_lock(shard.url, holder.info.backend_pid),
                    what="the batch waiting on T_low's task row")
         holder.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE", [high])

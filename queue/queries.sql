@@ -105,7 +105,9 @@ FROM shardq.commit_turns_v2(
     string_to_array(%(s_positions)s, ',')::integer[],
     string_to_array(%(p_ids)s, ',')::uuid[],
     string_to_array(%(p_names)s, ','),
-    %(rare)s::jsonb
+    %(rare)s::jsonb,
+    ARRAY(SELECT nullif(v, 'null') FROM jsonb_array_elements(%(c_steps)s::jsonb)
+          WITH ORDINALITY AS t(v, i) ORDER BY i)
 )
 
 -- name: landed_commits
@@ -179,8 +181,10 @@ LEFT JOIN shardq.tasks t ON t.execution_id = x.id
 WHERE x.id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 
 -- name: read_history
+-- One row per event: shardq.events unfolds a finished run's last step from
+-- its outcome row (schema/0017).
 SELECT seq, position, kind, name, payload, recorded_at
-FROM shardq.history
+FROM shardq.events
 WHERE execution_id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 ORDER BY seq
 

@@ -36,8 +36,10 @@ from shardq.queue.models import (
     BufferedSignal,
     Claim,
     CommitOutcome,
+    Event,
     Execution,
     HistoryEvent,
+    NewEvent,
     PendingInterrupt,
     PendingSignal,
     ShardHealth,
@@ -406,7 +408,11 @@ def _commit_turns(
     ids = {c.execution_id for c in commits}
     if len(ids) != len(commits):
         raise ValueError("commit_turns takes at most one commit per execution")
-    events = [(c.execution_id, e) for c in commits for e in c.events]
+    # A commit that ends its run stores its turn's last step inside the
+    # outcome event: one history row fewer per finished run (schema/0017).
+    folded = {c.execution_id: c.events[-1] for c in commits if _folds(c)}
+    events = [(c.execution_id, e) for c in commits
+              for e in (c.events[:-1] if c.execution_id in folded else c.events)]
     waits = [(c.execution_id, c.open_wait) for c in commits if c.open_wait is not None]
     consumed = [s for c in commits for s in c.consumed_signals]
     parking = [(c.execution_id, name) for c in commits for name in c.wake_on_signals]
@@ -456,6 +462,7 @@ def _commit_turns(
         "p_ids": ",".join([run.hex for run, _ in parking]),
         "p_names": _names([name for _, name in parking]),
         "rare": json.dumps(rare) if rare else None,
+        "c_steps": json.dumps([_folded(folded.get(c.execution_id)) for c in commits]),
     }
     with conn.cursor(row_factory=tuple_row) as cur:
         # (position in the batch from 1, cancel requested, signals' outcomes) of each
@@ -464,6 +471,22 @@ def _commit_turns(
             ord_: (cancel, sent) for ord_, cancel, sent in cur.execute(SQL["commit_turns"], params)
         }
     return {c.execution_id: _outcome(landed.get(i)) for i, c in enumerate(commits, 1)}
+
+
+def _folds(c: TurnCommit) -> bool:
+    """Whether `c` ends its run in the turn of its last event, a step's result.
+
+    Any state that writes an outcome folds: a cancellation asked meanwhile turns
+    a completing commit into `run.cancelled`, which then carries the step.
+    """
+    if c.state is None or not c.state.terminal or not c.events:
+        return False
+    last = c.events[-1]
+    return last.kind == Event.STEP_COMPLETED and last.wake_in is None and last.position is not None
+
+
+def _folded(event: NewEvent | None) -> list[Any] | None:
+    return None if event is None else [event.position, event.name, event.payload]
 
 
 def _names(names: list[str]) -> str:

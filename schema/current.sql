@@ -1,5 +1,5 @@
 -- The schema every shard has once `shardq migrate` ran: tables, constraints,
--- indexes and function signatures, printed from the catalogs of a shard
+-- indexes, views' columns and function signatures, printed from the catalogs of a shard
 -- migrated from scratch. Generated, never edited: tests/migration/test_migrations.py
 -- fails when the migrations and this picture disagree, and rewrites it with
 --   SHARDQ_WRITE_SCHEMA=1 bash bin/test.sh tests/migration/test_migrations.py -k current
@@ -208,13 +208,15 @@ CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
 CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution_id) WHERE (kind = 'interrupt'::text);
 
+-- VIEW shardq.events (execution_id uuid, seq bigint, position integer, kind text, name text, payload jsonb, recorded_at timestamp with time zone)
+
 -- FUNCTION shardq.bucket(id uuid)
 --   RETURNS integer
 --   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
 --   LANGUAGE plpgsql VOLATILE
--- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb)
+-- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb, c_steps jsonb[])
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.decide_interrupt(p_tenant text, p_id uuid, p_name text, p_position integer, p_action text, p_payload jsonb, p_decision_id text, p_actor text)

@@ -639,7 +639,7 @@ def completions(urls: Sequence[str], exclude_prefix: str) -> tuple[int, int]:
                 "SELECT count(*) FILTER (WHERE x.workflow_name <> 'onboarding'), "
                 "count(*) FILTER (WHERE x.workflow_name = 'onboarding' "
                 "AND x.workflow_id NOT LIKE %s) "
-                "FROM shardq.history h JOIN shardq.executions x ON x.id = h.execution_id "
+                "FROM shardq.events h JOIN shardq.executions x ON x.id = h.execution_id "
                 "WHERE h.kind = 'run.completed'", [exclude_prefix + "%"]).fetchone()
         assert row is not None
         jobs += int(row[0])
@@ -648,12 +648,12 @@ def completions(urls: Sequence[str], exclude_prefix: str) -> tuple[int, int]:
 
 
 def completed_on(url: str) -> int:
-    return int(scalar(url, "SELECT count(*) FROM shardq.history WHERE kind = 'run.completed'"))
+    return int(scalar(url, "SELECT count(*) FROM shardq.events WHERE kind = 'run.completed'"))
 
 
 def unfinished(urls: Sequence[str]) -> int:
     return sum(int(scalar(url, "SELECT count(*) FROM shardq.executions x WHERE NOT EXISTS ("
-                               "SELECT FROM shardq.history h WHERE h.execution_id = x.id "
+                               "SELECT FROM shardq.events h WHERE h.execution_id = x.id "
                                "AND h.kind LIKE 'run.%%')"))
                for url in urls)
 
@@ -714,11 +714,11 @@ class Ledger:
             with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
                 for row in conn.execute("""
                         SELECT x.workflow_name, x.workflow_id, x.id,
-                               (SELECT array_agg(h.kind ORDER BY h.seq) FROM shardq.history h
+                               (SELECT array_agg(h.kind ORDER BY h.seq) FROM shardq.events h
                                 WHERE h.execution_id = x.id AND h.kind LIKE 'run.%%'),
-                               (SELECT h.payload FROM shardq.history h
+                               (SELECT h.payload FROM shardq.events h
                                 WHERE h.execution_id = x.id AND h.kind = 'run.completed'),
-                               (SELECT array_agg(h.position ORDER BY h.seq) FROM shardq.history h
+                               (SELECT array_agg(h.position ORDER BY h.seq) FROM shardq.events h
                                 WHERE h.execution_id = x.id AND h.kind = 'step.completed'),
                                (SELECT count(*) FROM shardq.signals s WHERE s.execution_id = x.id),
                                (SELECT count(*) FROM shardq.signals s WHERE s.execution_id = x.id
@@ -727,7 +727,7 @@ class Ledger:
                     runs[row[0]].append(row[1:])
                 dup = conn.execute("SELECT count(*), (array_agg(kinds))[1:3] FROM ("
                                    "SELECT execution_id, position, kind AS kinds "
-                                   "FROM shardq.history WHERE position IS NOT NULL "
+                                   "FROM shardq.events WHERE position IS NOT NULL "
                                    "GROUP BY 1, 2, 3 HAVING count(*) > 1) d").fetchone()
                 if dup and dup[0]:
                     self.problems.append(f"{url}: {dup[0]} calls recorded twice at one position "

@@ -1,7 +1,9 @@
 """A shard's schema as text, from the catalogs: what schema/current.sql shows a reader.
 
 Tables with their columns, defaults and storage options, constraints, indexes,
-and function signatures (their bodies are schema/functions/*.sql). Ordered by
+views' columns (their queries are in the migrations, printed differently by
+each PostgreSQL version) and function signatures (their bodies are
+schema/functions/*.sql). Ordered by
 name, so two shards that reached the same schema by different paths (migrated
 from scratch, or upgraded release by release) print the same text.
 """
@@ -12,7 +14,7 @@ import psycopg
 
 HEADER = """\
 -- The schema every shard has once `shardq migrate` ran: tables, constraints,
--- indexes and function signatures, printed from the catalogs of a shard
+-- indexes, views' columns and function signatures, printed from the catalogs of a shard
 -- migrated from scratch. Generated, never edited: tests/migration/test_migrations.py
 -- fails when the migrations and this picture disagree, and rewrites it with
 --   SHARDQ_WRITE_SCHEMA=1 bash bin/test.sh tests/migration/test_migrations.py -k current
@@ -28,6 +30,14 @@ JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
 LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
 WHERE n.nspname = 'shardq' AND c.relkind = 'r'
+ORDER BY c.relname, a.attnum
+"""
+_VIEW_COLUMNS = """
+SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
+WHERE n.nspname = 'shardq' AND c.relkind = 'v'
 ORDER BY c.relname, a.attnum
 """
 _TABLE_OPTIONS = """
@@ -68,6 +78,7 @@ def describe(url: str) -> str:
         constraints = conn.execute(_CONSTRAINTS).fetchall()
         indexes = conn.execute(_INDEXES).fetchall()
         functions = conn.execute(_FUNCTIONS).fetchall()
+        view_columns = conn.execute(_VIEW_COLUMNS).fetchall()
     out = [HEADER]
     tables: dict[str, list[str]] = {}
     for table, name, kind, not_null, default, identity in columns:
@@ -91,6 +102,11 @@ def describe(url: str) -> str:
     )
     out.append("")
     out.extend(f"{definition};" for (definition,) in indexes)
+    out.append("")
+    views: dict[str, list[str]] = {}
+    for view, name, kind in view_columns:
+        views.setdefault(view, []).append(f"{name} {kind}")
+    out.extend(f"-- VIEW shardq.{view} ({', '.join(views[view])})" for view in sorted(views))
     out.append("")
     for name, arguments, result, language, volatility, config in functions:
         settings = f" SET {config}" if config else ""

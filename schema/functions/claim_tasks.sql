@@ -67,7 +67,9 @@ BEGIN
         -- A run's first task row, claimed for the first time, has nothing to
         -- replay (only lease holders write the events replay reads): skip the
         -- history probe. Task rows inserted later (a woken run) start at 1.
-        -- No history, no pending signals: NULL.
+        -- No history, no pending signals: NULL. The table, not shardq.events:
+        -- only an outcome event holds a folded step (schema/0017), and a run
+        -- with an outcome has no task row left to claim.
         CASE WHEN l.claims = 1 THEN NULL ELSE
             (SELECT json_agg(json_build_array(h.seq, h.position, h.kind, h.name, h.payload)
                              ORDER BY h.seq)

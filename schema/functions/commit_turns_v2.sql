@@ -20,6 +20,9 @@
 --   w_*: the waits opened: run, position, kind, name, deadline_in, request
 --   s_*: the signals consumed: signal id, position
 --   p_*: run, signal name: a row per name a parking run waits on
+--   c_steps: a commit each: null, or the [position, name, payload] of the
+--        step.completed event that ends its turn when the commit ends its run,
+--        stored inside the outcome event (schema/0017) instead of in e_*
 --   rare: null, or a document of the rare writes, signals to other runs:
 --     x: [sender_id, position, target_id, signal_name, payload, key, max_pending,
 --         max_pending_total]: a signal to a run of this shard (ctx.signal_external)
@@ -58,7 +61,8 @@ CREATE OR REPLACE FUNCTION shardq.commit_turns_v2(
     w_deadline_ins float8[], w_requests jsonb[],
     s_ids bigint[], s_positions integer[],
     p_ids uuid[], p_names text[],
-    rare jsonb
+    rare jsonb,
+    c_steps jsonb[]
 )
 RETURNS TABLE (commit_ord integer, cancel_requested boolean, externals jsonb)
 LANGUAGE plpgsql VOLATILE
@@ -235,14 +239,22 @@ BEGIN
     END IF;
 
     -- A finished run's last event says how it ended and carries its output or
-    -- error: the only write of its outcome.
+    -- error: the only write of its outcome. It also carries the step its turn
+    -- ended with (c_steps), whose seq is drawn here, in the SELECT, before the
+    -- row's own (the identity default, filled in once the SELECT built the
+    -- row), so the step sorts before its outcome (tests/integration/
+    -- test_history_fold.py holds the order).
     IF c_states && ARRAY['completed', 'failed', 'cancelled', 'timed_out'] THEN
         INSERT INTO shardq.history (execution_id, position, kind, name, payload)
         SELECT c.id, NULL, 'run.' || c.state, 'run',
                CASE WHEN c.state = 'completed' THEN jsonb_build_object('output', c.output)
                     WHEN c.error IS NOT NULL THEN jsonb_build_object('error', c.error)
                     ELSE '{}'::jsonb END
-        FROM unnest(c_ids, c_states, c_outputs, c_errors) AS c(id, state, output, error)
+               || CASE WHEN c.step IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('step', jsonb_build_array(
+                           nextval('shardq.history_seq_seq'::regclass)) || c.step) END
+        FROM unnest(c_ids, c_states, c_outputs, c_errors, c_steps)
+             AS c(id, state, output, error, step)
         WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
           AND (all_fenced OR c.id = ANY(fenced));
     END IF;

@@ -363,10 +363,10 @@ def test_a_read_only_shard_is_reported_plainly_and_recovers(rig: Rig) -> None:
             # A transaction begun before the switch may still commit; none begun after it.
             time.sleep(1)
             history_before = int(scalar(rig.local[FAULTY],
-                                        "SELECT count(*) FROM shardq.history"))
+                                        "SELECT count(*) FROM shardq.events"))
             time.sleep(9)
             history_during = int(scalar(rig.local[FAULTY],
-                                         "SELECT count(*) FROM shardq.history"))
+                                         "SELECT count(*) FROM shardq.events"))
         finally:
             rig.server.read_only(False)
         if history_during != history_before:

@@ -106,7 +106,7 @@ def test_hostile_requests_get_a_4xx_page_and_store_nothing(
     assert (signed_out.status_code, signed_out.json()) == (401, {"error": "sign in first"})
     after = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in TABLES}
     # A refused decision attempt is audited (interrupt.refused): the only row it may add.
-    refused = all_rows(shard_map, "SELECT count(*) FROM shardq.history "
+    refused = all_rows(shard_map, "SELECT count(*) FROM shardq.events "
                                   "WHERE kind = 'interrupt.refused'")[0][0]
     assert after["history"][0][0] - before["history"][0][0] == refused
     assert {t: v for t, v in after.items() if t != "history"} == {

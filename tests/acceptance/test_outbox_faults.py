@@ -315,7 +315,7 @@ def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
                                 for n in keys_on(client.map, 0, "spray", "m", 6)])
     wait_until(lambda: outbox_left(shards) == 24, timeout=30, what="24 rows queued")
     worker.stop()
-    before = {s.name: rows(s.url, "SELECT count(*) FROM shardq.history")[0][0]
+    before = {s.name: rows(s.url, "SELECT count(*) FROM shardq.events")[0][0]
               for s in shards.shards}
     wrong = urls(shards)[:2]
     allow_connections(urls(shards), allowed=False)
@@ -337,5 +337,5 @@ def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
     assert outbox_left(shards) == 24
     assert rows(shards.shards[0].url, "SELECT count(*) FROM shardq.outbox WHERE attempts > 0 "
                                       "OR state <> 'pending'") == [(0,)]
-    assert {s.name: rows(s.url, "SELECT count(*) FROM shardq.history")[0][0]
+    assert {s.name: rows(s.url, "SELECT count(*) FROM shardq.events")[0][0]
             for s in shards.shards} == before

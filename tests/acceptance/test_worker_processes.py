@@ -3,7 +3,7 @@
 Every test runs workers the way they are deployed, as separate processes
 (`python -m shardq.bin.cli worker ...`), really signals them (SIGKILL, SIGSTOP,
 SIGCONT, SIGTERM), drives runs through the Python API and checks what a user
-observes: run states and outputs, the rows in each shard's `shardq.history`,
+observes: run states and outputs, the rows in each shard's `shardq.events`,
 `shardq.tasks` and `shardq.executions`, exit codes, the side-effect trace the
 `slow_steps` example workflow writes, and the workers' logs.
 """
@@ -135,7 +135,7 @@ def scalar(url: str, statement: str, *params: Any) -> Any:
 def history(shard_map: ShardMap, execution_id: uuid.UUID) -> History:
     """(position, kind, name) of every history row of the run, in commit order."""
     url = shard_map.for_execution(execution_id).url
-    found = query(url, "SELECT position, kind, name FROM shardq.history "
+    found = query(url, "SELECT position, kind, name FROM shardq.events "
                        "WHERE execution_id = %s ORDER BY seq", execution_id)
     return [(r[0], r[1], r[2]) for r in found]
 
@@ -302,15 +302,15 @@ def test_two_workers_racing_over_1000_runs_complete_each_exactly_once(
     executions: list[tuple[Any, ...]] = []
     for url in urls_of(shard_map):
         duplicates = query(url, """
-            SELECT execution_id, position, count(*) FROM shardq.history
+            SELECT execution_id, position, count(*) FROM shardq.events
             WHERE kind = 'step.completed'
             GROUP BY execution_id, position HAVING count(*) > 1""")
         assert duplicates == []
         executions += query(url, """
             SELECT x.workflow_id, shardq.run_state(x.id),
-                   (SELECT count(*) FROM shardq.history o
+                   (SELECT count(*) FROM shardq.events o
                     WHERE o.execution_id = x.id AND o.kind LIKE 'run.%%'),
-                   (SELECT array_agg(h.position ORDER BY h.seq) FROM shardq.history h
+                   (SELECT array_agg(h.position ORDER BY h.seq) FROM shardq.events h
                     WHERE h.execution_id = x.id AND h.kind = 'step.completed')
             FROM shardq.executions x""")
         assert scalar(url, "SELECT count(*) FROM shardq.tasks") == 0
@@ -645,6 +645,6 @@ def test_a_fan_out_killed_mid_way_signals_every_target_once(
     assert query(url, "SELECT execution_id, count(*) FROM shardq.signals "
                       "GROUP BY 1 HAVING count(*) <> 1") == []
     recorded = {(p["target"], int(p["signal_id"])) for (p,) in query(
-        url, "SELECT payload FROM shardq.history WHERE kind = 'external.sent'")}
+        url, "SELECT payload FROM shardq.events WHERE kind = 'external.sent'")}
     stored = {(str(t), i) for t, i in query(url, "SELECT execution_id, id FROM shardq.signals")}
     assert recorded == stored and len(stored) == len(targets)

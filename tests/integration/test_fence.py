@@ -80,7 +80,7 @@ def ownership(shard_map: ShardMap) -> Iterator[Callable[[str, uuid.UUID], None]]
 
 def _history(shard_map: ShardMap, run: uuid.UUID) -> list[tuple[Any, ...]]:
     url = shard_map.for_execution(run).url
-    return rows(url, "SELECT seq, kind, name FROM shardq.history WHERE execution_id = %s "
+    return rows(url, "SELECT seq, kind, name FROM shardq.events WHERE execution_id = %s "
                      "ORDER BY position NULLS LAST, seq", run)
 
 

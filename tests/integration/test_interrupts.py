@@ -139,7 +139,7 @@ def test_concurrent_decisions_one_wins(client: Client, start_worker: StartWorker
     assert sorted(raced) == ["accepted", "decided"]
     winner = "approve" if raced[0] == "accepted" else "reject"
     assert client.wait(different, timeout=10).output["action"] == winner
-    assert all_rows(client.map, "SELECT count(*) FROM shardq.history WHERE execution_id = %s "
+    assert all_rows(client.map, "SELECT count(*) FROM shardq.events WHERE execution_id = %s "
                                 "AND kind = 'interrupt.decided'", same) in ([(1,), (0,)],
                                                                             [(0,), (1,)])
 

@@ -172,7 +172,7 @@ def test_a_signal_racing_completion_lands_before_it_or_is_refused(
     assert refused and all("is completed: it takes no more signals" in r for r in refused)
     # Every stored signal was recorded before its run's outcome, never after it.
     after = all_rows(client.map, """
-        SELECT count(*) FROM shardq.history r JOIN shardq.history o
+        SELECT count(*) FROM shardq.events r JOIN shardq.events o
           ON o.execution_id = r.execution_id AND o.kind = 'run.completed'
         WHERE r.kind = 'signal.received' AND r.seq > o.seq""")
     assert after == [(0,), (0,)]

@@ -271,7 +271,7 @@ CANCELLED: list[tuple[str, Held, str]] = [
                                                   for i in range(50)]),
      "SELECT count(*) FROM shardq.signals"),
     ("cancel", lambda c, run: c.cancel(run, actor="ops"),
-     "SELECT count(*) FROM shardq.history WHERE kind = 'run.cancelled'"),
+     "SELECT count(*) FROM shardq.events WHERE kind = 'run.cancelled'"),
     ("signal_with_start", lambda c, run: c.signal_with_start("park", "held", None, "go", 1),
      "SELECT count(*) FROM shardq.signals"),
 ]
@@ -286,7 +286,7 @@ def test_a_cancelled_call_leaves_nothing_half_written_and_no_connection_lent(
             target = (await aclient.start("park", "held")).execution_id
             shard = aclient.map.for_execution(target)
             before = all_rows(shard_map, stored)
-            history = all_rows(shard_map, "SELECT count(*) FROM shardq.history")
+            history = all_rows(shard_map, "SELECT count(*) FROM shardq.events")
             with psycopg.connect(shard.url) as holder:
                 # The run's row, locked by another transaction: the call's statement waits.
                 holder.execute("SELECT 1 FROM shardq.executions WHERE id = %s FOR UPDATE",
@@ -305,7 +305,7 @@ def test_a_cancelled_call_leaves_nothing_half_written_and_no_connection_lent(
                 holder.rollback()
             await asyncio.sleep(0.1)
             assert all_rows(shard_map, stored) == before, label
-            assert all_rows(shard_map, "SELECT count(*) FROM shardq.history") == history
+            assert all_rows(shard_map, "SELECT count(*) FROM shardq.events") == history
             pool = aclient.store.pools.pool(shard)
             assert pool is not None
             stats = pool.get_stats()

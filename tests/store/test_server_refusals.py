@@ -68,7 +68,7 @@ def test_a_statement_the_server_cancels_is_unavailable_not_a_crash(
             with pytest.raises(ShardUnavailable) as refused:
                 client.cancel(run)
     assert "statement timeout" in str(refused.value)
-    assert [k for (k,) in rows(url, "SELECT kind FROM shardq.history")] == []
+    assert [k for (k,) in rows(url, "SELECT kind FROM shardq.events")] == []
 
 
 @pytest.mark.parametrize("probe", [True, False], ids=["probing pools", "background pools"])

@@ -329,7 +329,7 @@ def test_connection_dropped_mid_turn_duplicates_nothing(
     assert done.state is State.COMPLETED and done.output == ["dropped", "after"]
     assert all_rows(
         shard_map,
-        "SELECT execution_id, position, count(*) FROM shardq.history "
+        "SELECT execution_id, position, count(*) FROM shardq.events "
         "GROUP BY 1, 2 HAVING count(*) > 1",
     ) == []
     assert [(e.kind, e.name) for e in client.history(run.execution_id)] == [

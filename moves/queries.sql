@@ -216,14 +216,16 @@ FROM STDIN (FORMAT BINARY)
 -- name: copy_out_tasks
 -- Leases are released on the copy: a turn in flight on the source is refused
 -- at its commit there (the bucket is frozen) and runs again on the target, as
--- after a lost lease. A live lease's run_at is its expiry: due now instead.
+-- after a lost lease. A leased task is due now (a heartbeat may have moved its
+-- run_at to the lease's expiry).
 COPY (SELECT execution_id,
              CASE WHEN lease_token IS NOT NULL THEN least(run_at, now()) ELSE run_at END,
-             claims, NULL::text, NULL::uuid, cancel_requested
+             claims, NULL::text, NULL::uuid, cancel_requested, NULL::timestamptz
       FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_tasks
-COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested)
+COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested,
+                   leased_until)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_outbox

@@ -125,6 +125,9 @@ WHERE NOT EXISTS (
 -- Heartbeat. Rows a commit batch holds are skipped, not waited for: that
 -- commit is the proof of life, and waiting could deadlock with it. A run a
 -- move froze is skipped too: its lease is lost (the commit would be refused).
+-- run_at moves to the expiry too: a turn that outlived a heartbeat leaves the
+-- head of tasks_due, where every claim would step over it (schema/0018). That
+-- makes the heartbeat's update a new row version; the claim's stays HOT.
 WITH held AS (
     SELECT t.execution_id
     FROM shardq.tasks t
@@ -138,7 +141,8 @@ WITH held AS (
     FOR UPDATE OF t SKIP LOCKED
 )
 UPDATE shardq.tasks t
-SET run_at = now() + make_interval(secs => %(lease_s)s)
+SET leased_until = now() + make_interval(secs => %(lease_s)s),
+    run_at = now() + make_interval(secs => %(lease_s)s)
 FROM held
 WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
@@ -156,7 +160,7 @@ WITH held AS (
     FOR UPDATE OF t
 )
 UPDATE shardq.tasks t
-SET run_at = now(), lease_token = NULL, lease_owner = NULL
+SET run_at = now(), lease_token = NULL, lease_owner = NULL, leased_until = NULL
 FROM held
 WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
@@ -196,7 +200,7 @@ SELECT shardq.fence(ARRAY[%(id)s::uuid])
 -- Cancellers (and signal senders, in deliver_signals) lock in the workers' order:
 -- task row first, then the executions row. A parked run has no task row; then
 -- this locks nothing.
-SELECT lease_token IS NOT NULL AND run_at > now() AS leased
+SELECT coalesce(leased_until > now(), false) AS leased
 FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
 
 -- name: task_exists
@@ -372,10 +376,12 @@ SELECT count(*) AS n FROM shardq.signals s WHERE consumed_at IS NULL
 
 -- name: overdue_tasks
 -- Tasks due more than `grace` seconds ago and not running: nobody claims them
--- (missing workers), or their lease expired and nobody took it over (tasks_due).
+-- (missing workers), or their lease expired and nobody took it over (tasks_due;
+-- a leased task is due again from its lease's expiry).
 SELECT count(*) AS n,
-       extract(epoch FROM now() - min(run_at))::float8 AS oldest_s
+       extract(epoch FROM now() - min(greatest(run_at, leased_until)))::float8 AS oldest_s
 FROM shardq.tasks t WHERE run_at < now() - make_interval(secs => %(grace_s)s)
+  AND (leased_until IS NULL OR leased_until < now() - make_interval(secs => %(grace_s)s))
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 
@@ -393,20 +399,20 @@ WHERE kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
 GROUP BY kind
 UNION ALL
 SELECT 'running', count(*) FROM shardq.tasks t
-WHERE lease_token IS NOT NULL AND run_at > now()
+WHERE leased_until > now()
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 UNION ALL
 SELECT CASE w.kind WHEN 'interrupt' THEN 'input_required' ELSE 'waiting' END, count(*)
 FROM shardq.waits w
 WHERE NOT EXISTS (SELECT 1 FROM shardq.tasks t WHERE t.execution_id = w.execution_id
-                  AND t.lease_token IS NOT NULL AND t.run_at > now())
+                  AND t.leased_until > now())
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(w.execution_id)) = 1)
 GROUP BY 1
 UNION ALL
 SELECT 'pending', count(*) FROM shardq.tasks t
-WHERE (t.lease_token IS NULL OR t.run_at <= now())
+WHERE (t.leased_until IS NULL OR t.leased_until <= now())
   AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = t.execution_id)
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)

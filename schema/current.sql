@@ -142,8 +142,9 @@ CREATE TABLE shardq.tasks (
     claims integer NOT NULL DEFAULT 0,
     lease_owner text,
     lease_token uuid,
-    cancel_requested boolean NOT NULL DEFAULT false
-) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=70);
+    cancel_requested boolean NOT NULL DEFAULT false,
+    leased_until timestamp with time zone
+) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=50);
 
 CREATE TABLE shardq.waits (
     execution_id uuid NOT NULL,

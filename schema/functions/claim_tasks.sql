@@ -1,8 +1,11 @@
--- Lease up to `lim` due tasks. While leased, run_at is the lease expiry, so an
--- expired lease is simply due again and any worker re-claims it. The claimed
--- rows come first; a last row with a NULL execution_id carries the seconds
--- until the next task is due (timer, retry or lease expiry), read after the
--- update so the rows just leased count with their new expiry.
+-- Lease up to `lim` due tasks: run_at has passed and no live lease holds them
+-- (leased_until unset or past), so an expired lease is due again and any
+-- worker re-claims it. The lease is written to columns no index holds, so
+-- the update stays HOT (schema/0018); the row keeps its run_at, and claims
+-- step over the live leases at the head of tasks_due until a heartbeat
+-- moves them. The claimed rows come first; a last row with a NULL
+-- execution_id carries the seconds until the next task is due (timer, retry
+-- or lease expiry).
 --
 -- One statement rather than a pipelined transaction of three: measured here,
 -- a pipelined transaction cost ~1 ms and one statement on an autocommit
@@ -34,6 +37,7 @@ DECLARE
     -- claimed: the buckets it can write. NULL on a clean shard, where the
     -- custom plan then drops the filter altogether.
     claimable bit(4096);
+    claimed   integer;
 BEGIN
     claimable := shardq.unclean_writable();
 
@@ -47,12 +51,13 @@ BEGIN
         UPDATE shardq.tasks t
         SET lease_token = gen_random_uuid(),
             lease_owner = owner,
-            run_at = now() + make_interval(secs => lease_s),
+            leased_until = now() + make_interval(secs => lease_s),
             claims = t.claims + 1
         WHERE t.execution_id = ANY(ARRAY(
             SELECT d.execution_id
             FROM shardq.tasks d
             WHERE d.run_at <= now()
+              AND (d.leased_until IS NULL OR d.leased_until <= now())
               AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
             ORDER BY d.run_at
             LIMIT lim
@@ -85,11 +90,26 @@ BEGIN
         SELECT * FROM shardq.executions e WHERE e.id = l.execution_id OFFSET 0
     ) x;
 
+    GET DIAGNOSTICS claimed = ROW_COUNT;
+    -- A full batch: more may be due now (0). Otherwise the first of the next
+    -- timer (or moved lease) and the first expiry among the live leases at the
+    -- head of tasks_due. That head is read up to 1,000 rows: an expiry past
+    -- them is found by the worker's poll instead, a rescue later, not lost.
     RETURN QUERY
     SELECT NULL::uuid, NULL::uuid, NULL::integer, NULL::text, NULL::text, NULL::integer,
            NULL::text, NULL::text, NULL::boolean, now(), NULL::text, NULL::text,
-           extract(epoch FROM min(t.run_at) - now())::float8
-    FROM shardq.tasks t
-    WHERE claimable IS NULL OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1;
+           CASE WHEN claimed >= lim THEN 0::float8 ELSE
+               extract(epoch FROM least(
+                   (SELECT min(t.run_at) FROM shardq.tasks t
+                    WHERE t.run_at > now()
+                      AND (claimable IS NULL
+                           OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1)),
+                   (SELECT min(coalesce(h.leased_until, h.run_at)) FROM (
+                        SELECT t.run_at, t.leased_until FROM shardq.tasks t
+                        WHERE t.run_at <= now()
+                          AND (claimable IS NULL
+                               OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1)
+                        ORDER BY t.run_at LIMIT 1000) h)
+               ) - now())::float8 END;
 END
 $$;

@@ -307,8 +307,8 @@ BEGIN
         END IF;
     END IF;
 
-    -- A checkpoint rotates the token and leaves run_at (the lease expiry) to
-    -- the heartbeat, so the update stays HOT.
+    -- A checkpoint rotates the token and leaves the lease's expiry to the
+    -- heartbeat, so the update stays HOT.
     IF keeping IS NOT NULL THEN
         UPDATE shardq.tasks t
         SET lease_token = c_next[array_position(c_ids, t.execution_id)]
@@ -317,7 +317,7 @@ BEGIN
 
     IF scheduling IS NOT NULL THEN
         UPDATE shardq.tasks t
-        SET lease_token = NULL, lease_owner = NULL,
+        SET lease_token = NULL, lease_owner = NULL, leased_until = NULL,
             run_at = now() + make_interval(
                 secs => c_delays[array_position(c_ids, t.execution_id)])
         WHERE t.execution_id = ANY(scheduling);
@@ -336,7 +336,7 @@ BEGIN
             WHERE s.execution_id = p.id AND s.name = p.name AND s.consumed_at IS NULL
           )
         ON CONFLICT (execution_id) DO UPDATE
-        SET run_at = now(), lease_token = NULL, lease_owner = NULL;
+        SET run_at = now(), lease_token = NULL, lease_owner = NULL, leased_until = NULL;
     END IF;
 
     -- Deliver them, each as a client signal from the sender's tenant would be,

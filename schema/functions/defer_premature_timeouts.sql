@@ -62,7 +62,8 @@ BEGIN
                            ELSE coalesce(o.names ? s.name, false) END))
     ), deferred AS (
         UPDATE shardq.tasks t
-        SET run_at = greatest(now(), (SELECT max(e.deadline) FROM early e
+        SET leased_until = NULL,
+            run_at = greatest(now(), (SELECT max(e.deadline) FROM early e
                                       WHERE e.id = t.execution_id))
         WHERE t.execution_id IN (SELECT e.id FROM early e)
         RETURNING t.execution_id

@@ -16,7 +16,7 @@ BEGIN
          WHERE o.execution_id = run
            AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')),
         (SELECT 'running' FROM shardq.tasks t
-         WHERE t.execution_id = run AND t.lease_token IS NOT NULL AND t.run_at > now()),
+         WHERE t.execution_id = run AND t.leased_until > now()),
         (SELECT CASE w.kind WHEN 'interrupt' THEN 'input_required' ELSE 'waiting' END
          FROM shardq.waits w WHERE w.execution_id = run),
         'pending');

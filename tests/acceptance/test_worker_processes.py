@@ -143,14 +143,15 @@ def history(shard_map: ShardMap, execution_id: uuid.UUID) -> History:
 def task(shard_map: ShardMap, execution_id: uuid.UUID) -> tuple[uuid.UUID | None, bool] | None:
     """The run's task row as (lease_token, due now), or None when it has none."""
     url = shard_map.for_execution(execution_id).url
-    found = query(url, "SELECT lease_token, run_at <= now() FROM shardq.tasks "
-                       "WHERE execution_id = %s", execution_id)
+    found = query(url, "SELECT lease_token, run_at <= now() AND (leased_until IS NULL OR "
+                       "leased_until <= now()) FROM shardq.tasks WHERE execution_id = %s",
+                  execution_id)
     return (found[0][0], found[0][1]) if found else None
 
 
 def held_leases(url: str) -> int:
     return int(scalar(
-        url, "SELECT count(*) FROM shardq.tasks WHERE lease_token IS NOT NULL AND run_at > now()"
+        url, "SELECT count(*) FROM shardq.tasks WHERE leased_until > now()"
     ))
 
 

@@ -51,8 +51,8 @@ def time_passes(shard_map: ShardMap, seconds: float) -> None:
         with psycopg.connect(shard.url, autocommit=True) as conn:
             conn.execute("UPDATE shardq.waits SET started_at = started_at - %(s)s, "
                          "deadline = deadline - %(s)s", {"s": timedelta(seconds=seconds)})
-            conn.execute("UPDATE shardq.tasks SET run_at = run_at - %(s)s",
-                         {"s": timedelta(seconds=seconds)})
+            conn.execute("UPDATE shardq.tasks SET run_at = run_at - %(s)s, "
+                         "leased_until = leased_until - %(s)s", {"s": timedelta(seconds=seconds)})
             conn.execute("UPDATE shardq.signals SET received_at = received_at - %(s)s",
                          {"s": timedelta(seconds=seconds)})
             conn.execute("UPDATE shardq.history SET recorded_at = recorded_at - %(s)s",

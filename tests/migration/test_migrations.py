@@ -80,7 +80,7 @@ def test_queue_tables_carry_churn_settings(fresh_databases: Fresh) -> None:
             "SELECT indexname FROM pg_indexes WHERE schemaname = 'shardq' AND tablename = 'tasks'"
         ).fetchall()
     assert options is not None
-    assert "fillfactor=70" in options[0]
+    assert "fillfactor=50" in options[0]
     assert "autovacuum_vacuum_scale_factor=0.01" in options[0]
     assert sorted(i[0] for i in indexes) == ["tasks_due", "tasks_pkey"]
 

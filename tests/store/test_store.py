@@ -86,7 +86,7 @@ def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
     shard = _shard_of(client, run.execution_id)
     (first,) = store.claim(shard, owner="a", limit=1, lease_s=30)[0]
     assert store.claim(shard, owner="b", limit=1, lease_s=30)[0] == []
-    age(client.map, "tasks", "run_at", 31)  # a leased task's run_at is its lease's expiry
+    age(client.map, "tasks", "leased_until", 31)  # the lease expired a second ago
     (second,) = store.claim(shard, owner="b", limit=1, lease_s=30)[0]
     assert second.claims == 2
     late = TurnCommit(run.execution_id, first.lease_token,

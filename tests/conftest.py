@@ -364,6 +364,12 @@ def pools(shard_map: ShardMap) -> Iterator[ShardPools]:
 
 
 @pytest.fixture
+def store(pools: ShardPools) -> Store:
+    """The store seam over the test's shards (its `pools`)."""
+    return Store(pools)
+
+
+@pytest.fixture
 def client(pools: ShardPools, request: pytest.FixtureRequest) -> Client:
     """A Client over the test's shards (its `pools`) for the workflows of the `registry`
     its module defines or imports. A module whose client differs (other shards, a

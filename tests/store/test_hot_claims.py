@@ -13,7 +13,6 @@ import uuid
 from typing import Any
 
 import psycopg
-import pytest
 
 from shardq.queue.client import Client
 from shardq.queue.context import WorkflowContext
@@ -21,7 +20,6 @@ from shardq.queue.params import Lease
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.shards.config import Shard
-from shardq.shards.pools import ShardPools
 
 from ..support import keys_on, rows
 
@@ -31,11 +29,6 @@ registry = Registry()
 @registry.workflow("hot_job")
 def hot_job(ctx: WorkflowContext) -> Any:
     return ctx.step("run", lambda: ctx.input)
-
-
-@pytest.fixture
-def store(pools: ShardPools) -> Store:
-    return Store(pools)
 
 
 def _runs_on_shard_0(client: Client, prefix: str, count: int) -> tuple[Shard, list[uuid.UUID]]:

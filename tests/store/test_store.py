@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 
 from shardq.queue.client import Client, iter_all
 from shardq.queue.context import WorkflowContext
@@ -30,11 +29,6 @@ registry = Registry()
 @registry.workflow("job")
 def job(ctx: WorkflowContext) -> Any:
     return ctx.step("run", lambda: ctx.input)
-
-
-@pytest.fixture
-def store(pools: ShardPools) -> Store:
-    return Store(pools)
 
 
 def _shard_of(client: Client, execution_id: uuid.UUID) -> Shard:

@@ -296,6 +296,8 @@ class Relay:
             try:
                 claimed = self.relay_once(source)
                 sleep = 0.0 if claimed >= self.config.batch_size else self._idle_for(source)
+                if failures:
+                    wake.renew()  # its LISTEN connection may not have survived the outage
                 failures = 0
             except Exception as exc:
                 # The source shard itself failed us (or a bug): nothing was

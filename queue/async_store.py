@@ -20,6 +20,7 @@ goes back to its pool idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -48,6 +49,12 @@ from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import NotOwner, SchemaBehind, ShardUnavailable
 from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting, map_poll_interval
+from shardq.shards.liveness import (
+    GuardedAsyncConnection,
+    liveness_of,
+    no_connection,
+    waited_in_vain,
+)
 from shardq.shards.pools import (
     CONNECT_TIMEOUT_S,
     SILENT_PEER_TIMEOUT_S,
@@ -55,6 +62,8 @@ from shardq.shards.pools import (
     ShardPools,
     connection_lost,
     describe_connect_error,
+    round_trip_cap,
+    server_options,
     tcp_settings,
 )
 
@@ -68,6 +77,19 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 AsyncDictConnection = psycopg.AsyncConnection[Row]
+
+
+def guarding_async(
+    url: str, max_wait_s: float | None
+) -> Callable[[GuardedAsyncConnection], Awaitable[None]]:
+    """An async pool's `configure`: bound the round trips of each connection it opens
+    (shards/liveness.py: a frozen server fails a call within HUNG_NOTICE_S)."""
+    liveness = liveness_of(url)
+
+    async def configure(conn: GuardedAsyncConnection) -> None:
+        conn.guard(liveness, max_wait_s=max_wait_s)
+
+    return configure
 
 
 class AsyncShardPools:
@@ -89,18 +111,21 @@ class AsyncShardPools:
     - A shard a newer map version drops has its pool closed after its last
       connection comes back.
 
-    `options` are server settings for every connection, in libpq's form.
+    `options` are server settings for every connection, in libpq's form;
+    `statement_timeout_s` as ShardPools takes it (the server's timeout, and a cap
+    on each round trip a margin later).
     """
 
     def __init__(
         self, shard_map: ShardMap, *, verified: Iterable[Shard | ShardStatus] = (),
         timeout: float = 10.0, application_name: str = "shardq",
         follow_every_s: float | None = None, options: str | None = None,
+        statement_timeout_s: float | None = None,
     ) -> None:
         checked = list(verified)
         self.follower = ShardPools(
             shard_map, probe=True, verified=checked, application_name=application_name,
-            timeout=timeout,
+            timeout=timeout, statement_timeout_s=statement_timeout_s,
             follow_every_s=map_poll_interval() if follow_every_s is None else follow_every_s)
         self._verified: set[str] = {
             v.name if isinstance(v, Shard) else v.shard.name
@@ -108,8 +133,10 @@ class AsyncShardPools:
         self._timeout = timeout
         self._connect_kwargs: dict[str, Any] = {
             "connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
-            **({"options": options} if options else {})}
-        self._pools: dict[str, AsyncConnectionPool[AsyncDictConnection]] = {}
+            **({"options": opts} if (opts := server_options(options, statement_timeout_s))
+               else {})}
+        self._max_wait_s = round_trip_cap(statement_timeout_s)
+        self._pools: dict[str, AsyncConnectionPool[GuardedAsyncConnection]] = {}
         self._outages = Outages()
         self._users: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -139,7 +166,7 @@ class AsyncShardPools:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.to_thread(self.follower.close)
 
-    def pool(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection] | None:
+    def pool(self, shard: Shard) -> AsyncConnectionPool[GuardedAsyncConnection] | None:
         """The shard's pool if one was made (tests read its stats)."""
         return self._pools.get(shard.name)
 
@@ -147,7 +174,7 @@ class AsyncShardPools:
         """True while `shard`'s last use failed for want of the shard itself."""
         return shard.name in self._outages
 
-    async def _pool_of(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection]:
+    async def _pool_of(self, shard: Shard) -> AsyncConnectionPool[GuardedAsyncConnection]:
         if self._closed:
             raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
         current = self.map
@@ -166,12 +193,13 @@ class AsyncShardPools:
             await pool.open(wait=False)
         return pool
 
-    def _new_pool(self, shard: Shard) -> AsyncConnectionPool[AsyncDictConnection]:
+    def _new_pool(self, shard: Shard) -> AsyncConnectionPool[GuardedAsyncConnection]:
         return AsyncConnectionPool(
             shard.url, min_size=shard.pool_min, max_size=shard.pool_max,
             kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_kwargs,
                     **tcp_settings(shard.url)},
-            connection_class=psycopg.AsyncConnection[dict[str, Any]],
+            connection_class=GuardedAsyncConnection,
+            configure=guarding_async(shard.url, self._max_wait_s),
             open=False, timeout=self._timeout, name=f"shardq-async-{shard.name}",
         )
 
@@ -246,7 +274,16 @@ class AsyncShardPools:
         pool = await self._pool_of(shard)
         self._users[shard.name] = self._users.get(shard.name, 0) + 1
         try:
-            async with pool.connection() as conn:
+            async with contextlib.AsyncExitStack() as stack:
+                first = waited_in_vain(self._timeout)
+                try:
+                    conn = await stack.enter_async_context(pool.connection(timeout=first))
+                except PoolTimeout:
+                    # As the sync pools: only a server that answers is waited for longer.
+                    if first is None or not await liveness_of(shard.url).answers_async():
+                        raise no_connection(first or self._timeout) from None
+                    conn = await stack.enter_async_context(
+                        pool.connection(timeout=self._timeout - first))
                 yield conn
         except PoolTimeout as exc:
             raise self._outages.went_down(shard.name, describe_connect_error(shard, exc)) from exc

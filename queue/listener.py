@@ -9,6 +9,13 @@ A notification is only a hint that work may be due: notifications are lost
 while the connection is down, so every (re)connect also counts as a wake-up,
 after which the loop claims and recomputes its timer. The claim loop's poll
 stays the correctness path.
+
+A LISTEN connection only ever waits, so a server that hangs (or a path that
+stops forwarding without resetting anything) would leave it silent for good,
+every later NOTIFY lost unseen. So a connection that heard nothing for
+CHECK_AFTER_S is asked for one round trip, which a hung server fails within
+shards.liveness.HUNG_NOTICE_S; and the claim loop renews it (`renew()`) when its
+shard comes back from an outage, as the old one may be the casualty.
 """
 
 from __future__ import annotations
@@ -22,14 +29,19 @@ from collections.abc import Callable
 
 import psycopg
 
-from shardq.queue.store import listen_for_wakes
+from shardq.queue.store import listen_for_wakes, ping
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardUnavailable
+from shardq.shards.liveness import GuardedConnection
 from shardq.shards.pools import DictConnection, connect
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 10.0
+CHECK_AFTER_S = 15.0
+"""Silence on a LISTEN connection after which it is checked with a round trip."""
+PING_CAP_S = 5.0
+"""The longest that check may take."""
 
 
 class WakeSource:
@@ -53,9 +65,10 @@ class WakeSource:
         # sees a poke that came before the wait as well as during it.
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
-        self._conn: DictConnection | None = None
+        self._conn: GuardedConnection | None = None
         self._reconnect_at = 0.0
         self._backoff = 0.5
+        self._heard_at = 0.0  # when the connection last answered or brought a notification
 
     def set(self) -> None:
         with self._lock:
@@ -87,12 +100,25 @@ class WakeSource:
             fds = [self._read_fd]
             if conn is None:
                 limit = min(limit, max(0.0, self._reconnect_at - now))
+            elif now - self._heard_at >= CHECK_AFTER_S:
+                if self._check(conn):
+                    return True
+                continue
             else:
                 fds.append(conn.fileno())
+                limit = min(limit, self._heard_at + CHECK_AFTER_S - now)
             ready, _, _ = select.select(fds, [], [], limit)
             if conn is not None and conn.fileno() in ready and self._drain(conn):
                 return True
         return True
+
+    def renew(self) -> None:
+        """Drop the LISTEN connection (its shard was unreachable meanwhile); the next wait
+        opens a fresh one and counts it as a wake-up."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._reconnect_at = 0.0
 
     def close(self) -> None:
         """Drop the LISTEN connection and the pipe; later set() calls do nothing."""
@@ -106,7 +132,7 @@ class WakeSource:
         os.close(self._read_fd)
         os.close(self._write_fd)
 
-    def _listening(self) -> DictConnection | None:
+    def _listening(self) -> GuardedConnection | None:
         """The LISTEN connection, (re)opened when due; a fresh one sets the flag."""
         if self._conn is not None or time.monotonic() < self._reconnect_at:
             return self._conn
@@ -121,16 +147,32 @@ class WakeSource:
             self._lost(exc)
             return None
         self._conn, self._backoff = conn, 0.5
+        self._heard_at = time.monotonic()
         self.set()
         return conn
 
-    def _drain(self, conn: DictConnection) -> bool:
+    def _drain(self, conn: GuardedConnection) -> bool:
         """Read what arrived on the LISTEN socket; True when it held a notification."""
         try:
-            return sum(1 for _ in conn.notifies(timeout=0)) > 0
+            heard = sum(1 for _ in conn.notifies(timeout=0)) > 0
         except psycopg.Error as exc:
             self._lost(exc)
             return False
+        self._heard_at = time.monotonic()
+        return heard
+
+    def _check(self, conn: GuardedConnection) -> bool:
+        """One round trip on a LISTEN connection that heard nothing for a while; True when
+        notifications came with it. A server that does not answer fails it (bounded)."""
+        try:
+            # Capped: a connection that went silent on its own, its server answering
+            # others (a stale NAT entry, a pooler's stuck client), is not hung to a probe.
+            with conn.capped(PING_CAP_S):
+                ping(conn)
+        except psycopg.Error as exc:
+            self._lost(exc)
+            return False
+        return self._drain(conn)  # what arrived during the round trip waits in its backlog
 
     def _lost(self, exc: BaseException) -> None:
         log.warning(

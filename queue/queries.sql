@@ -57,6 +57,10 @@ WHERE (SELECT shardq.owns(%(probes)s::uuid[]))
 -- name: notify_wake
 SELECT pg_notify(shardq.wake_channel(), '')
 
+-- name: ping
+-- A round trip that reads nothing: a LISTEN connection's check that its server still answers.
+SELECT 1 AS alive
+
 -- name: listen_statement
 -- The LISTEN for the wake channel, built where the channel's name is defined.
 SELECT format('LISTEN %%I', shardq.wake_channel()) AS statement

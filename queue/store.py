@@ -388,6 +388,11 @@ def listen_for_wakes(conn: DictConnection) -> None:
     listen(conn, SQL["listen_statement"])
 
 
+def ping(conn: DictConnection) -> None:
+    """One round trip on `conn` (a LISTEN connection's check that its server answers)."""
+    conn.execute(SQL["ping"]).fetchone()
+
+
 def listen(conn: DictConnection, query: str) -> None:
     """Run the LISTEN that `query` builds (the channel's name is defined in SQL)."""
     statement = conn.execute(query, {}).fetchone()

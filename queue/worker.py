@@ -58,11 +58,14 @@ stays running), or why nothing landed."""
 MIN_POLL_S = 0.1
 """The shortest safety poll a worker or a relay accepts."""
 COALESCE_S = 0.001
+"""How long a claim loop with a few free turn threads waits for more to free up: a
+partial batch is claimed once a wait this long freed none."""
 MAP_CHECK_S = 1.0
 """How often a worker (and a relay) compares the shards it serves with the current map
 version; the version itself is kept current by the pools (shards/follow.py)."""
-"""How long a claim loop with a few free turn threads waits for more to free up: a
-partial batch is claimed once a wait this long freed none."""
+CLAIM_STALL_S = 0.5
+"""A claim unanswered this long lends its reserved slots back to the other shards' loops
+(a healthy claim answers in milliseconds; one to a hung server waits for its probe)."""
 GC_YOUNG_THRESHOLD = 20_000
 """Allocations between young collections in a worker daemon (CPython's default: 700)."""
 
@@ -118,6 +121,17 @@ class WorkerConfig:
             # turns idle workers into a steady load on every shard.
             raise ValueError(f"poll interval must be at least {MIN_POLL_S} s, got "
                              f"{self.poll_interval_s}")
+
+
+@dataclass
+class _Reservation:
+    """The turn slots a claim in flight holds, from `_reserve` until `_claimed`."""
+
+    slots: int
+    since: float
+    lent: bool = False
+    """Given back to the free slots because the claim stalled (CLAIM_STALL_S): what it
+    claims is then counted when it answers, whatever is free by then."""
 
 
 @dataclass
@@ -197,6 +211,8 @@ class Worker:
         self._turning = 0
         self._settling = 0
         self._starved: set[str] = set()  # claim loops that last found no free slot
+        self._claiming: dict[str, _Reservation] = {}  # by shard: the claims in flight
+        self._lend_at: float | None = None  # when a stalled claim's slots may be lent next
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._turns: _TurnQueue = _TurnQueue()
@@ -324,8 +340,6 @@ class Worker:
         partial: int | None = None  # free slots seen while waiting for a worthwhile batch
         backlog = False  # the last claim came back full: more runs are likely due
         failures = 0
-        claims_made, claimed_runs = CLAIMS.labels(shard.name), CLAIMED.labels(shard.name)
-        batch_sizes = CLAIM_BATCH.labels(shard.name)
         notified, timed = WAKEUPS.labels(shard.name, "notify"), WAKEUPS.labels(shard.name, "timer")
 
         def sleep(seconds: float) -> None:
@@ -340,30 +354,9 @@ class Worker:
             wake.clear()
             limit, partial = self._reserve(shard, partial, backlog)
             if not limit:
-                sleep(self.config.poll_interval_s if partial is None else COALESCE_S)
+                sleep(self._starved_sleep() if partial is None else COALESCE_S)
                 continue
-            claims: list[Claim] = []
-            due_in: float | None = None
-            error: Exception | None = None
-            try:
-                claims, due_in = self.store.claim(
-                    shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
-                )
-            except (ShardqError, psycopg.Error) as exc:
-                # The shard is down, read-only, restarting, or holds another map
-                # (the process is being stopped for that): one line, not a trace.
-                error = exc
-            except Exception as exc:
-                # A claim loop that died would leave its shard unserved while
-                # the process looks healthy: log it and retry like an outage.
-                log.exception("claim failed; retrying", extra={"shard": shard.name})
-                error = exc
-            finally:
-                self._claimed(shard, limit, claims)
-            if error is None:
-                claims_made.inc()
-                claimed_runs.inc(len(claims))
-                batch_sizes.observe(len(claims))
+            claims, due_in, error = self._claim(shard, limit)
             if claims:
                 self._turns.put_many([(shard, claim) for claim in claims])
             backlog = error is None and len(claims) == limit
@@ -377,8 +370,36 @@ class Worker:
             if failures:
                 log.warning("shard is back", extra={"shard": shard.name})
                 failures = 0
+                wake.renew()  # its LISTEN connection may not have survived the outage
             if len(claims) < limit:
                 sleep(self._sleep_time(due_in))
+
+    def _claim(
+        self, shard: Shard, limit: int
+    ) -> tuple[list[Claim], float | None, Exception | None]:
+        """One claim of up to `limit` runs (reserved): what it leased, recorded before
+        anything else can look, the seconds until the next is due, or why it failed."""
+        claims: list[Claim] = []
+        due_in: float | None = None
+        try:
+            claims, due_in = self.store.claim(
+                shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
+            )
+        except (ShardqError, psycopg.Error) as exc:
+            # The shard is down, read-only, restarting, or holds another map
+            # (the process is being stopped for that): one line, not a trace.
+            return [], None, exc
+        except Exception as exc:
+            # A claim loop that died would leave its shard unserved while
+            # the process looks healthy: log it and retry like an outage.
+            log.exception("claim failed; retrying", extra={"shard": shard.name})
+            return [], None, exc
+        finally:
+            self._claimed(shard, limit, claims)
+        CLAIMS.labels(shard.name).inc()
+        CLAIMED.labels(shard.name).inc(len(claims))
+        CLAIM_BATCH.labels(shard.name).observe(len(claims))
+        return claims, due_in, None
 
     def _reserve(
         self, shard: Shard, partial: int | None, backlog: bool
@@ -400,9 +421,11 @@ class Worker:
         while a thread is idle: a partial batch is claimed as soon as a wait of
         COALESCE_S freed no slot. Slots are reserved before the claim, so the
         other shards' loops cannot take the same free slots while this claim is
-        out.
+        out; a claim out longer than CLAIM_STALL_S lends them back (_lend_stalled),
+        so one shard that stopped answering cannot hold the others' slots.
         """
         with self._lock:
+            self._lend_stalled()
             # Below zero too: turns already claimed may settle past commit_batch.
             free = self._free_slots()
             if free <= 0:
@@ -412,18 +435,56 @@ class Worker:
                 return 0, free
             limit = min(self.config.batch_size, free)
             self._turning += limit
+            self._claiming[shard.name] = _Reservation(limit, time.monotonic())
             self._starved.discard(shard.name)
             return limit, None
+
+    def _lend_stalled(self) -> None:
+        """Give the slots of claims out longer than CLAIM_STALL_S back to the free slots, and
+        note when the next one may be (the caller holds the lock).
+
+        A claim to a server that hangs waits for the store to find out (about
+        shards.liveness.HUNG_NOTICE_S), and again at each probe of that shard while
+        it is down: holding its slots meanwhile would stop every other shard's
+        claims. What a lent claim then leases is counted when it answers, so a
+        worker may turn up to a batch more runs than its threads for a while;
+        those wait in the turn queue with their leases heartbeated.
+        """
+        now = time.monotonic()
+        self._lend_at = None
+        for reservation in self._claiming.values():
+            if reservation.lent:
+                continue
+            due = reservation.since + CLAIM_STALL_S
+            if now >= due:
+                reservation.lent = True
+                self._turning -= reservation.slots
+            elif self._lend_at is None or due < self._lend_at:
+                self._lend_at = due
+
+    def _starved_sleep(self) -> float:
+        """How long a loop that found no free slot sleeps: until a slot frees (it is woken),
+        a stalled claim's slots may be lent, or the safety poll."""
+        with self._lock:
+            lend_at = self._lend_at
+        if lend_at is None:
+            return self.config.poll_interval_s
+        return min(self.config.poll_interval_s, max(0.0, lend_at - time.monotonic()) + 0.001)
 
     def _claimed(self, shard: Shard, reserved: int, claims: list[Claim]) -> None:
         """Record what a claim leased, before anything else can fail or stop() can look.
 
-        What it did not use of its reservation is given back, and loops that
-        found no free slot meanwhile look again (never this one: woken by its own
-        empty claim, an idle loop would spin).
+        What it did not use of its reservation is given back (a lent one was given
+        back whole: what it leased is counted now), and loops that found no free
+        slot meanwhile look again (never this one: woken by its own empty claim,
+        an idle loop would spin).
         """
         with self._lock:
-            self._turning -= reserved - len(claims)
+            reservation = self._claiming.pop(shard.name, None)
+            if reservation is not None and reservation.lent:
+                self._turning += len(claims)
+            else:
+                self._turning -= reserved - len(claims)
             for claim in claims:
                 self._inflight[claim.execution_id] = _InFlight(
                     shard, claim.execution_id, claim.lease_token, claim.workflow_name

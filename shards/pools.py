@@ -5,10 +5,14 @@ Every connection, pooled or direct, carries TCP keepalives and a TCP user timeou
 (a hard stop, a path that drops packets) would otherwise block a statement for
 the kernel's retransmission limit, about 15 minutes. statement_timeout cannot
 help there: it is enforced by the server, which a silent path never reaches.
+Every connection is also a GuardedConnection (shards/liveness.py): a server that
+is up but frozen keeps TCP alive, and a round trip to it fails within
+HUNG_NOTICE_S once a probe finds it does not answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,6 +28,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import SchemaBehind, ShardqError, ShardUnavailable
 from shardq.shards.follow import map_poll_interval, newest_map
+from shardq.shards.liveness import (
+    CAP_MARGIN_S,
+    GuardedConnection,
+    liveness_of,
+    no_connection,
+    waited_in_vain,
+)
 
 if TYPE_CHECKING:
     from shardq.shards.migrations import ShardStatus
@@ -85,10 +96,11 @@ def describe_connect_error(shard: Shard, exc: BaseException) -> ShardUnavailable
     return ShardUnavailable(f"{shard.label}: {cause}")
 
 
-def connect(shard: Shard, *, autocommit: bool = False) -> DictConnection:
-    """A direct connection outside any pool (migrations, LISTEN, one-off CLI checks)."""
+def connect(shard: Shard, *, autocommit: bool = False) -> GuardedConnection:
+    """A direct connection outside any pool (migrations, LISTEN, one-off CLI checks),
+    its round trips bounded like a pooled one's."""
     try:
-        return psycopg.connect(
+        conn = GuardedConnection.connect(
             shard.url,
             autocommit=autocommit,
             row_factory=dict_row,
@@ -98,6 +110,32 @@ def connect(shard: Shard, *, autocommit: bool = False) -> DictConnection:
         )
     except psycopg.OperationalError as exc:
         raise describe_connect_error(shard, exc) from exc
+    conn.guard(liveness_of(shard.url))
+    return conn
+
+
+def guarding(url: str, max_wait_s: float | None) -> Callable[[GuardedConnection], None]:
+    """A pool's `configure`: bound the round trips of each connection it opens to `url`."""
+    liveness = liveness_of(url)
+
+    def configure(conn: GuardedConnection) -> None:
+        conn.guard(liveness, max_wait_s=max_wait_s)
+
+    return configure
+
+
+def server_options(options: str | None, statement_timeout_s: float | None) -> str | None:
+    """libpq's `options` with the statement timeout added, when one is given."""
+    if statement_timeout_s is None:
+        return options
+    timeout = f"-c statement_timeout={round(statement_timeout_s * 1000)}"
+    return f"{options} {timeout}" if options else timeout
+
+
+def round_trip_cap(statement_timeout_s: float | None) -> float | None:
+    """The longest a pool's round trip waits: the server's statement timeout and a margin
+    for its cancel to come back; a connection that outlasts it went silent on its own."""
+    return None if statement_timeout_s is None else statement_timeout_s + CAP_MARGIN_S
 
 
 class Outages:
@@ -170,12 +208,17 @@ class ShardPools:
     database, bad password), and no background retries log warnings.
 
     `options` are server settings for every connection, in libpq's form
-    (`-c name=value ...`).
+    (`-c name=value ...`). `statement_timeout_s` is the server's statement_timeout
+    for every connection, and bounds each round trip on the client side too (a
+    margin later, CAP_MARGIN_S): a connection that went silent on its own, its
+    server answering others, is closed then. A server that hangs is found sooner,
+    whatever is given (shards/liveness.py).
     """
 
     def __init__(
         self, shard_map: ShardMap, *, timeout: float = 10.0, application_name: str = "shardq",
         probe: bool = False, options: str | None = None, verify: Verifier | None = None,
+        statement_timeout_s: float | None = None,
         on_fatal: Callable[[ShardqError], None] | None = None,
         verified: Iterable[Shard | ShardStatus] = (), follow_every_s: float | None = None,
     ) -> None:
@@ -185,7 +228,8 @@ class ShardPools:
         self._timeout = timeout
         self._probe = probe
         self._application_name = application_name
-        self._options = options
+        self._options = server_options(options, statement_timeout_s)
+        self._max_wait_s = round_trip_cap(statement_timeout_s)
         self._verify = verify if verify is not None else _default_verifier()
         self._on_fatal = on_fatal
         self._fatal: ShardqError | None = None
@@ -201,7 +245,7 @@ class ShardPools:
         self._refreshing = threading.RLock()  # a shard first reached in a refresh may refresh
         self._locks: dict[str, threading.Lock] = {}
         self._outages = Outages()
-        self._pools: dict[str, ConnectionPool[DictConnection]] = {}
+        self._pools: dict[str, ConnectionPool[GuardedConnection]] = {}
         self._users: dict[str, int] = {}
         self._retired: set[str] = set()
         self._left: dict[str, Shard] = {}  # shards versions dropped, by name
@@ -223,7 +267,7 @@ class ShardPools:
         """The configured map the process started from."""
         return self._map.seeds
 
-    def _new_pool(self, shard: Shard) -> ConnectionPool[DictConnection]:
+    def _new_pool(self, shard: Shard) -> ConnectionPool[GuardedConnection]:
         return ConnectionPool(
             shard.url,
             min_size=shard.pool_min,
@@ -238,13 +282,14 @@ class ShardPools:
                 **tcp_settings(shard.url),
                 **({"options": self._options} if self._options else {}),
             },
-            connection_class=psycopg.Connection[dict[str, Any]],
+            connection_class=GuardedConnection,
+            configure=guarding(shard.url, self._max_wait_s),
             open=False,
             timeout=self._timeout,
             name=f"shardq-{shard.name}",
         )
 
-    def _pool_of(self, shard: Shard) -> ConnectionPool[DictConnection]:
+    def _pool_of(self, shard: Shard) -> ConnectionPool[GuardedConnection]:
         """The shard's pool, made (and opened, for pools that do not probe) on first use."""
         with self._guard:
             pool = self._pools.get(shard.name)
@@ -318,7 +363,16 @@ class ShardPools:
         with self._guard:
             self._users[shard.name] = self._users.get(shard.name, 0) + 1
         try:
-            with pool.connection() as conn:
+            with contextlib.ExitStack() as stack:
+                first = waited_in_vain(self._timeout)
+                try:
+                    conn = stack.enter_context(pool.connection(timeout=first))
+                except PoolTimeout:
+                    # No connection yet: a pool whose new connections hang in their
+                    # connect, or one busy with work. Only the first waits on.
+                    if first is None or not liveness_of(shard.url).answers():
+                        raise no_connection(first or self._timeout) from None
+                    conn = stack.enter_context(pool.connection(timeout=self._timeout - first))
                 yield conn
         except PoolTimeout as exc:
             raise self._went_down(shard, describe_connect_error(shard, exc)) from exc

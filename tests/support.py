@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
@@ -180,10 +181,16 @@ def wait_for_health(base: str, status: int, *, timeout: float = 30.0) -> None:
 
 
 class TcpProxy:
-    """A TCP forwarder to a PostgreSQL server that a test can cut and restore.
+    """A TCP forwarder to a PostgreSQL server that a test can cut, freeze and restore.
 
     `stop()` refuses new connections and resets the open ones, as a host that
     went away would look to a client; `start()` serves the same port again.
+    `freeze()` stops moving bytes and closes nothing: connections open and new
+    ones are accepted (this kernel acknowledges them), nothing reaches the server
+    and nothing comes back, as with a frozen server or a stuck pooler (TCP
+    keepalives see a healthy peer); `freeze_open()` does that to the connections
+    open now only, new ones flowing (a stale NAT entry, a pooler's stuck client: the
+    server answers others); `thaw()` moves what was held back and resumes.
     """
 
     def __init__(self, host: str, port: int, *, forward: bool = True) -> None:
@@ -193,10 +200,28 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._pairs: list[threading.Event] = []  # one per connection: flowing
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         self.port: int = probe.getsockname()[1]
         probe.close()
+
+    @classmethod
+    def to(cls, url: str) -> TcpProxy:
+        """A started proxy to the server of `url` (a Unix socket folder or a TCP host)."""
+        params = conninfo_to_dict(url)
+        return cls(str(params.get("host") or "127.0.0.1"),
+                   int(params.get("port") or 5432)).start()
+
+    def url(self, url: str) -> str:
+        """`url` with its host and port replaced by this proxy's."""
+        params = conninfo_to_dict(url)
+        user, password = params.get("user"), params.get("password")
+        auth = (f"{quote(str(user))}{':' + quote(str(password)) if password else ''}@"
+                if user else "")
+        return f"postgresql://{auth}127.0.0.1:{self.port}/{quote(str(params['dbname']))}"
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -207,10 +232,25 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
         return self
 
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def freeze_open(self) -> None:
+        with self._lock:
+            for pair in self._pairs:
+                pair.clear()
+
+    def thaw(self) -> None:
+        with self._lock:
+            for pair in self._pairs:
+                pair.set()
+        self._flowing.set()
+
     def stop(self) -> None:
         with self._lock:
             listener, self._listener = self._listener, None
             conns, self._conns = self._conns, []
+        self.thaw()
         if listener is not None:
             with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)
@@ -241,8 +281,12 @@ class TcpProxy:
                     server.close()
                     return
                 self._conns += [client, server]
+                pair = threading.Event()
+                pair.set()
+                self._pairs.append(pair)
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=_pipe, args=(a, b, (self._flowing, pair)),
+                                 daemon=True).start()
 
 
 def _connect(host: str, port: int) -> socket.socket:
@@ -258,9 +302,18 @@ def _connect(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
+def _pipe(source: socket.socket, sink: socket.socket,
+          flowing: tuple[threading.Event, ...]) -> None:
+    def flow() -> None:
+        for event in flowing:
+            event.wait()
+
     with contextlib.suppress(OSError):
-        while data := source.recv(65536):
+        while True:
+            flow()
+            if not (data := source.recv(65536)):
+                break
+            flow()  # read while flowing, held while frozen
             sink.sendall(data)
     with contextlib.suppress(OSError):
         sink.shutdown(socket.SHUT_WR)

@@ -226,12 +226,16 @@ def metrics_command(
         # each scrape reads the shards of the current version.
         follower = ShardPools(shard_map, timeout=scrape_timeout, probe=True,
                               application_name="shardq-metrics",
+                              statement_timeout_s=scrape_timeout,
                               follow_every_s=map_poll_interval()).open()
 
         def open_store() -> Store:
             # Probing: a shard that refuses connections is reported down at once.
+            # A read past the scrape's timeout is abandoned a margin later, whatever
+            # the shard's server says: its thread is free for the next scrape.
             return Store(ShardPools(follower.map, timeout=scrape_timeout, probe=True,
-                                    application_name="shardq-metrics").open())
+                                    application_name="shardq-metrics",
+                                    statement_timeout_s=scrape_timeout).open())
 
         collector = StoreCollector(
             open_store, follower, bounds=bounds, overdue_grace_s=overdue_grace,

@@ -85,8 +85,8 @@ def outbox_relay(
     # A short wait for a target's connection, so a shard that went down costs a
     # round little; the server ends a transaction a stalled relay left open.
     pools = ShardPools(shard_map, timeout=2.0, application_name="shardq-relay",
-                       options="-c idle_in_transaction_session_timeout=60s "
-                               "-c statement_timeout=30s",
+                       options="-c idle_in_transaction_session_timeout=60s",
+                       statement_timeout_s=30,
                        on_fatal=lambda _: stop.set(),
                        verified=checked).open()
     # Without --shard the relay follows the map: it relays from a shard a version adds.

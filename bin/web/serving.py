@@ -78,7 +78,7 @@ def build_app(config: ServeConfig) -> Starlette:
     # overloaded shard is cancelled by the server (the caller gets a 503). The map
     # is polled for newer versions, as a daemon's is.
     pools = AsyncShardPools(shard_map, verified=statuses, application_name="shardq-api",
-                            options="-c statement_timeout=15s",
+                            statement_timeout_s=15,
                             follow_every_s=map_poll_interval())
     client = AsyncClient(AsyncStore(pools), registry)
 

@@ -1,7 +1,8 @@
 """AsyncShardPools and a shard that does not answer: the first call waits out the connect
 timeout and names the shard; the calls after it, until the next probe, fail at once with
 the same error instead of each waiting again (an HTTP server must not spend a request's
-whole budget on a down shard); the reachable shard serves meanwhile."""
+whole budget on a down shard); the reachable shard serves meanwhile. A server that hangs
+with its connections open fails a call within the liveness bound (shards/liveness.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from shardq.queue.async_store import AsyncShardPools, AsyncStore
 from shardq.queue.errors import ExecutionNotFound
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
+from shardq.shards.liveness import HUNG_NOTICE_S
 from shardq.shards.pools import CONNECT_TIMEOUT_S, DOWN_PROBE_INTERVAL_S
 from shardq.shards.routing import new_execution_id
+
+from ..support import TcpProxy
 
 
 @pytest.fixture
@@ -64,3 +68,49 @@ def test_a_silent_shard_costs_one_connect_timeout_then_fails_at_once(
     for seconds, message in later:  # within one probe interval: no second wait
         assert seconds < DOWN_PROBE_INTERVAL_S / 2, (seconds, message)
         assert message == first[1]
+
+
+def test_a_hung_shard_fails_a_call_within_the_bound_while_the_other_answers(
+    shard_map: ShardMap,
+) -> None:
+    """A server that keeps TCP alive and answers nothing (a proxy that stops forwarding):
+    `shardq serve`'s calls to it fail within HUNG_NOTICE_S, naming it; calls to the other
+    shard, made meanwhile on the same event loop, answer at once."""
+    proxy = TcpProxy.to(shard_map.shards[1].url)
+    two = ShardMap.from_urls([shard_map.shards[0].url, proxy.url(shard_map.shards[1].url)])
+
+    async def run() -> tuple[float, str, float]:
+        pools = AsyncShardPools(two).open()
+        try:
+            client = AsyncClient(AsyncStore(pools), registry)
+            on_hung = new_execution_id(two.shards[1].first_bucket)
+            on_up = new_execution_id(two.shards[0].first_bucket)
+            with pytest.raises(ExecutionNotFound):
+                await client.get(on_hung)  # reached before the freeze
+            proxy.freeze()
+
+            async def hung_call() -> tuple[float, str]:
+                began = time.monotonic()
+                with pytest.raises(ShardUnavailable) as refused:
+                    await client.get(on_hung)
+                return time.monotonic() - began, str(refused.value)
+
+            pending = asyncio.ensure_future(hung_call())
+            await asyncio.sleep(0.5)
+            began = time.monotonic()
+            with pytest.raises(ExecutionNotFound):
+                await client.get(on_up)
+            healthy_s = time.monotonic() - began
+            seconds, message = await asyncio.wait_for(pending, HUNG_NOTICE_S + 5)
+            return seconds, message, healthy_s
+        finally:
+            proxy.thaw()
+            await pools.close()
+
+    try:
+        seconds, message, healthy_s = asyncio.run(run())
+    finally:
+        proxy.stop()
+    assert healthy_s < 1.0, healthy_s
+    assert seconds <= HUNG_NOTICE_S + 1.0, (seconds, message)
+    assert "shard-1" in message and "not answering" in message, message

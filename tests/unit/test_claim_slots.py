@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 
 import pytest
 
+from shardq.queue.models import Claim
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.queue.worker import CLAIM_STALL_S, Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 
@@ -86,6 +88,32 @@ def test_a_reserved_batch_is_not_offered_to_the_other_shard(
     assert worker._turning == 0
     assert worker._starved == set()
     assert worker._reserve(second, None, True) == (100, None)
+
+
+def leased(count: int) -> list[Claim]:
+    return [Claim(uuid.uuid4(), uuid.uuid4(), 1, "default", "w", 1, f"k{i}", None, False,
+                  datetime.now(UTC), (), ()) for i in range(count)]
+
+
+def test_a_stalled_claim_lends_its_slots_to_the_other_shards(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """A claim to a server that hangs waits for the store to find out (seconds): its
+    reservation must not keep every other shard's loop starved meanwhile."""
+    worker = make_worker(4, 4)
+    hung, healthy = worker.shards
+    assert worker._reserve(hung, None, False) == (4, None)
+    assert worker._reserve(healthy, None, False) == (0, None)  # not stalled yet: reserved
+    assert 0 < worker._starved_sleep() <= CLAIM_STALL_S + 0.01  # looks again when it may lend
+    worker._claiming[hung.name].since -= CLAIM_STALL_S  # the claim has been out that long
+    assert worker._reserve(healthy, None, False) == (4, None)
+    worker._claimed(healthy, 4, leased(4))
+    # The stalled claim answers at last with 3 runs: they are counted then, beyond the
+    # threads (they wait in the turn queue), and its reservation is not given back twice.
+    worker._claimed(hung, 4, leased(3))
+    assert worker._turning == 7
+    assert worker._reserve(hung, None, False) == (0, None)
+    assert worker._starved_sleep() == worker.config.poll_interval_s  # nothing left to lend
 
 
 def test_a_commit_batch_below_the_claim_batch_caps_what_a_claim_waits_for(

@@ -20,6 +20,10 @@ Faults:
   timeout notice. The drop must happen on a hop between the ends: a packet dropped by the
   sender's own egress qdisc is a local drop its kernel sees, and it fails the connection
   with ETIMEDOUT within about 8 s, which is no test of keepalives.
+- `freeze()` / `thaw()`: SIGSTOP the postmaster and every backend, then SIGCONT them. The
+  server's kernel still accepts connections and acknowledges packets, so TCP keepalives see
+  a healthy peer and no statement reaches the server (a storage stall, a stuck pooler):
+  only a client-side deadline notices. The test's own Unix-socket connections hang too.
 - `restart("immediate" | "fast")`: `pg_ctl restart` inside the namespace.
 - `read_only(True | False)`: `default_transaction_read_only` by ALTER SYSTEM and reload.
 - `slow_url(db, delay_s)`: the same database behind a `DelayProxy` (userspace, in this
@@ -132,6 +136,7 @@ class FaultableServer:
     bindir: Path
     folder: Path
     silenced: bool = False
+    frozen: bool = False
     proxies: list[DelayProxy] = field(default_factory=list)
 
     # -- names ---------------------------------------------------------------------
@@ -226,6 +231,8 @@ class FaultableServer:
         try:
             for proxy in self.proxies:
                 proxy.close()
+            with contextlib.suppress(OSError, ValueError):
+                self.thaw()  # a stopped postmaster would not stop
             self._clean_leftovers()
         finally:
             self.lock.close()
@@ -349,6 +356,35 @@ class FaultableServer:
         finally:
             self.heal()
 
+    def _processes(self) -> list[int]:
+        """The postmaster's pid, then its children's (backends and auxiliary processes)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = _run("pgrep", "-P", str(postmaster), check=False).split()
+        return [postmaster, *(int(pid) for pid in children)]
+
+    def freeze(self) -> None:
+        """Stop every process of the server where it stands (SIGSTOP): it hangs."""
+        for pid in self._processes():  # the postmaster first: it forks no new backend
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        if not self.frozen:
+            return
+        for pid in reversed(self._processes()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.frozen = False
+
+    @contextlib.contextmanager
+    def hung(self) -> Iterator[None]:
+        self.freeze()
+        try:
+            yield
+        finally:
+            self.thaw()
+
     def restart(self, mode: str) -> None:
         """`pg_ctl restart -m MODE`: every connection ends; crash recovery for `immediate`."""
         self._pg_ctl("restart", "-m", mode, "-t", "60", "-l", str(self.log))
@@ -390,6 +426,7 @@ class FaultableServer:
         for proxy in self.proxies:
             proxy.close()
         self.proxies.clear()
+        self.thaw()
         self.heal()
         self.ensure_running()
         with contextlib.suppress(psycopg.Error):

@@ -206,6 +206,9 @@ class AsyncShardPools:
     async def _reach(self, shard: Shard) -> None:
         """Verify a shard not reached yet, or probe one that is down; raise if it fails."""
         lock = self._locks.setdefault(shard.name, asyncio.Lock())
+        last = self._outages.last_error(shard.name)
+        if last is not None and lock.locked():
+            raise last  # as the sync pools: a down shard's probe is not queued behind
         async with lock:
             refused = self._outages.refusal(shard.name)
             if refused is not None:

@@ -30,6 +30,7 @@ from shardq.shards.errors import SchemaBehind, ShardqError, ShardUnavailable
 from shardq.shards.follow import map_poll_interval, newest_map
 from shardq.shards.liveness import (
     CAP_MARGIN_S,
+    HUNG_NOTICE_S,
     GuardedConnection,
     liveness_of,
     no_connection,
@@ -149,6 +150,11 @@ class Outages:
 
     def __contains__(self, name: object) -> bool:
         return name in self._down
+
+    def last_error(self, name: str) -> ShardUnavailable | None:
+        """The error a down shard last failed with (None: not down)."""
+        down = self._down.get(name)
+        return down[0] if down is not None else None
 
     def refusal(self, name: str) -> ShardUnavailable | None:
         """The shard's last error while its next probe is not due: a call fails with it."""
@@ -336,6 +342,10 @@ class ShardPools:
             pools = list(self._pools.values())
         for pool in pools:
             pool.close()
+        poller = self._poller
+        if poller is not None and poller is not threading.current_thread():
+            # A poll in flight ends within its statement's bound (shards/liveness.py).
+            poller.join(HUNG_NOTICE_S + CONNECT_TIMEOUT_S)
 
     def __enter__(self) -> ShardPools:
         return self.open()
@@ -396,7 +406,13 @@ class ShardPools:
         """Verify a shard not reached yet, or probe one that is down; raise if it fails.
         Returns the newest map version a shard verified now holds."""
         newer = None
-        with self._lock_of(shard):
+        lock = self._lock_of(shard)
+        # A down shard's probe may wait out a connect timeout: the calls meanwhile fail
+        # with its last error, as between probes, rather than queue behind it.
+        last = self._outages.last_error(shard.name)
+        if last is not None and lock.locked():
+            raise last
+        with lock:
             refused = self._outages.refusal(shard.name)
             if refused is not None:
                 raise refused

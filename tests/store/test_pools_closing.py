@@ -78,3 +78,16 @@ def test_async_pools_closed_during_a_first_reach_open_no_pool(shard_map: ShardMa
 
     assert "pools are closed" in asyncio.run(run())
     assert _connections(shard_map, "shardq-closing-async") == 0
+
+
+def test_close_joins_the_map_poll_thread(shard_map: ShardMap) -> None:
+    """A process that opens and closes pools must not keep one poll thread per pools."""
+    def polls() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "shardq-map-poll" and t.is_alive()]
+
+    before = len(polls())
+    pools = ShardPools(shard_map, follow_every_s=0.05).open()
+    time.sleep(0.2)  # polling by now
+    assert len(polls()) == before + 1
+    pools.close()
+    assert len(polls()) == before

@@ -97,24 +97,44 @@ class StoreCollector(Collector):
         yield from families(current, self.snapshot(current))
 
     def snapshot(self, current: ShardMap | None = None) -> dict[str, Scrape | None]:
-        """Each shard's health, None for a shard that did not answer in time."""
+        """Each shard's health, None for a shard that did not answer in time.
+
+        Answers are cached for `cache_s`, except a shard's failure: a shard down in the
+        cached answer is read again at every scrape (a refused connect, or the read
+        still out), so it is `up 1` on the first scrape after it answers again rather
+        than when the cache expires.
+        """
         current = current or self._current
         with self._lock:
-            if time.monotonic() - self._read_at < self._cache_s:
+            names = {shard.name for shard in current.shards}
+            fresh = time.monotonic() - self._read_at < self._cache_s
+            if fresh and names == set(self._snapshot) and all(self._snapshot.values()):
                 return self._snapshot
-            for shard in current.shards:
+            again = [s for s in current.shards
+                     if not fresh or self._snapshot.get(s.name) is None]
+            for shard in again:
                 future = self._pending.get(shard.name)
                 if future is None or future.done():
                     self._pending[shard.name] = self._pool.submit(self._read, shard, current)
-            names = {shard.name for shard in current.shards}
-            wait_all([f for n, f in self._pending.items() if n in names],
-                     timeout=self._timeout_s)
+            self._let_go(names)
+            wait_all([self._pending[s.name] for s in again], timeout=self._timeout_s)
             self._snapshot = {
-                name: _result(future) for name, future in self._pending.items()
-                if name in names
+                **{n: v for n, v in self._snapshot.items() if n in names},
+                **{s.name: _result(self._pending[s.name]) for s in again},
             }
-            self._read_at = time.monotonic()
+            if not fresh:
+                self._read_at = time.monotonic()
             return self._snapshot
+
+    def _let_go(self, names: set[str]) -> None:
+        """Close the connections of shards the map dropped (their pools would otherwise
+        retry a removed server for good), and forget them quietly."""
+        with self._stores_lock:
+            dropped = [self._stores.pop(n) for n in list(self._stores) if n not in names]
+        self._down &= names
+        for store in dropped:
+            threading.Thread(target=store.pools.close, name="shardq-scrape-close",
+                             daemon=True).start()
 
     def close(self) -> None:
         with self._stores_lock:

@@ -71,7 +71,7 @@ from shardq.queue.params import SignalDelivery
 from shardq.queue.store import Store
 from shardq.queue.worker import MAP_CHECK_S, MIN_POLL_S
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import Fenced, NotOwner, ShardqError
+from shardq.shards.errors import Fenced, NotOwner, ShardqError, ShardRetired
 from shardq.shards.fanout import by_shard
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,10 @@ class TargetHealth:
 
     def _probe(self, shard: Shard) -> None:
         while not self._stopping.wait(PROBE_INTERVAL_S):
+            if self._store.map.get(shard.name) is None:
+                with self._lock:  # removed from the map: nothing will be sent to it again
+                    self._down.discard(shard.name)
+                return
             try:
                 if not self._store.takes_writes(shard):
                     continue
@@ -237,6 +241,8 @@ class Relay:
             for s in self.sources
         }
         self._threads: list[threading.Thread] = []
+        self._served = threading.Lock()  # `sources` and `_retired`, changed as the map moves
+        self._retired: set[str] = set()
         self._counts_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         """Rows by outcome: delivered, duplicate, retried, failed:<reason>."""
@@ -261,18 +267,36 @@ class Relay:
 
     def _map_loop(self) -> None:
         """Relay from the shards newer map versions add (a moved run's pending rows went
-        with it); a shard a version drops sends nothing more, its outbox moved away."""
+        with it); let go of those a version drops (their outboxes moved away first)."""
         while not self._stopping.wait(MAP_CHECK_S):
-            served = {s.name for s in self.sources}
-            for source in self.map.shards:
+            current = self.map
+            with self._served:
+                served = {s.name for s in self.sources}
+                dropped = served - {s.name for s in current.shards}
+                self._retired |= dropped
+            for name in dropped:
+                self._wakes[name].set()  # its loop lets it go now, not after its sleep
+            for source in current.shards:
                 if source.name in served:
                     continue
                 self._wakes[source.name] = WakeSource(source, listen=listen_for_outbox)
                 self._pools[source.name] = ThreadPoolExecutor(
-                    2 * len(self.map.shards), thread_name_prefix="shardq-deliver")
-                self.sources.append(source)
+                    2 * len(current.shards), thread_name_prefix="shardq-deliver")
+                with self._served:
+                    self._retired.discard(source.name)
+                    self.sources.append(source)
                 self._start_loop(source)
                 log.info("relaying from a shard the map added", extra={"shard": source.name})
+
+    def _let_go(self, source: Shard) -> None:
+        """Stop relaying from a shard the map dropped: its loop ends with its LISTEN
+        connection and delivery threads, quietly (it is no outage)."""
+        with self._served:
+            self.sources = [s for s in self.sources if s.name != source.name]
+            self._retired.discard(source.name)
+        self._wakes[source.name].close()
+        self._pools[source.name].shutdown(wait=False)
+        log.info("no longer relaying from a shard the map dropped", extra={"shard": source.name})
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the rounds in flight, then stop; nothing is left half done."""
@@ -292,6 +316,9 @@ class Relay:
         wake = self._wakes[source.name]
         failures = 0
         while not self._stopping.is_set():
+            if source.name in self._retired:
+                self._let_go(source)
+                return
             wake.clear()
             try:
                 claimed = self.relay_once(source)
@@ -299,6 +326,11 @@ class Relay:
                 if failures:
                     wake.renew()  # its LISTEN connection may not have survived the outage
                 failures = 0
+            except ShardRetired:
+                # The pools follow the map ahead of the map loop: removed, not lost.
+                with self._served:
+                    self._retired.add(source.name)
+                continue
             except Exception as exc:
                 # The source shard itself failed us (or a bug): nothing was
                 # settled, the rows stay due; try again after a backoff.

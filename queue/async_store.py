@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shardq.queue import listing, statements
 from shardq.queue.models import (
@@ -46,7 +46,7 @@ from shardq.queue.models import (
 from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
 from shardq.queue.statements import CANCEL_ATTEMPTS, Op, Row, _TaskAppeared, buckets_of, run_async
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import NotOwner, SchemaBehind, ShardUnavailable
+from shardq.shards.errors import NotOwner, SchemaBehind, ShardRetired, ShardUnavailable
 from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting, map_poll_interval
 from shardq.shards.liveness import (
@@ -60,6 +60,7 @@ from shardq.shards.pools import (
     SILENT_PEER_TIMEOUT_S,
     Outages,
     ShardPools,
+    closed_under,
     connection_lost,
     describe_connect_error,
     round_trip_cap,
@@ -181,7 +182,7 @@ class AsyncShardPools:
         if current.version != self._swept:
             self._sweep(current)
         if current.get(shard.name) is None:
-            raise ShardUnavailable(
+            raise ShardRetired(
                 f"{shard.label}: not in the shard map any more (version {current.version})")
         if shard.name in self._outages or shard.name not in self._verified:
             await self._reach(shard)
@@ -290,6 +291,8 @@ class AsyncShardPools:
                 yield conn
         except PoolTimeout as exc:
             raise self._outages.went_down(shard.name, describe_connect_error(shard, exc)) from exc
+        except PoolClosed as exc:
+            raise closed_under(shard, closing=self._closed) from exc
         except psycopg.OperationalError as exc:
             if not connection_lost(exc):
                 raise

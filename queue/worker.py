@@ -45,7 +45,7 @@ from shardq.queue.retention import RetentionPlan, purge
 from shardq.queue.store import Store
 from shardq.queue.turn import failing_commit, run_turn
 from shardq.shards.config import Shard
-from shardq.shards.errors import ShardqError
+from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.shards.routing import bucket_of
 
 log = logging.getLogger(__name__)
@@ -194,10 +194,12 @@ class Worker:
         self.store = store
         self.shards = shards or list(store.map.shards)
         # Without a named subset, the worker serves the shards of the current map
-        # version: one a newer version adds is served within MAP_CHECK_S, one it
-        # drops is no longer claimed from (its leases still end normally).
+        # version: one a newer version adds is served within MAP_CHECK_S; one it
+        # drops is let go (_let_go): no more claims, its leases end normally, then
+        # its loops, LISTEN connection and completer stop, without a word above info.
         self._following = shards is None
         self._retired: set[str] = set()
+        self._gone: dict[str, threading.Event] = {}  # by shard: set once it is let go
         self._stopping = threading.Event()
         # Heartbeats go on until the drain is over: a turn finishing during the
         # drain must not lose its lease to another worker.
@@ -221,7 +223,7 @@ class Worker:
                               max_batch=self.config.commit_batch)
             for s in self.shards
         }
-        self._claimers: list[threading.Thread] = []
+        self._claimers: dict[str, threading.Thread] = {}
         # Claim full batches under a backlog of short turns, yet at once when
         # idle (see _reserve). No more than the free slots can ever reach.
         self._claim_threshold = min(self.config.batch_size, self.config.concurrency,
@@ -247,19 +249,22 @@ class Worker:
         return self
 
     def _start_loops(self, shard: Shard) -> None:
+        gone = self._gone[shard.name] = threading.Event()
         claim_loop = functools.partial(self._claim_loop, shard)
-        self._claimers.append(self._spawn(f"shardq-claim-{shard.name}", claim_loop))
-        heartbeat = functools.partial(self._heartbeat_loop, shard)
+        self._claimers[shard.name] = self._spawn(f"shardq-claim-{shard.name}", claim_loop)
+        heartbeat = functools.partial(self._heartbeat_loop, shard, gone)
         self._spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
 
     def _map_loop(self) -> None:
-        """Serve the shards newer map versions add; stop claiming from those they drop."""
+        """Serve the shards newer map versions add; let go of those they drop."""
         while not self._stopping.wait(MAP_CHECK_S):
             current = {s.name: s for s in self.store.map.shards}
             with self._lock:
                 served = {s.name for s in self.shards}
                 added = [s for name, s in current.items() if name not in served]
-                self._retired = served - set(current)
+                dropped = served - set(current)
+                newly, self._retired = dropped - self._retired, dropped
+            self._wake(newly)  # its claim loop lets it go now, not at its next poll
             for shard in added:
                 completer = Completer(self.store, shard, lease_s=self.config.lease_s,
                                       max_batch=self.config.commit_batch)
@@ -288,7 +293,7 @@ class Worker:
         deadline = time.monotonic() + timeout
         # A claim loop in the middle of a claim records what it leased before it
         # exits; only then is the in-flight set complete.
-        for claimer in self._claimers:
+        for claimer in list(self._claimers.values()):
             claimer.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
         with self._idle:
             while self._inflight and time.monotonic() < deadline:
@@ -312,9 +317,7 @@ class Worker:
             completer.close()
         # A claim loop still alive (stuck past its join) may be waiting on its own;
         # none was started when stop() comes without start().
-        waiting = {
-            s.name for s, c in zip(self.shards, self._claimers, strict=False) if c.is_alive()
-        }
+        waiting = {name for name, claimer in list(self._claimers.items()) if claimer.is_alive()}
         for name, wake in wakes:
             if name not in waiting:
                 wake.close()
@@ -347,8 +350,8 @@ class Worker:
 
         while not self._stopping.is_set():
             if shard.name in self._retired:
-                sleep(self.config.poll_interval_s)
-                continue
+                self._let_go(shard)
+                return
             # Cleared before the slots are read: a wake from here on is kept
             # for the wait below.
             wake.clear()
@@ -360,6 +363,12 @@ class Worker:
             if claims:
                 self._turns.put_many([(shard, claim) for claim in claims])
             backlog = error is None and len(claims) == limit
+            if isinstance(error, ShardRetired):
+                # The pools follow the map ahead of the map loop: the shard was
+                # removed, not lost.
+                with self._lock:
+                    self._retired.add(shard.name)
+                continue
             if error is not None:
                 failures += 1
                 if failures == 1 and isinstance(error, (ShardqError, psycopg.Error)):
@@ -373,6 +382,27 @@ class Worker:
                 wake.renew()  # its LISTEN connection may not have survived the outage
             if len(claims) < limit:
                 sleep(self._sleep_time(due_in))
+
+    def _let_go(self, shard: Shard) -> None:
+        """Stop serving a shard the map dropped, once its leases here are settled (or a
+        lease has passed): its heartbeat, LISTEN connection and completer end. A later
+        version that adds it again is served afresh by the map loop."""
+        deadline = time.monotonic() + self.config.lease_s
+        with self._idle:
+            while (any(e.shard.name == shard.name for e in self._inflight.values())
+                   and not self._stopping.is_set() and time.monotonic() < deadline):
+                self._idle.wait(max(0.0, deadline - time.monotonic()))
+            if self._stopping.is_set():
+                return  # stop() closes what is left
+            self.shards = [s for s in self.shards if s.name != shard.name]
+            self._claimers.pop(shard.name, None)
+            # Closed, not removed: threads that read these without the lock find a
+            # closed one (a no-op to set, a refusal to submit to), never a KeyError.
+            wake, completer = self._wakes[shard.name], self._completers[shard.name]
+            self._gone[shard.name].set()
+        completer.close()
+        wake.close()
+        log.info("no longer serving a shard the map dropped", extra={"shard": shard.name})
 
     def _claim(
         self, shard: Shard, limit: int
@@ -638,7 +668,9 @@ class Worker:
 
     def _wake(self, names: Collection[str]) -> None:
         for name in names:
-            self._wakes[name].set()
+            wake = self._wakes.get(name)
+            if wake is not None:
+                wake.set()
 
     # -- leases ----------------------------------------------------------------
 
@@ -653,13 +685,13 @@ class Worker:
                 except Exception as exc:  # housekeeping must never take the worker down
                     log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})
 
-    def _heartbeat_loop(self, shard: Shard) -> None:
-        # A thread per shard: an extension to a shard gone silent blocks until
-        # the connection's TCP timeout (shards/pools.py), and must not hold back
-        # the leases of the healthy ones. A third of the lease: two heartbeats
-        # may fail before another worker could take a healthy turn over.
+    def _heartbeat_loop(self, shard: Shard, gone: threading.Event) -> None:
+        # A thread per shard: an extension to a shard that hangs blocks until the
+        # store finds out (shards/liveness.py), and must not hold back the leases
+        # of the healthy ones. A third of the lease: two heartbeats may fail
+        # before another worker could take a healthy turn over.
         interval = self.config.lease_s / 3
-        while not self._drained.wait(interval):
+        while not self._drained.wait(interval) and not gone.is_set():
             with self._lock:
                 leases = [Lease(e.execution_id, e.token) for e in self._inflight.values()
                           if e.shard.name == shard.name]
@@ -667,6 +699,8 @@ class Worker:
                 continue
             try:
                 kept = self.store.extend_leases(shard, leases, self.config.lease_s)
+            except ShardRetired:
+                continue  # removed from the map: its claim loop lets it go
             except (ShardqError, psycopg.Error) as exc:
                 log.warning("heartbeat failed", extra={"shard": shard.name, "error": _line(exc)})
                 continue

@@ -21,6 +21,11 @@ class ShardUnavailable(ShardqError):
     """A shard could not be reached or refused the connection (host down, bad password, no db)."""
 
 
+class ShardRetired(ShardUnavailable):
+    """A shard the current map version dropped (`shards remove`): not an outage. Daemons
+    stop serving it, quietly; a caller holding one of its runs' ids follows the map."""
+
+
 class MapMismatch(ShardqError):
     """A shard was migrated with another shard map than the one this process holds."""
 

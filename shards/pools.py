@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.errors import SchemaBehind, ShardqError, ShardUnavailable
+from shardq.shards.errors import SchemaBehind, ShardqError, ShardRetired, ShardUnavailable
 from shardq.shards.follow import map_poll_interval, newest_map
 from shardq.shards.liveness import (
     CAP_MARGIN_S,
@@ -74,6 +74,12 @@ def tcp_settings(url: str) -> dict[str, Any]:
     return {k: v for k, v in TCP_SETTINGS.items() if k not in given}
 
 
+def closed_under(shard: Shard, *, closing: bool) -> ShardUnavailable:
+    """The error of a call whose pool was closed while it waited: said, never logged."""
+    return ShardUnavailable(f"{shard.label}: the process's pools are closed" if closing
+                            else f"{shard.label}: its pool was renewed meanwhile; try again")
+
+
 def describe_connect_error(shard: Shard, exc: BaseException) -> ShardUnavailable:
     """Turn libpq's multi-line text into a one-line cause that names the shard."""
     text = str(exc).strip()
@@ -92,8 +98,15 @@ def describe_connect_error(shard: Shard, exc: BaseException) -> ShardUnavailable
         cause = "out of connection slots (too many clients)"
     elif "starting up" in lowered or "shutting down" in lowered or "recovery" in lowered:
         cause = "restarting (" + text.splitlines()[0].removeprefix("FATAL:  ") + ")"
+    elif text.splitlines() and "server closed the connection unexpectedly" in (
+            text.splitlines()[0].lower()):
+        # libpq's lines after it are its guess ("... before or while processing the
+        # request."), which alone says nothing of what happened.
+        cause = "connection lost (the server closed it unexpectedly)"
     else:
-        cause = text.splitlines()[-1] if text else type(exc).__name__
+        # The first line is the cause (a FATAL the server sent, the statement
+        # abandoned); libpq's later lines are hints.
+        cause = text.splitlines()[0] if text else type(exc).__name__
     return ShardUnavailable(f"{shard.label}: {cause}")
 
 
@@ -304,7 +317,7 @@ class ShardPools:
             if self._closed:
                 raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
             if shard.name in self._retired or self._map.get(shard.name) is None:
-                raise ShardUnavailable(
+                raise ShardRetired(
                     f"{shard.label}: not in the shard map any more (version {self._map.version})")
             pool = self._new_pool(shard)
             self._pools[shard.name] = pool
@@ -386,6 +399,9 @@ class ShardPools:
                 yield conn
         except PoolTimeout as exc:
             raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
+        except PoolClosed as exc:
+            # Closed under the caller (close(), or a renewed pool's old one): no outage.
+            raise closed_under(shard, closing=self._closed) from exc
         except psycopg.OperationalError as exc:
             if not connection_lost(exc):
                 raise
@@ -552,7 +568,8 @@ class ShardPools:
         try:
             self.refresh()
         except Exception as exc:  # a poll that fails is retried at the next one
-            log.warning("could not re-read the shard map", extra={"error": str(exc)})
+            if not self._stop.is_set():  # one closing under it failed for that alone
+                log.warning("could not re-read the shard map", extra={"error": str(exc)})
 
 
 def _read_newer(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:

@@ -435,3 +435,26 @@ def test_a_slow_shard_does_not_slow_the_others(rig: Rig) -> None:
         drain(rig, load, failures, worker, relay)
     alive(failures, worker, relay)
     verdict(failures)
+
+
+def test_the_exporter_reports_a_restarted_shard_up_on_the_first_scrape_after(rig: Rig) -> None:
+    """Operations promises `up 1` on the first scrape after a shard is back: a scrape that
+    still says `up 0` once the server answers again misleads an operator into a page. At
+    the default 15 s cache, the answer that said it was down was served until it expired
+    (up 1 came about 10 s after the server was ready)."""
+    port = free_port()
+    exporter = rig.daemons([*rig.shards_arg(), "metrics", "--port", str(port)])
+    exporter.wait_for("store exporter on")
+    assert shard_up(port)["shard-2"] == 1.0
+    rig.server._pg_ctl("stop", "-m", "fast")
+    wait_until(lambda: shard_up(port)["shard-2"] == 0.0, timeout=15, what="up 0 while down")
+    rig.server.ensure_running()
+    ready = time.monotonic()
+    wait_until(lambda: scalar(rig.local[FAULTY], "SELECT 1") == 1, timeout=30,
+               what="the server answering again")
+    up = wait_until(lambda: shard_up(port)["shard-2"] == 1.0 and time.monotonic(),
+                    timeout=30, what="up 1 again")
+    rig.say(f"exporter: up 1 again {up - ready:.1f} s after the server was ready")
+    assert up - ready < 2.0, f"up 1 only {up - ready:.1f} s after the server was ready"
+    alive([], exporter)
+

@@ -5,16 +5,21 @@ would otherwise leak one per race)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+
+import pytest
 
 from shardq.bin.examples import registry
 from shardq.queue.async_client import AsyncClient
 from shardq.queue.async_store import AsyncShardPools, AsyncStore
+from shardq.queue.errors import ExecutionNotFound
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.migrations import verify_shard
 from shardq.shards.pools import ShardPools
+from shardq.shards.routing import new_execution_id
 
 from ..support import all_rows
 
@@ -91,3 +96,19 @@ def test_close_joins_the_map_poll_thread(shard_map: ShardMap) -> None:
     assert len(polls()) == before + 1
     pools.close()
     assert len(polls()) == before
+
+
+def test_closing_a_client_that_used_one_shard_logs_no_outage(
+    shard_map: ShardMap, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The map follower's first read may still be out on a shard the client never used
+    when it closes: that read fails for the closing alone, which is no shard's outage."""
+    async def use_one_shard_and_close() -> None:
+        async with AsyncClient.connect(shard_map, registry) as client:
+            with pytest.raises(ExecutionNotFound):
+                await client.get(new_execution_id(shard_map.shards[0].first_bucket))
+
+    caplog.set_level(logging.WARNING, logger="shardq")
+    for _ in range(3):  # the follower's read and the close race: give the race its chances
+        asyncio.run(use_one_shard_and_close())
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("shardq")] == []

@@ -135,6 +135,7 @@ def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_
                       fence_wait: float, grace: float, rest: float) -> None:
     """Even out runs per shard: moves of bucket ranges from the fullest to the emptiest."""
     from shardq.moves.mover import move, rebalance_plan
+    from shardq.moves.plan import within_tolerance
 
     with errors_as_exit_codes():
         options = _options(batch_runs, batch_rows, fence_wait, grace, rest)
@@ -144,12 +145,20 @@ def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_
         fail(f"rebalance needs two shards or more; the map has {', '.join(dep.names)}",
              EXIT_USAGE)
     planned = [m.as_dict() for m in plan]
+    after = dict(runs)
+    for m in plan:
+        after[m.source] -= m.runs
+        after[m.target] += m.runs
     lines = [f"map version {dep.version}; runs per shard: "
              + ", ".join(f"{n} {c}" for n, c in runs.items())]
     lines += [f"  move {m.first}-{m.last} from {m.source} to {m.target} ({m.runs} runs)"
-              for m in plan] or ["  nothing to move: the shards are even"]
+              for m in plan] or [f"  nothing to move: {_evenness(runs)}"]
+    if plan:
+        lines.append("  afterwards: " + ", ".join(f"{n} {c}" for n, c in after.items())
+                     + f": {_evenness(after)}")
     if dry_run:
         emit(settings, {"map_version": dep.version, "runs": runs, "plan": planned,
+                        "runs_after": after, "even_after": within_tolerance(after),
                         "dry_run": True}, "\n".join(lines))
         return
     if not settings.as_json:
@@ -157,8 +166,20 @@ def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_
     done = [_run_guarded(lambda m=m: move(seeds, m.first, m.last, m.target, options,
                                           progress=_progress(settings))).as_dict()
             for m in plan]
-    emit(settings, {"runs": runs, "plan": planned, "moves": done, "dry_run": False},
-         "\n".join(_text(d) for d in done) or "nothing to move: the shards are even")
+    emit(settings, {"runs": runs, "plan": planned, "moves": done, "runs_after": after,
+                    "even_after": within_tolerance(after), "dry_run": False},
+         "\n".join(_text(d) for d in done) or f"nothing to move: {_evenness(runs)}")
+
+
+def _evenness(runs: dict[str, int]) -> str:
+    """What "even" means, said of these loads (docs/operations.md, "Rebalancing")."""
+    from shardq.moves.plan import TOLERANCE, within_tolerance
+
+    if within_tolerance(runs):
+        return f"the shards are even (each within {TOLERANCE:.0%} of the mean)"
+    return (f"not within {TOLERANCE:.0%} of the mean, but as even as whole buckets allow "
+            "(a bucket never splits, and no range at the end of a fuller shard's range "
+            "would bring two shards closer)")
 
 
 def register(group: click.Group) -> None:

@@ -127,6 +127,34 @@ def test_an_add_that_stopped_part_way_is_finished_by_running_it_again(
     assert [_versions(url)[0][:2] for url in [*deployment.urls, new_url]] == [([1, 2], 2)] * 3
 
 
+def _socket_url_without_host(url: str) -> str:
+    """`url` (the embedded server's: a Unix socket folder in `host=`) spelled as libpq's
+    documentation spells a socket URL: no user, no host part, `postgresql:///db?...`."""
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    user = parts.username or "postgres"
+    return (f"postgresql://{parts.path}?host={query['host']}&port={query['port']}"
+            f"&user={user}")
+
+
+def test_a_unix_socket_url_with_no_host_part_is_added_as_given(
+    deployment: Deployment, other_server: EmbeddedPostgres,
+) -> None:
+    """`postgresql:///db?host=/run/postgresql` works in SHARDQ_SHARDS; `shards add` turned
+    it into `postgresql:/db?...` (urlunsplit drops an empty host's `//`) and refused it."""
+    new_url = _socket_url_without_host(
+        other_server.create_database(f"socket_{os.getpid()}"))
+    assert new_url.startswith("postgresql:///socket_")
+    added = _ok(deployment.cli("--json", "shards", "add", "shard-2", new_url))
+    assert added["shards"][2] == {"name": "shard-2", "url": new_url, "ranges": []}
+    ((layout,),) = rows(deployment.urls[0],
+                        "SELECT layout FROM shardq.shard_maps WHERE version = 2")
+    assert layout["shards"][2]["url"] == new_url
+    status = _ok(deployment.cli("--json", "shards", "status"))
+    assert [(s["name"], s["reachable"], s["ok"]) for s in status["shards"]][2] == (
+        "shard-2", True, True)
+
+
 def _other_spelling(url: str) -> str:
     """The same database under another spelling of its server."""
     parts = urlsplit(url)

@@ -17,7 +17,7 @@ from shardq.shards.routing import BUCKETS
 
 Layout = dict[str, Any]
 
-_RANGE = re.compile(r"^(\d{1,4})(?:-(\d{1,4}))?$")
+_RANGE = re.compile(r"^([0-9]{1,4})(?:-([0-9]{1,4}))?$")  # ASCII: int() reads other digits too
 
 
 def parse_range(text: str) -> tuple[int, int]:

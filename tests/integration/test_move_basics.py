@@ -421,6 +421,11 @@ def _cli(dep: Deployment, *args: str) -> tuple[int, str]:
     (["move", "1-2-3", "--to", "shard-1"], 2, "not FIRST-LAST"),
     (["move", "a-b", "--to", "shard-1"], 2, "not FIRST-LAST"),
     (["move", " 1 - 2 ", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    # int() reads any script's digits; a range is ASCII digits only.
+    (["move", "\uff11-\uff12", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    (["move", "1-\uff12", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    (["move", "\u0663", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    (["move", "\U0001d7d9", "--to", "shard-1"], 2, "not FIRST-LAST"),
     (["move", "2000-2100", "--to", "shard-1"], 2, "2000-2047 on shard-0; 2048-2100 on shard-1"),
     (["move", "5", "--to", "nowhere"], 2, "unknown shard 'nowhere'"),
     (["move", "5", "--to", "shard-0"], 2, "shard-0 already owns buckets 5-5"),

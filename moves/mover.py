@@ -29,36 +29,32 @@ process at that point (of batch 0 unless a batch is named); see CRASH_POINTS.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.sql
 from psycopg import IsolationLevel
 
+from shardq.moves.deployment import SQL, Deployment, mover_lock
 from shardq.moves.plan import (
     Batch,
     Layout,
     PlannedMove,
     bits,
-    check_layout,
     describe_ranges,
     owners,
     plan_batches,
     plan_rebalance,
     reassign,
-    shard_names,
 )
-from shardq.shards.config import Shard, ShardMap, without_password
+from shardq.shards.config import ShardMap
 from shardq.shards.errors import (
     ConfigError,
     MoveRunning,
@@ -66,18 +62,16 @@ from shardq.shards.errors import (
     ShardqError,
     ShardUnavailable,
 )
-from shardq.shards.migrations import MOVER_LOCK_KEY
-from shardq.shards.pools import DictConnection, connect
-from shardq.shards.sqlfile import load_queries
+from shardq.shards.pools import DictConnection
 
 log = logging.getLogger(__name__)
 
-SQL = load_queries("shardq.moves", "queries.sql")
 CRASH_ENV = "SHARDQ_MOVE_CRASH_AT"
 CRASH_POINTS = {
     "plan": "the move and its batches journaled, nothing frozen",
-    "freeze": "F1 committed on the source, the journal still says planned",
-    "fenced": "F2 over and journaled; nothing copied",
+    "freeze": "F1 committed on the source (the journal said fenced before it); writers "
+              "not yet waited out",
+    "fenced": "F2 over; nothing copied",
     "copy": "S1 in flight: executions and history copied, the target's transaction open",
     "switch": "S1 complete but not committed",
     "switched": "S1 committed on the target, the journal still says fenced",
@@ -173,109 +167,7 @@ def crash_point(point: str, batch: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-# -- the deployment as the shards record it ------------------------------------------
-
-
-class Deployment:
-    """The newest map the seeds hold, and a way to reach each shard it names."""
-
-    def __init__(self, seeds: ShardMap, version: int, layout: Layout) -> None:
-        self.seeds = seeds
-        self.version = version
-        self.layout = layout
-
-    @classmethod
-    def load(cls, seeds: ShardMap) -> Deployment:
-        best: tuple[int, Layout] | None = None
-        errors = []
-        for seed in seeds.shards:
-            try:
-                with connect(seed, autocommit=True) as conn:
-                    row = conn.execute(SQL["newest_map"]).fetchone()
-            except ShardUnavailable as exc:
-                errors.append(str(exc))
-                continue
-            except psycopg.errors.UndefinedTable:
-                raise SchemaBehind(f"{seed.label}: no map versions: run `shardq migrate`") from None
-            if row is not None and (best is None or row["version"] > best[0]):
-                best = (int(row["version"]), json.loads(row["layout"]))
-        if best is None:
-            raise ShardUnavailable("no seed shard answered with a map: " + "; ".join(errors)
-                                   if errors else "no seed shard holds a map version")
-        check_layout(best[1])
-        return cls(seeds, *best)
-
-    @property
-    def home(self) -> str:
-        return str(self.layout["home"])
-
-    @property
-    def names(self) -> list[str]:
-        return shard_names(self.layout)
-
-    def shard(self, name: str) -> Shard:
-        """The shard `name` of the map, with the seeds' credentials for its host."""
-        entry = next((s for s in self.layout["shards"] if s["name"] == name), None)
-        if entry is None:
-            raise ConfigError(f"unknown shard {name!r}: the map has {', '.join(self.names)}")
-        url = str(entry["url"])
-        index = self.names.index(name)
-        for seed in self.seeds.shards:
-            if seed.name == name and without_password(seed.url) == url:
-                return seed
-        # Only the name and URL of a Shard serve a direct connection; a seed's
-        # other fields stand in, whatever shape the configured map has.
-        return dataclasses.replace(self.seeds.shards[0], index=index, name=name,
-                                   url=_with_credentials(url, self.seeds))
-
-    def connect(self, name: str, *, autocommit: bool = True) -> DictConnection:
-        return connect(self.shard(name), autocommit=autocommit)
-
-    def refresh(self, conns: dict[str, DictConnection]) -> None:
-        """Take the newest version any of these shards holds."""
-        for conn in conns.values():
-            row = conn.execute(SQL["newest_map"]).fetchone()
-            if row is not None and row["version"] > self.version:
-                self.version, self.layout = int(row["version"]), json.loads(row["layout"])
-
-
-def _with_credentials(url: str, seeds: ShardMap) -> str:
-    parts = urlsplit(url)
-    if parts.password is not None:
-        return url
-    for seed in seeds.shards:
-        s = urlsplit(seed.url)
-        if (s.hostname, s.port) == (parts.hostname, parts.port) and s.password is not None:
-            user = parts.username or s.username or ""
-            host = parts.netloc.rpartition("@")[2]
-            return urlunsplit(parts._replace(netloc=f"{user}:{s.password}@{host}"))
-    return url
-
-
 # -- the mover ------------------------------------------------------------------------
-
-
-@contextmanager
-def mover_lock(dep: Deployment) -> Iterator[DictConnection]:
-    """A connection to home holding the mover's lock; MoveRunning when another has it."""
-    conn = dep.connect(dep.home)
-    try:
-        conn.execute(SQL["set_name"], {"name": "shardq-mover"})
-        taken = conn.execute(SQL["take_mover_lock"], {"key": MOVER_LOCK_KEY}).fetchone()
-        if not (taken and taken["taken"]):
-            holder = conn.execute(SQL["mover_lock_holder"], {
-                "high": MOVER_LOCK_KEY >> 32, "low": MOVER_LOCK_KEY & 0xFFFF_FFFF,
-            }).fetchone()
-            running = conn.execute(SQL["unfinished_move"]).fetchone()
-            what = (f"move {running['id']} (buckets {running['first_bucket']}-"
-                    f"{running['last_bucket']} from {running['source']} to {running['target']}, "
-                    f"{running['phase']})" if running else "a mover")
-            who = (f" by pid {holder['pid']} on {holder['host']} since "
-                   f"{holder['backend_start']:%Y-%m-%d %H:%M:%S}" if holder else "")
-            raise MoveRunning(f"another move is running: {what}{who}")
-        yield conn
-    finally:
-        conn.close()
 
 
 class Mover:
@@ -420,9 +312,15 @@ class Mover:
         target = self.target
         version = self._applied(move, item.batch, target)
         if version is None:
-            frozen_at = self._freeze(move, item.batch, batch)
+            # Journal first: a mover that dies between the freeze and the journal must
+            # not leave paused runs behind a journal that says the batch is only planned.
             self._journal(move, item.batch, "fenced")
             item.phase = "fenced"
+            try:
+                frozen_at = self._freeze(move, item.batch, batch)
+            except ShardUnavailable:
+                self._journal(move, item.batch, "planned")  # gave up, nothing frozen
+                raise
             crash_point("fenced", item.batch)
             version = self._switch(move, item, batch, frozen_at)
             self.home.execute(SQL["batch_switched"], {
@@ -676,38 +574,6 @@ class Mover:
         log.info("cleaned batch %d of move %d: %d runs deleted on %s", item.batch, move,
                  deleted, source)
         crash_point("cleaned", item.batch)
-
-
-def moves_in_progress(shard_map: ShardMap) -> list[dict[str, Any]]:
-    """The unfinished move in the home shard's journal (at most one), for `shards status`:
-    its range, shards, phase, batches done of planned, and the batch frozen now if one is.
-    None when the home shard cannot be read or holds no journal (raises nothing: status
-    reports the shard's own reachability)."""
-    try:
-        with connect(shard_map.named([shard_map.home])[0], autocommit=True) as home:
-            found = home.execute(SQL["unfinished_move"]).fetchone()
-            batches = list(home.execute(SQL["batches"], {"move": found["id"]})) if found else []
-    except (ShardqError, psycopg.Error):
-        return []
-    if found is None:
-        return []
-    done = sum(b["phase"] in ("switched", "released", "cleaned") for b in batches)
-    frozen = [b for b in batches if b["phase"] == "fenced"]
-    move = {
-        "id": found["id"], "buckets": [found["first_bucket"], found["last_bucket"]],
-        "source": found["source"], "target": found["target"], "phase": found["phase"],
-        "batches": len(batches), "batches_switched": done,
-        "runs_moved": sum(b["runs"] or 0 for b in batches),
-        "frozen_batch": frozen[0]["batch"] if frozen else None,
-        "started_at": found["started_at"],
-    }
-    move["text"] = (
-        f"move {move['id']}: buckets {found['first_bucket']}-{found['last_bucket']} "
-        f"{found['source']} -> {found['target']}, {found['phase']}, batch {done} of "
-        f"{len(batches)} switched, {move['runs_moved']} runs moved"
-        + (f", batch {move['frozen_batch']} frozen" if frozen else "")
-        + " (resume: shardq shards move --resume; abort: --abort)")
-    return [move]
 
 
 def _switch_name(move: int, batch: int) -> str:

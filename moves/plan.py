@@ -8,7 +8,7 @@ counts; the mover (moves/mover.py) acts on them. No database here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,34 @@ def reassign(layout: Layout, first: int, last: int, name: str) -> Layout:
         else:
             ranges.append([bucket, bucket, who])
     return {**layout, "ranges": ranges}
+
+
+Range = tuple[int, int]
+"""Inclusive first and last bucket."""
+
+
+def bit_ranges(flags: Sequence[bool]) -> list[Range]:
+    """The runs of true flags (bucket 0 first) as inclusive ranges."""
+    found: list[Range] = []
+    for bucket, flag in enumerate(flags):
+        if not flag:
+            continue
+        if found and found[-1][1] == bucket - 1:
+            found[-1] = (found[-1][0], bucket)
+        else:
+            found.append((bucket, bucket))
+    return found
+
+
+def describe(ranges: Iterable[Sequence[int]]) -> str:
+    """`1024-1535, 2000-2047`: sorted, touching ranges merged."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted((int(r[0]), int(r[1])) for r in ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return ", ".join(f"{lo}-{hi}" for lo, hi in merged) or "no buckets"
 
 
 def describe_ranges(layout: Layout, name: str) -> str:

@@ -84,6 +84,18 @@ SELECT batch, first_bucket, last_bucket, phase, planned_runs, planned_rows, runs
        extract(epoch FROM now() - released_at)::float8 AS released_s_ago
 FROM shardq.move_batches WHERE move_id = %(move)s ORDER BY batch
 
+-- name: pending_cleanups
+-- Switched batches whose source still keeps its copy, of every move, soonest due
+-- first: a copy is deleted once its move's grace period after the release is over.
+-- due_in_s is read once by the mover and kept as a deadline (home's clock decides).
+SELECT b.move_id, b.batch, b.first_bucket, b.last_bucket, m.source,
+       b.released_at + make_interval(secs => m.grace_s) AS due_at,
+       greatest(0, extract(epoch FROM b.released_at + make_interval(secs => m.grace_s)
+                                       - now()))::float8 AS due_in_s
+FROM shardq.move_batches b JOIN shardq.moves m ON m.id = b.move_id
+WHERE b.phase = 'released'
+ORDER BY due_at, b.move_id, b.batch
+
 -- name: set_batch_phase
 UPDATE shardq.move_batches SET phase = %(phase)s WHERE move_id = %(move)s AND batch = %(batch)s
 

@@ -117,7 +117,14 @@ FROM shardq.ownership
 
 -- name: count_runs
 -- For `shardq shards status`: exact, one scan of the primary key (status is rare).
-SELECT count(*) AS runs FROM shardq.executions
+-- Runs of the buckets the shard owns: until a move's cleanup, its source keeps a copy
+-- of runs the target owns, which would be counted on both. A clean shard holds
+-- nothing else, and skips the per-row bucket.
+SELECT CASE WHEN o.unclean
+            THEN (SELECT count(*) FROM shardq.executions e
+                  WHERE get_bit(o.owned, shardq.bucket(e.id)) = 1)
+            ELSE (SELECT count(*) FROM shardq.executions) END AS runs
+FROM shardq.ownership o
 
 -- name: server_identity
 -- Tells one server's database from another spelled differently (localhost and

@@ -183,19 +183,9 @@ def _evenness(runs: dict[str, int]) -> str:
 
 
 def register(group: click.Group) -> None:
-    """Add the move commands to the `shards` group, and the journal's reader to its status."""
-    from shardq.bin.cli import shards
-
+    """Add the move commands to the `shards` group."""
     group.add_command(move_command)
     group.add_command(rebalance_command)
-    if _moves_in_progress not in shards.MOVE_STATUS:
-        shards.MOVE_STATUS.append(_moves_in_progress)
-
-
-def _moves_in_progress(shard_map: Any) -> list[dict[str, Any]]:
-    from shardq.moves.mover import moves_in_progress
-
-    return moves_in_progress(shard_map)
 
 
 def _standalone() -> None:

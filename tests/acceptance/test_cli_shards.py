@@ -127,6 +127,29 @@ def test_an_add_that_stopped_part_way_is_finished_by_running_it_again(
     assert [_versions(url)[0][:2] for url in [*deployment.urls, new_url]] == [([1, 2], 2)] * 3
 
 
+def test_status_with_the_home_shard_down_says_it_cannot_tell_about_moves(
+    fresh_databases: Fresh,
+) -> None:
+    """The move journal is on the home shard: with it down, status said "no move in
+    progress", and printed `None` in the down shard's columns."""
+    (other,) = fresh_databases(1, "homeless")
+    with EmbeddedPostgres() as home_server:
+        home = home_server.create_database(f"home_{os.getpid()}")
+        migrate(ShardMap.from_urls([home, other]))
+    env = {"SHARDQ_SHARDS": f"{home},{other}"}  # the home server is stopped now
+    text = run_cli("shards", "status", env=env)
+    assert text.returncode == 3, text.stderr
+    assert "no move in progress" not in text.stdout
+    assert ("cannot tell whether a move is in progress: its journal is on the home shard "
+            "shard-0, which is unreachable") in text.stdout
+    (down,) = [line for line in text.stdout.splitlines() if "shard-0 " in line]
+    assert "None" not in down and "unreachable" in down
+    doc = json.loads(run_cli("--json", "shards", "status", env=env).stdout)
+    assert doc["moves"] is None and "cannot tell" in doc["moves_problem"]
+    assert [(s["name"], s["reachable"]) for s in doc["shards"]] == [
+        ("shard-0", False), ("shard-1", True)]
+
+
 def _socket_url_without_host(url: str) -> str:
     """`url` (the embedded server's: a Unix socket folder in `host=`) spelled as libpq's
     documentation spells a socket URL: no user, no host part, `postgresql:///db?...`."""

@@ -179,28 +179,53 @@ def test_a_mover_killed_at_each_phase_resumes_or_rolls_back_cleanly(
     assert phase == ("done" if then == "--resume" else "aborted",)
 
 
-def test_status_shows_a_move_a_killed_mover_left_frozen_until_it_is_resumed(
-    deployment: Deployment,
+def status(dep: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardq.bin.cli", "shards", "status", *args],
+        env={**os.environ, **dep.env()}, cwd=ROOT, capture_output=True, text=True,
+        timeout=60, check=False)
+
+
+def status_doc(dep: Deployment) -> dict[str, Any]:
+    shown = status(dep, "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc: dict[str, Any] = json.loads(shown.stdout)
+    return doc
+
+
+def batch_buckets(dep: Deployment, batch: int) -> list[int]:
+    with psycopg.connect(dep.urls[0]) as conn:
+        row = conn.execute("SELECT first_bucket, last_bucket FROM shardq.move_batches"
+                           " WHERE batch = %s", (batch,)).fetchone()
+    assert row is not None
+    return list(row)
+
+
+@pytest.mark.parametrize("crash_at", ["freeze@0", "fenced@1"])
+def test_status_names_the_buckets_a_killed_mover_left_frozen_and_what_to_run(
+    deployment: Deployment, crash_at: str,
 ) -> None:
-    """An operator's first question after a mover died: what is stuck, and how to go on."""
+    """An operator's first question after a mover died: what is stuck, and how to go on.
+    Killed right after the freeze ("freeze"), the journal said "planned" and status said
+    nothing was frozen while clients were refused for 10 s: the journal is now written
+    before the freeze, and the frozen buckets are read from the source itself."""
     populate(deployment, moved=24, kept=4)
     args = [f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10", "--grace", "0"]
-    killed = mover(deployment, *args, crash_at="fenced@1")
+    killed = mover(deployment, *args, crash_at=crash_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    batch = int(crash_at.partition("@")[2])
+    frozen = batch_buckets(deployment, batch)
 
-    def moves() -> list[dict[str, Any]]:
-        shown = subprocess.run(
-            [sys.executable, "-m", "shardq.bin.cli", "shards", "status", "--json"],
-            env={**os.environ, **deployment.env()}, cwd=ROOT, capture_output=True, text=True,
-            timeout=60, check=False)
-        assert shown.returncode == 0, shown.stderr
-        found: list[dict[str, Any]] = json.loads(shown.stdout)["moves"]
-        return found
-
-    (move,) = moves()
+    (move,) = status_doc(deployment)["moves"]
     assert (move["buckets"], move["source"], move["target"], move["phase"]) == (
         list(MOVED), "shard-0", "shard-1", "moving")
-    assert move["frozen_batch"] == 1 and move["batches_switched"] == 1
-    assert "--resume" in move["text"]
+    assert move["frozen_batch"] == batch and move["batches_switched"] == batch
+    assert move["frozen_buckets"] == [frozen] and not move["mover_running"]
+    assert move["commands"] == ["shardq shards move --resume", "shardq shards move --abort"]
+    text = status(deployment).stdout
+    assert (f"frozen: buckets {frozen[0]}-{frozen[1]} on shard-0 (move 1, batch {batch}, "
+            "to shard-1): writes to their runs are refused") in text
+    assert "no mover is running: `shardq shards move --resume` finishes it" in text
     assert mover(deployment, "--resume").returncode == 0
-    assert moves() == []
+    after = status_doc(deployment)
+    assert after["moves"] == [] and after["frozen"] == [] and after["cleanups"] == []

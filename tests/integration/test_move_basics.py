@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from shardq.bin.cli import moves as move_cli
 from shardq.bin.cli.common import Settings
+from shardq.moves import deployment as move_deployment
 from shardq.moves import mover
 from shardq.moves.plan import parse_range, plan_batches, plan_rebalance, reassign
 from shardq.shards.config import ShardMap
@@ -384,7 +385,7 @@ def test_copy_column_lists_name_every_column_of_each_table(deployment: Deploymen
             columns = [r[0] for r in conn.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema ="
                 " 'shardq' AND table_name = %s ORDER BY ordinal_position", (table,))]
-            into = mover.SQL[f"copy_in_{table}"]
+            into = move_deployment.SQL[f"copy_in_{table}"]
             named = into[into.index("(") + 1:into.index(")")].replace("\n", " ")
             listed = [c.strip() for c in named.split(",")]
             expected = [c for c in columns if not (table == "outbox" and c == "id")]
@@ -393,8 +394,8 @@ def test_copy_column_lists_name_every_column_of_each_table(deployment: Deploymen
 
 def test_a_second_mover_is_refused_naming_the_running_move(deployment: Deployment) -> None:
     populate(deployment, moved=2, kept=1)
-    dep = mover.Deployment.load(deployment.seeds)
-    with mover.mover_lock(dep) as home:
+    dep = move_deployment.Deployment.load(deployment.seeds)
+    with move_deployment.mover_lock(dep) as home:
         number = mover.Mover(dep, home, options()).start(*MOVED, "shard-1")
         with pytest.raises(MoveRunning, match=rf"move {number} \(buckets 1024-1535 "
                                                     r"from shard-0 to shard-1.*by pid \d+"):

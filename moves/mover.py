@@ -78,7 +78,7 @@ CRASH_POINTS = {
     "release": "R committed on the source; home and the other shards lack the version",
     "released": "R journaled; cleanup not started",
     "clean": "C in flight: one chunk of the source's rows deleted",
-    "cleaned": "C journaled for the batch; the move not yet done",
+    "cleaned": "C journaled for the batch; other batches' copies not yet deleted",
 }
 """Where SHARDQ_MOVE_CRASH_AT can kill the mover, and the state it leaves."""
 TABLES = ("executions", "history", "signals", "waits", "tasks", "outbox")
@@ -132,6 +132,24 @@ class BatchResult:
 
 
 @dataclass
+class Cleanup:
+    """What a mover's run did about the copies sources keep of switched batches (of
+    its own move and of earlier ones): deleted, or left for their grace period."""
+
+    deleted_runs: int = 0
+    cleaned: list[tuple[int, int]] = field(default_factory=list)
+    """(move, batch) of each batch whose copy was deleted."""
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """Copies left: move, batch, buckets, source, due_at (when the grace period ends)."""
+    waited_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"deleted_runs": self.deleted_runs, "batches_cleaned": len(self.cleaned),
+                "waited_s": round(self.waited_s, 3),
+                "pending": [{**p, "due_at": p["due_at"].isoformat()} for p in self.pending]}
+
+
+@dataclass
 class MoveResult:
     move: int
     first: int
@@ -142,6 +160,7 @@ class MoveResult:
     batches: list[BatchResult] = field(default_factory=list)
     seconds: float = 0.0
     map_version: int = 0
+    cleanup: Cleanup = field(default_factory=Cleanup)
 
     def as_dict(self) -> dict[str, Any]:
         runs = sum(b.runs or 0 for b in self.batches)
@@ -153,6 +172,7 @@ class MoveResult:
             "runs_per_second": round(runs / self.seconds, 1) if self.seconds > 0 else None,
             "max_pause_ms": max(pauses, default=None),
             "batches": [b.as_dict() for b in self.batches],
+            "cleanup": self.cleanup.as_dict(),
         }
 
 
@@ -262,16 +282,16 @@ class Mover:
 
     # -- carrying a move out ------------------------------------------------------
 
-    def run(self, move: int, *, abort: bool = False) -> MoveResult:
-        """Finish (or roll back) the unfinished move `move`, from wherever it stopped."""
+    def run(self, move: int, *, abort: bool = False, wait: bool = True) -> MoveResult:
+        """Finish (or roll back) move `move` from wherever it stopped, then delete the
+        copies its source keeps (and those earlier moves left) once their grace period
+        is over: waiting for it when `wait`, else leaving what is not due yet."""
         started = time.monotonic()
         row = self.home.execute(SQL["move_by_id"], {"id": move}).fetchone()
         assert row is not None
         result = MoveResult(move, row["first_bucket"], row["last_bucket"], row["source"],
                             row["target"], "moving")
-        grace = float(row["grace_s"])
         self.source, self.target = str(row["source"]), str(row["target"])
-        source = self.source
         for b in self._batches(move):
             item = BatchResult(b["batch"], b["first_bucket"], b["last_bucket"], b["phase"],
                                b["runs"], b["rows_copied"], b["paused_ms"], b["map_version"])
@@ -286,18 +306,77 @@ class Mover:
                 self._move_batch(move, item, batch)
                 self._keep_statistics(self.target)
                 self.options.pace(began)
-        self._set_move(move, "cleaning")
-        for item, b in zip(result.batches, self._batches(move), strict=True):
-            if b["phase"] == "released":
-                self._clean(move, item, source, grace, b["released_s_ago"])
-        self._keep_statistics(source)
-        self.conn(source).execute(SQL["mark_clean"])
-        result.phase = "aborted" if abort else "done"
-        self._set_move(move, result.phase)
+        # Every batch switched or went back: the map change is complete, and the journal
+        # says so before the cleanup, which is housekeeping that never blocks a new move.
+        # An abort that found every batch switched rolled nothing back: the move is done.
+        rolled_back = any(item.phase == "rolled_back" for item in result.batches)
+        result.phase = "aborted" if rolled_back else "done"
+        if row["phase"] != result.phase:
+            self._set_move(move, result.phase)
         self.dep.refresh({"home": self.home})
         result.map_version = self.dep.version
+        result.cleanup = self.clean_up(wait=wait, current=move)
+        for item in result.batches:
+            if (move, item.batch) in result.cleanup.cleaned:
+                item.phase = "cleaned"
         result.seconds = time.monotonic() - started
         return result
+
+    def clean_up(self, *, wait: bool, current: int | None = None) -> Cleanup:
+        """Delete the copy each source keeps of a switched batch, of any move, once the
+        batch's grace period is over; wait for those not due when `wait`.
+
+        The due times are read once and kept as deadlines, so the waits overlap: the
+        whole cleanup waits for the last batch's grace period, not for one per batch
+        in turn (a killed 11-batch move took 9 minutes to resume that way).
+        """
+        done = Cleanup()
+        rows = list(self.home.execute(SQL["pending_cleanups"]))
+        read_at = time.monotonic()
+        sources = {self.source} if current is not None else set()
+        if rows and wait:
+            longest = max(float(r["due_in_s"]) for r in rows)
+            if longest > 0:
+                self.progress(_waiting(rows, longest))
+        for row in rows:
+            left = read_at + float(row["due_in_s"]) - time.monotonic()
+            if left > 0 and not wait:
+                done.pending.append(_pending(row))
+                continue
+            if left > 0:
+                time.sleep(left)
+                done.waited_s += left
+            source = str(row["source"])
+            try:
+                deleted = self._delete_range(
+                    self.conn(source), Batch(row["first_bucket"], row["last_bucket"], 0, 0),
+                    chunked=True, number=row["batch"])
+            except (ShardUnavailable, psycopg.OperationalError) as exc:
+                if row["move_id"] == current:
+                    raise
+                # An earlier move's source that is down keeps its copy until a later run.
+                log.warning("copy of batch %d of move %d on %s left for later: %s",
+                            row["batch"], row["move_id"], source, exc)
+                self._conns.pop(source, None)
+                done.pending.append(_pending(row))
+                continue
+            # Runs, not rows: every table lost about as many of its rows as it has per run.
+            for table in TABLES:
+                self._changed[source, table] = self._changed.get((source, table), 0) + deleted
+            self._journal(row["move_id"], row["batch"], "cleaned")
+            done.cleaned.append((row["move_id"], row["batch"]))
+            done.deleted_runs += deleted
+            sources.add(source)
+            log.info("cleaned batch %d of move %d: %d runs deleted on %s", row["batch"],
+                     row["move_id"], deleted, source)
+            crash_point("cleaned", row["batch"])
+        for source in sorted(sources):
+            self._keep_statistics(source)
+            self.conn(source).execute(SQL["mark_clean"])
+        if done.cleaned:
+            self.progress(f"deleted the sources' copies of {len(done.cleaned)} switched "
+                          f"batch(es): {done.deleted_runs} runs")
+        return done
 
     def _batches(self, move: int) -> list[dict[str, Any]]:
         return list(self.home.execute(SQL["batches"], {"move": move}))
@@ -558,22 +637,20 @@ class Mover:
                 self._conns.pop(name, None)
         crash_point("released", item.batch)
 
-    def _clean(self, move: int, item: BatchResult, source: str, grace: float,
-               released_s_ago: float | None) -> None:
-        wait = grace - (released_s_ago or 0.0)
-        if wait > 0:
-            self.progress(f"cleanup of batch {item.batch} in {wait:.0f} s (grace period)")
-            time.sleep(wait)
-        deleted = self._delete_range(self.conn(source), Batch(item.first, item.last, 0, 0),
-                                     chunked=True, number=item.batch)
-        # Runs, not rows: every table lost about as many of its rows as it has per run.
-        for table in TABLES:
-            self._changed[source, table] = self._changed.get((source, table), 0) + deleted
-        self._journal(move, item.batch, "cleaned")
-        item.phase = "cleaned"
-        log.info("cleaned batch %d of move %d: %d runs deleted on %s", item.batch, move,
-                 deleted, source)
-        crash_point("cleaned", item.batch)
+
+def _pending(row: dict[str, Any]) -> dict[str, Any]:
+    return {"move": row["move_id"], "batch": row["batch"],
+            "buckets": [row["first_bucket"], row["last_bucket"]], "source": row["source"],
+            "due_at": row["due_at"]}
+
+
+def _waiting(rows: list[dict[str, Any]], longest: float) -> str:
+    sources = ", ".join(sorted({str(r["source"]) for r in rows}))
+    return (f"every batch has switched: the map change is complete. Waiting {longest:.0f} s "
+            f"more before deleting {sources}'s copy of {len(rows)} switched batch(es): the "
+            "grace period (--grace) lets reads planned on the previous map version finish "
+            "against it. --no-wait returns at the switch and leaves the deletion to "
+            "`shardq shards move --resume` or the next move.")
 
 
 def _switch_name(move: int, batch: int) -> str:
@@ -595,8 +672,13 @@ def _copy(src: DictConnection, dst: DictConnection, table: str, ids: list[Any]) 
 
 def move(seeds: ShardMap, first: int | None, last: int | None, target: str | None,
          options: MoveOptions | None = None, *, resume: bool = False, abort: bool = False,
-         progress: Callable[[str], None] | None = None) -> MoveResult:
-    """Move buckets first..last to `target`; or resume or abort the unfinished move."""
+         wait: bool = True, progress: Callable[[str], None] | None = None) -> MoveResult:
+    """Move buckets first..last to `target`; or resume or abort the unfinished move.
+
+    Returns once every batch has switched and, when `wait`, the sources' copies are
+    deleted after their grace period. `resume` with no unfinished move finishes the
+    cleanup a move left (of the latest such move, with every other one's).
+    """
     options = options or MoveOptions()
     dep = Deployment.load(seeds)
     with mover_lock(dep) as home:
@@ -604,13 +686,33 @@ def move(seeds: ShardMap, first: int | None, last: int | None, target: str | Non
         try:
             if resume or abort:
                 unfinished = home.execute(SQL["unfinished_move"]).fetchone()
+                uncleaned = home.execute(SQL["latest_uncleaned_move"]).fetchone()
+                if unfinished is None and uncleaned is not None and abort:
+                    raise ConfigError(
+                        f"no unfinished move to abort: move {uncleaned['id']} is done (every "
+                        "batch switched); its source keeps a copy of the moved runs until "
+                        "`shardq shards move --resume` deletes it")
+                unfinished = unfinished or uncleaned
                 if unfinished is None:
-                    raise ConfigError("no unfinished move to " + ("abort" if abort else "resume"))
+                    raise ConfigError("no unfinished move to " + ("abort" if abort else "resume")
+                                      + (" and no copy left to clean up" if resume else ""))
                 number = int(unfinished["id"])
             else:
                 assert first is not None and last is not None and target is not None
                 number = mover.start(first, last, target)
-            return mover.run(number, abort=abort)
+            return mover.run(number, abort=abort, wait=wait)
+        finally:
+            mover.close()
+
+
+def clean_up(seeds: ShardMap, options: MoveOptions | None = None, *, wait: bool = True,
+             progress: Callable[[str], None] | None = None) -> Cleanup:
+    """Delete the copies earlier moves left, once their grace period is over."""
+    dep = Deployment.load(seeds)
+    with mover_lock(dep) as home:
+        mover = Mover(dep, home, options or MoveOptions(), progress)
+        try:
+            return mover.clean_up(wait=wait)
         finally:
             mover.close()
 
@@ -629,8 +731,11 @@ def rebalance_plan(seeds: ShardMap) -> tuple[Deployment, list[PlannedMove], dict
     return dep, plan_rebalance(dep.layout, runs), per_shard
 
 
-def rebalance(seeds: ShardMap, options: MoveOptions | None = None, *,
-              progress: Callable[[str], None] | None = None) -> list[MoveResult]:
-    """Carry out the rebalancing plan, one move at a time."""
+def rebalance(seeds: ShardMap, options: MoveOptions | None = None, *, wait: bool = True,
+              progress: Callable[[str], None] | None = None) -> tuple[list[MoveResult], Cleanup]:
+    """Carry out the rebalancing plan, one move at a time, each returning at its last
+    switch; then delete the sources' copies after one grace period (when `wait`)."""
     _dep, plan, _runs = rebalance_plan(seeds)
-    return [move(seeds, m.first, m.last, m.target, options, progress=progress) for m in plan]
+    done = [move(seeds, m.first, m.last, m.target, options, wait=False, progress=progress)
+            for m in plan]
+    return done, clean_up(seeds, options, wait=wait, progress=progress)

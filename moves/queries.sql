@@ -80,8 +80,7 @@ VALUES (%(move)s, %(batch)s, %(first)s, %(last)s, 'planned', %(runs)s, %(rows)s)
 
 -- name: batches
 SELECT batch, first_bucket, last_bucket, phase, planned_runs, planned_rows, runs, rows_copied,
-       paused_ms, map_version, released_at,
-       extract(epoch FROM now() - released_at)::float8 AS released_s_ago
+       paused_ms, map_version, released_at
 FROM shardq.move_batches WHERE move_id = %(move)s ORDER BY batch
 
 -- name: pending_cleanups
@@ -95,6 +94,12 @@ SELECT b.move_id, b.batch, b.first_bucket, b.last_bucket, m.source,
 FROM shardq.move_batches b JOIN shardq.moves m ON m.id = b.move_id
 WHERE b.phase = 'released'
 ORDER BY due_at, b.move_id, b.batch
+
+-- name: latest_uncleaned_move
+-- The newest finished move whose source still keeps copies: `--resume` finishes it.
+SELECT m.id FROM shardq.moves m
+WHERE EXISTS (SELECT 1 FROM shardq.move_batches b WHERE b.move_id = m.id AND b.phase = 'released')
+ORDER BY m.id DESC LIMIT 1
 
 -- name: set_batch_phase
 UPDATE shardq.move_batches SET phase = %(phase)s WHERE move_id = %(move)s AND batch = %(batch)s

@@ -2,6 +2,14 @@
 
 Registered into the `shards` group (bin/cli/shards.py) by `register`.
 
+A move returns once its last batch has switched and the source's copy of the moved
+runs is deleted, which waits for the grace period (`--grace`, 60 s: reads planned on
+the previous map version finish against the copy) and says so while it waits.
+`--no-wait` returns at the last switch; the copy is then deleted by
+`shards move --resume` (which waits for what is left of the grace period) or by the
+next move or rebalance, and `shards status` shows it until then. A rebalance waits
+for one grace period after its last move, not one per move.
+
 Exit codes: those of common.py (2 usage or configuration, 3 a shard unavailable,
 4 map, 5 schema) and EXIT_MOVE_RUNNING, 9: another move holds the mover's lock,
 or an unfinished move must be resumed (`--resume`) or aborted (`--abort`) first.
@@ -54,6 +62,10 @@ def _move_options(f: Any) -> Any:
                      show_default=True,
                      help="After each batch and cleanup chunk, rest this many times as long "
                           "as it took (0: full speed), leaving the servers to their traffic."),
+        click.option("--no-wait", is_flag=True,
+                     help="Return when the last batch has switched, without waiting for "
+                          "the grace period to delete the source's copy (`shards move "
+                          "--resume` or the next move deletes it)."),
     ]):
         f = option(f)
     return f
@@ -73,10 +85,31 @@ def _progress(settings: Settings) -> Any:
 
 def _text(result: dict[str, Any]) -> str:
     first, last = result["buckets"]
-    return (f"move {result['move']} {result['phase']}: buckets {first}-{last} from "
+    batches = result["batches"]
+    rolled_back = sum(b["phase"] == "rolled_back" for b in batches)
+    pause = ("no batch paused" if result["max_pause_ms"] is None
+             else f"longest pause {result['max_pause_ms']} ms")
+    text = (f"move {result['move']} {result['phase']}: buckets {first}-{last} from "
             f"{result['source']} to {result['target']}, {result['runs_moved']} runs in "
-            f"{len(result['batches'])} batch(es), {result['seconds']} s, longest pause "
-            f"{result['max_pause_ms']} ms, map version {result['map_version']}")
+            f"{len(batches) - rolled_back} batch(es)"
+            + (f" ({rolled_back} rolled back, left on {result['source']})" if rolled_back
+               else "")
+            + f", {result['seconds']} s, {pause}, map version {result['map_version']}")
+    return text + _cleanup_text(result["cleanup"])
+
+
+def _cleanup_text(cleanup: dict[str, Any]) -> str:
+    text = ""
+    if cleanup["batches_cleaned"]:
+        text += (f"; copies of {cleanup['batches_cleaned']} switched batch(es) deleted "
+                 f"({cleanup['deleted_runs']} runs)")
+    if cleanup["pending"]:
+        sources = ", ".join(sorted({p["source"] for p in cleanup["pending"]}))
+        due = max(p["due_at"] for p in cleanup["pending"])
+        text += (f"; {sources} keeps its copy of {len(cleanup['pending'])} switched batch(es) "
+                 f"until its grace period ends ({due}): `shardq shards move --resume` deletes "
+                 "it then, and so does the next move or rebalance")
+    return text
 
 
 def _run_guarded(action: Any) -> Any:
@@ -84,14 +117,16 @@ def _run_guarded(action: Any) -> Any:
         with errors_as_exit_codes():  # MoveRunning: EXIT_MOVE_RUNNING
             return action()
     except KeyboardInterrupt:
-        fail("interrupted: the move stopped where it was; `shardq shards move --resume` "
-             "finishes it, `--abort` rolls back what did not switch", 1)
+        fail("interrupted: the move stopped where it was (`shardq shards status` shows "
+             "what is left); `shardq shards move --resume` finishes it, `--abort` rolls back "
+             "the batches that did not switch", 1)
 
 
 @click.command("move")
 @click.argument("buckets", required=False, metavar="FIRST-LAST")
 @click.option("--to", "target", metavar="NAME", help="The shard to move the buckets to.")
-@click.option("--resume", is_flag=True, help="Finish the unfinished move.")
+@click.option("--resume", is_flag=True,
+              help="Finish the unfinished move, or delete the copies a finished one left.")
 @click.option("--abort", is_flag=True,
               help="Roll back the unfinished move's batches that did not switch.")
 @_move_options
@@ -99,7 +134,7 @@ def _run_guarded(action: Any) -> Any:
 @pass_settings
 def move_command(settings: Settings, buckets: str | None, target: str | None, resume: bool,
                  abort: bool, batch_runs: int, batch_rows: int, fence_wait: float,
-                 grace: float, rest: float) -> None:
+                 grace: float, rest: float, no_wait: bool) -> None:
     """Move buckets FIRST-LAST (or one bucket N) to shard NAME, online, batch by batch."""
     from shardq.moves.mover import move
     from shardq.moves.plan import parse_range
@@ -121,7 +156,8 @@ def move_command(settings: Settings, buckets: str | None, target: str | None, re
         options = _options(batch_runs, batch_rows, fence_wait, grace, rest)
         seeds = settings.shard_map()
     result = _run_guarded(lambda: move(seeds, first, last, target, options, resume=resume,
-                                       abort=abort, progress=_progress(settings)))
+                                       abort=abort, wait=not no_wait,
+                                       progress=_progress(settings)))
     doc = result.as_dict()
     emit(settings, doc, _text(doc))
 
@@ -132,9 +168,12 @@ def move_command(settings: Settings, buckets: str | None, target: str | None, re
 @json_option
 @pass_settings
 def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_rows: int,
-                      fence_wait: float, grace: float, rest: float) -> None:
-    """Even out runs per shard: moves of bucket ranges from the fullest to the emptiest."""
-    from shardq.moves.mover import move, rebalance_plan
+                      fence_wait: float, grace: float, rest: float, no_wait: bool) -> None:
+    """Even out runs per shard: moves of bucket ranges from the fullest to the emptiest.
+
+    Even: every shard's runs within 10% of the mean, or as even as whole buckets allow.
+    """
+    from shardq.moves.mover import clean_up, move, rebalance_plan
     from shardq.moves.plan import within_tolerance
 
     with errors_as_exit_codes():
@@ -163,16 +202,25 @@ def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_
         return
     if not settings.as_json:
         click.echo("\n".join(lines), err=True)
+    # Each move returns at its last switch; the copies wait for one grace period, at the end.
     done = [_run_guarded(lambda m=m: move(seeds, m.first, m.last, m.target, options,
-                                          progress=_progress(settings))).as_dict()
+                                          wait=False, progress=_progress(settings))).as_dict()
             for m in plan]
-    emit(settings, {"runs": runs, "plan": planned, "moves": done, "runs_after": after,
-                    "even_after": within_tolerance(after), "dry_run": False},
-         "\n".join(_text(d) for d in done) or f"nothing to move: {_evenness(runs)}")
+    cleanup = _run_guarded(lambda: clean_up(seeds, options, wait=not no_wait,
+                                            progress=_progress(settings))).as_dict()
+    text = "\n".join(_text({**d, "cleanup": _NO_CLEANUP}) for d in done)
+    emit(settings, {"runs": runs, "plan": planned, "moves": done, "cleanup": cleanup,
+                    "runs_after": after, "even_after": within_tolerance(after),
+                    "dry_run": False},
+         (text + "\nrebalanced" + _cleanup_text(cleanup)) if done
+         else f"nothing to move: {_evenness(runs)}" + _cleanup_text(cleanup))
+
+
+_NO_CLEANUP = {"batches_cleaned": 0, "pending": []}
 
 
 def _evenness(runs: dict[str, int]) -> str:
-    """What "even" means, said of these loads (docs/operations.md, "Rebalancing")."""
+    """What "even" means, said of these loads (docs/operations.md, "Growing")."""
     from shardq.moves.plan import TOLERANCE, within_tolerance
 
     if within_tolerance(runs):

@@ -110,19 +110,24 @@ def _row(status: ShardStatus, runs: int | None, current: ShardMap) -> dict[str, 
 @shards_group.command("add")
 @click.argument("name")
 @click.argument("url")
+@click.option("--allow-nonempty", is_flag=True,
+              help="Add a database that holds other schemas or tables (shardq's own schema "
+                   "goes beside them); without it only an empty database is taken.")
 @json_option
 @pass_settings
-def add_command(settings: Settings, name: str, url: str) -> None:
-    """Add the database at URL as shard NAME, owning no buckets yet.
+def add_command(settings: Settings, name: str, url: str, allow_nonempty: bool) -> None:
+    """Add the empty database at URL as shard NAME, owning no buckets yet.
 
     Migrates it, then writes a new map version (the same ranges, one more shard)
     to every shard. The URL must carry no password: it is stored in every shard;
-    use a passfile or PGPASSWORD.
+    use a passfile or PGPASSWORD. Refused, leaving the database as it was: a
+    database holding anything but an empty public schema (unless --allow-nonempty),
+    or a shardq schema this deployment did not make.
     """
     from shardq.shards.migrations import add_shard
 
     with errors_as_exit_codes():
-        grown = add_shard(settings.shard_map(), name, url)
+        grown = add_shard(settings.shard_map(), name, url, allow_nonempty=allow_nonempty)
     _emit_change(settings, grown, f"added shard {name}", name)
 
 

@@ -95,6 +95,9 @@ class MoveOptions:
     fence_wait_s: float = 1.0
     fence_retries: int = 10
     grace_s: float = 60.0
+    max_pause_s: float = 1.0
+    """A batch whose pause (freeze to switch) took longer halves the batch size of the
+    batches not started yet, down to one run. 0: never."""
     rest: float = 1.0
     """After each batch (and each chunk of cleanup), rest this many times as long as it
     took: a move is background work, and on a busy server the copy's CPU and I/O are
@@ -105,6 +108,8 @@ class MoveOptions:
             raise ConfigError("batch sizes must be positive (--batch-runs, --batch-rows)")
         if not 0 <= self.grace_s <= 1e9 or not 0 < self.fence_wait_s <= 3600:
             raise ConfigError("--grace must be >= 0 and --fence-wait > 0 seconds")
+        if not 0 <= self.max_pause_s <= 3600:  # nan fails too
+            raise ConfigError("--max-pause must be within 0..3600 seconds")
         if not 0 <= self.rest <= 100:  # nan fails too
             raise ConfigError("--rest must be within 0..100 (times a batch's own time)")
 
@@ -292,7 +297,10 @@ class Mover:
         result = MoveResult(move, row["first_bucket"], row["last_bucket"], row["source"],
                             row["target"], "moving")
         self.source, self.target = str(row["source"]), str(row["target"])
-        for b in self._batches(move):
+        limits = (int(row["max_batch_runs"]), int(row["max_batch_rows"]))
+        # The journal is read again after each batch: a slow one re-plans those after it.
+        while (b := self._batch_after(move, result.batches[-1].batch if result.batches
+                                      else -1)) is not None:
             item = BatchResult(b["batch"], b["first_bucket"], b["last_bucket"], b["phase"],
                                b["runs"], b["rows_copied"], b["paused_ms"], b["map_version"])
             result.batches.append(item)
@@ -305,6 +313,7 @@ class Mover:
                 began = time.monotonic()
                 self._move_batch(move, item, batch)
                 self._keep_statistics(self.target)
+                limits = self._lower_batch_size(move, item, limits)
                 self.options.pace(began)
         # Every batch switched or went back: the map change is complete, and the journal
         # says so before the cleanup, which is housekeeping that never blocks a new move.
@@ -321,6 +330,43 @@ class Mover:
                 item.phase = "cleaned"
         result.seconds = time.monotonic() - started
         return result
+
+    def _lower_batch_size(self, move: int, item: BatchResult,
+                          limits: tuple[int, int]) -> tuple[int, int]:
+        """Re-plan the batches after `item` at half its size when its pause exceeded
+        --max-pause; the limits in force afterwards.
+
+        A batch's pause grows with what it copies (the rows, and the server's load
+        meanwhile), and every run of the batch is refused for all of it. Only batches
+        journaled `planned` are re-planned: none of them was ever frozen (the journal
+        says `fenced` before a freeze), so none is on the target under its number.
+        """
+        bound = self.options.max_pause_s
+        if not bound or item.paused_ms is None or item.paused_ms <= bound * 1000:
+            return limits
+        later = [b for b in self._batches(move) if b["batch"] > item.batch]
+        if not later or any(b["phase"] != "planned" for b in later):
+            return limits
+        runs = max(1, min(limits[0], item.runs or limits[0]) // 2)
+        rows = max(1, min(limits[1], item.rows or limits[1]) // 2)
+        first, last = later[0]["first_bucket"], later[-1]["last_bucket"]
+        counts = {int(r["bucket"]): (int(r["runs"]), int(r["rows"])) for r in self.conn(
+            self.source).execute(SQL["bucket_counts"], {"first": first, "last": last})}
+        batches = plan_batches(counts, first, last, runs, rows)
+        if len(batches) <= len(later):
+            return limits  # single buckets already, or nothing gained
+        with self.home.transaction():
+            self.home.execute(SQL["drop_planned_batches"], {"move": move, "after": item.batch})
+            for i, b in enumerate(batches, start=item.batch + 1):
+                self.home.execute(SQL["insert_batch"], {
+                    "move": move, "batch": i, "first": b.first, "last": b.last,
+                    "runs": b.runs, "rows": b.rows})
+            self.home.execute(SQL["set_batch_limits"], {"move": move, "runs": runs,
+                                                        "rows": rows})
+        self.progress(f"batch {item.batch} paused {item.paused_ms} ms, above --max-pause "
+                      f"{bound:g} s: the {len(later)} batch(es) after it re-planned as "
+                      f"{len(batches)} of at most {runs} runs and {rows} rows")
+        return runs, rows
 
     def clean_up(self, *, wait: bool, current: int | None = None) -> Cleanup:
         """Delete the copy each source keeps of a switched batch, of any move, once the
@@ -380,6 +426,9 @@ class Mover:
 
     def _batches(self, move: int) -> list[dict[str, Any]]:
         return list(self.home.execute(SQL["batches"], {"move": move}))
+
+    def _batch_after(self, move: int, after: int) -> dict[str, Any] | None:
+        return next((b for b in self._batches(move) if b["batch"] > after), None)
 
     def _set_move(self, move: int, phase: str) -> None:
         self.home.execute(SQL["set_move_phase"], {"move": move, "phase": phase})

@@ -124,7 +124,10 @@ def plan_batches(counts: Mapping[int, tuple[int, int]], first: int, last: int,
     start, runs, rows = first, 0, 0
     for bucket in range(first, last + 1):
         b_runs, b_rows = counts.get(bucket, (0, 0))
-        if bucket > start and (runs + b_runs > max_runs or rows + b_rows > max_rows):
+        # Only a bucket with runs closes a batch, and only one that holds runs: empty
+        # buckets go with their neighbours, never make a batch of nothing (a batch
+        # over the bound by one big bucket was followed by an empty one).
+        if runs and b_runs and (runs + b_runs > max_runs or rows + b_rows > max_rows):
             batches.append(Batch(start, bucket - 1, runs, rows))
             start, runs, rows = bucket, 0, 0
         runs += b_runs

@@ -78,6 +78,16 @@ INSERT INTO shardq.move_batches (move_id, batch, first_bucket, last_bucket, phas
                                  planned_runs, planned_rows)
 VALUES (%(move)s, %(batch)s, %(first)s, %(last)s, 'planned', %(runs)s, %(rows)s)
 
+-- name: drop_planned_batches
+-- A slow batch's successors, re-planned smaller: never frozen (journaled `planned`),
+-- so no target holds a switch under their numbers.
+DELETE FROM shardq.move_batches
+WHERE move_id = %(move)s AND batch > %(after)s AND phase = 'planned'
+
+-- name: set_batch_limits
+UPDATE shardq.moves SET max_batch_runs = %(runs)s, max_batch_rows = %(rows)s, updated_at = now()
+WHERE id = %(move)s
+
 -- name: batches
 SELECT batch, first_bucket, last_bucket, phase, planned_runs, planned_rows, runs, rows_copied,
        paused_ms, map_version, released_at

@@ -56,6 +56,10 @@ def _move_options(f: Any) -> Any:
                      show_default=True,
                      help="Seconds to wait for writers of a frozen batch before unfreezing "
                           "and retrying."),
+        click.option("--max-pause", type=Seconds(zero_ok=True, maximum=3600), default=1.0,
+                     show_default=True,
+                     help="A batch paused longer than this halves the size of the batches "
+                          "after it, down to one run (0: never)."),
         click.option("--grace", type=Seconds(zero_ok=True), default=60.0, show_default=True,
                      help="Seconds between a batch's switch and deleting the source's copy."),
         click.option("--rest", type=Seconds(zero_ok=True, maximum=100), default=1.0,
@@ -71,12 +75,13 @@ def _move_options(f: Any) -> Any:
     return f
 
 
-def _options(batch_runs: int, batch_rows: int, fence_wait: float, grace: float,
-             rest: float) -> Any:
+def _options(batch_runs: int, batch_rows: int, fence_wait: float, max_pause: float,
+             grace: float, rest: float) -> Any:
     from shardq.moves.mover import MoveOptions
 
     return MoveOptions(max_batch_runs=batch_runs, max_batch_rows=batch_rows,
-                       fence_wait_s=fence_wait, grace_s=grace, rest=rest)
+                       fence_wait_s=fence_wait, max_pause_s=max_pause, grace_s=grace,
+                       rest=rest)
 
 
 def _progress(settings: Settings) -> Any:
@@ -134,7 +139,7 @@ def _run_guarded(action: Any) -> Any:
 @pass_settings
 def move_command(settings: Settings, buckets: str | None, target: str | None, resume: bool,
                  abort: bool, batch_runs: int, batch_rows: int, fence_wait: float,
-                 grace: float, rest: float, no_wait: bool) -> None:
+                 max_pause: float, grace: float, rest: float, no_wait: bool) -> None:
     """Move buckets FIRST-LAST (or one bucket N) to shard NAME, online, batch by batch."""
     from shardq.moves.mover import move
     from shardq.moves.plan import parse_range
@@ -153,7 +158,7 @@ def move_command(settings: Settings, buckets: str | None, target: str | None, re
         with errors_as_exit_codes():
             first, last = parse_range(buckets)
     with errors_as_exit_codes():
-        options = _options(batch_runs, batch_rows, fence_wait, grace, rest)
+        options = _options(batch_runs, batch_rows, fence_wait, max_pause, grace, rest)
         seeds = settings.shard_map()
     result = _run_guarded(lambda: move(seeds, first, last, target, options, resume=resume,
                                        abort=abort, wait=not no_wait,
@@ -168,7 +173,8 @@ def move_command(settings: Settings, buckets: str | None, target: str | None, re
 @json_option
 @pass_settings
 def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_rows: int,
-                      fence_wait: float, grace: float, rest: float, no_wait: bool) -> None:
+                      fence_wait: float, max_pause: float, grace: float, rest: float,
+                      no_wait: bool) -> None:
     """Even out runs per shard: moves of bucket ranges from the fullest to the emptiest.
 
     Even: every shard's runs within 10% of the mean, or as even as whole buckets allow.
@@ -177,7 +183,7 @@ def rebalance_command(settings: Settings, dry_run: bool, batch_runs: int, batch_
     from shardq.moves.plan import within_tolerance
 
     with errors_as_exit_codes():
-        options = _options(batch_runs, batch_rows, fence_wait, grace, rest)
+        options = _options(batch_runs, batch_rows, fence_wait, max_pause, grace, rest)
         seeds = settings.shard_map()
     dep, plan, runs = _run_guarded(lambda: rebalance_plan(seeds))
     if len(dep.names) < 2:

@@ -443,6 +443,11 @@ def _cli(dep: Deployment, *args: str) -> tuple[int, str]:
     (["move", "5", "--to", "shard-1", "--rest", "-1"], 2, ">= 0 and <= 100"),
     (["move", "5", "--to", "shard-1", "--rest", "1e9"], 2, ">= 0 and <= 100"),
     (["rebalance", "--rest", "inf"], 2, "finite"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "nan"], 2, "finite"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "-1"], 2, ">= 0 and <= 3600"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "1e9"], 2, ">= 0 and <= 3600"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "1s"], 2, "--max-pause"),
+    (["rebalance", "--max-pause", "inf"], 2, "finite"),
 ])
 def test_hostile_move_input_is_one_line_and_stores_nothing(
     deployment: Deployment, args: list[str], code: int, message: str,
@@ -488,7 +493,10 @@ def test_planning_and_ranges() -> None:
     assert parse_range("5") == (5, 5)
     assert parse_range("0-4095") == (0, 4095)
     batches = plan_batches({1: (5, 50), 2: (5, 50), 3: (20, 10), 7: (1, 1)}, 0, 9, 10, 1000)
-    assert [(b.first, b.last, b.runs) for b in batches] == [(0, 2, 10), (3, 3, 20), (4, 9, 1)]
+    # Empty buckets stay with the batch before them; only a bucket with runs starts one.
+    assert [(b.first, b.last, b.runs) for b in batches] == [(0, 2, 10), (3, 6, 20), (7, 9, 1)]
+    assert [(b.first, b.last, b.runs) for b in plan_batches({5: (2, 20)}, 0, 9, 1, 5)] == [
+        (0, 9, 2)]  # one bucket over both bounds is one batch, empties around it included
     layout = {"buckets": 4096, "home": "a", "shards": [{"name": "a", "url": ""},
               {"name": "b", "url": ""}], "ranges": [[0, 2047, "a"], [2048, 4095, "b"]]}
     assert reassign(layout, 2000, 2047, "b")["ranges"] == [[0, 1999, "a"], [2000, 4095, "b"]]

@@ -11,10 +11,21 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from shardq.moves import mover
 from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.routing import BUCKETS, new_execution_id
 
-from .test_move_basics import Deployment, _cli, check_ownership, new_deployment, reset
+from .test_move_basics import (
+    MOVED,
+    Deployment,
+    _cli,
+    check_ownership,
+    check_rows_once,
+    dump,
+    new_deployment,
+    populate,
+    reset,
+)
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +101,41 @@ def test_rebalance_evens_a_map_whose_bordering_range_is_one_bucket(
     status, out = _cli(deployment, "rebalance", "--dry-run")
     assert status == 0, out
     assert "nothing to move: the shards are even (each within 10% of the mean)" in out
+
+
+def journal(dep: Deployment) -> tuple[list[int], tuple[int, int]]:
+    """Runs per batch of the move, and its batch limits (runs, rows), from home."""
+    with psycopg.connect(dep.urls[0]) as conn:
+        runs = [int(r[0]) for r in conn.execute(
+            "SELECT runs FROM shardq.move_batches ORDER BY batch")]
+        limits = conn.execute("SELECT max_batch_runs, max_batch_rows FROM shardq.moves"
+                              ).fetchone()
+    assert limits is not None
+    return runs, (int(limits[0]), int(limits[1]))
+
+
+@pytest.mark.parametrize(("max_pause_s", "runs", "limit"), [
+    # Every pause is over 1 us: each batch halves the ones after it, down to one run.
+    (1e-6, [32, 16, 8, 4, 2, 1, 1], 1),
+    (0.0, [32, 32], 32),    # never lowered
+    (3600.0, [32, 32], 32),  # never that slow
+])
+def test_a_batch_paused_past_max_pause_halves_the_batches_after_it(
+    deployment: Deployment, max_pause_s: float, runs: list[int], limit: int,
+) -> None:
+    """The pause of a batch is what its runs wait for; the design bounds it (1 s) by
+    lowering the batch size when a batch takes longer (issue 35: "not built")."""
+    inside, outside = populate(deployment, moved=64, kept=2)  # one run per bucket
+    before = {**dump(deployment.urls[0], inside), **dump(deployment.urls[0], outside)}
+    lines: list[str] = []
+    result = mover.move(deployment.seeds, *MOVED, "shard-1", mover.MoveOptions(
+        max_batch_runs=32, grace_s=0.0, rest=0.0, max_pause_s=max_pause_s),
+        progress=lines.append)
+    assert result.phase == "done"
+    assert [b.runs for b in result.batches] == runs, ([b.runs for b in result.batches], lines)
+    recorded, limits = journal(deployment)
+    assert (recorded, limits[0]) == (runs, limit)  # a resume goes on at the lowered size
+    assert [b.phase for b in result.batches] == ["cleaned"] * len(runs)
+    check_rows_once(deployment, before)
+    lowered = [line for line in lines if "above --max-pause" in line]
+    assert len(lowered) == (5 if limit == 1 else 0), lines

@@ -20,6 +20,7 @@ these commands in its `shards` group, whatever shape bin/cli/shards.py has.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import click
@@ -110,7 +111,8 @@ def _cleanup_text(cleanup: dict[str, Any]) -> str:
                  f"({cleanup['deleted_runs']} runs)")
     if cleanup["pending"]:
         sources = ", ".join(sorted({p["source"] for p in cleanup["pending"]}))
-        due = max(p["due_at"] for p in cleanup["pending"])
+        last = max(dt.datetime.fromisoformat(p["due_at"]) for p in cleanup["pending"])
+        due = f"{last.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
         text += (f"; {sources} keeps its copy of {len(cleanup['pending'])} switched batch(es) "
                  f"until its grace period ends ({due}): `shardq shards move --resume` deletes "
                  "it then, and so does the next move or rebalance")

@@ -29,36 +29,32 @@ process at that point (of batch 0 unless a batch is named); see CRASH_POINTS.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.sql
 from psycopg import IsolationLevel
 
+from shardq.moves.deployment import SQL, Deployment, mover_lock
 from shardq.moves.plan import (
     Batch,
     Layout,
     PlannedMove,
     bits,
-    check_layout,
     describe_ranges,
     owners,
     plan_batches,
     plan_rebalance,
     reassign,
-    shard_names,
 )
-from shardq.shards.config import Shard, ShardMap, without_password
+from shardq.shards.config import ShardMap
 from shardq.shards.errors import (
     ConfigError,
     MoveRunning,
@@ -66,25 +62,23 @@ from shardq.shards.errors import (
     ShardqError,
     ShardUnavailable,
 )
-from shardq.shards.migrations import MOVER_LOCK_KEY
-from shardq.shards.pools import DictConnection, connect
-from shardq.shards.sqlfile import load_queries
+from shardq.shards.pools import DictConnection
 
 log = logging.getLogger(__name__)
 
-SQL = load_queries("shardq.moves", "queries.sql")
 CRASH_ENV = "SHARDQ_MOVE_CRASH_AT"
 CRASH_POINTS = {
     "plan": "the move and its batches journaled, nothing frozen",
-    "freeze": "F1 committed on the source, the journal still says planned",
-    "fenced": "F2 over and journaled; nothing copied",
+    "freeze": "F1 committed on the source (the journal said fenced before it); writers "
+              "not yet waited out",
+    "fenced": "F2 over; nothing copied",
     "copy": "S1 in flight: executions and history copied, the target's transaction open",
     "switch": "S1 complete but not committed",
     "switched": "S1 committed on the target, the journal still says fenced",
     "release": "R committed on the source; home and the other shards lack the version",
     "released": "R journaled; cleanup not started",
     "clean": "C in flight: one chunk of the source's rows deleted",
-    "cleaned": "C journaled for the batch; the move not yet done",
+    "cleaned": "C journaled for the batch; other batches' copies not yet deleted",
 }
 """Where SHARDQ_MOVE_CRASH_AT can kill the mover, and the state it leaves."""
 TABLES = ("executions", "history", "signals", "waits", "tasks", "outbox")
@@ -101,6 +95,9 @@ class MoveOptions:
     fence_wait_s: float = 1.0
     fence_retries: int = 10
     grace_s: float = 60.0
+    max_pause_s: float = 1.0
+    """A batch whose pause (freeze to switch) took longer halves the batch size of the
+    batches not started yet, down to one run. 0: never."""
     rest: float = 1.0
     """After each batch (and each chunk of cleanup), rest this many times as long as it
     took: a move is background work, and on a busy server the copy's CPU and I/O are
@@ -111,6 +108,8 @@ class MoveOptions:
             raise ConfigError("batch sizes must be positive (--batch-runs, --batch-rows)")
         if not 0 <= self.grace_s <= 1e9 or not 0 < self.fence_wait_s <= 3600:
             raise ConfigError("--grace must be >= 0 and --fence-wait > 0 seconds")
+        if not 0 <= self.max_pause_s <= 3600:  # nan fails too
+            raise ConfigError("--max-pause must be within 0..3600 seconds")
         if not 0 <= self.rest <= 100:  # nan fails too
             raise ConfigError("--rest must be within 0..100 (times a batch's own time)")
 
@@ -138,6 +137,24 @@ class BatchResult:
 
 
 @dataclass
+class Cleanup:
+    """What a mover's run did about the copies sources keep of switched batches (of
+    its own move and of earlier ones): deleted, or left for their grace period."""
+
+    deleted_runs: int = 0
+    cleaned: list[tuple[int, int]] = field(default_factory=list)
+    """(move, batch) of each batch whose copy was deleted."""
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """Copies left: move, batch, buckets, source, due_at (when the grace period ends)."""
+    waited_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"deleted_runs": self.deleted_runs, "batches_cleaned": len(self.cleaned),
+                "waited_s": round(self.waited_s, 3),
+                "pending": [{**p, "due_at": p["due_at"].isoformat()} for p in self.pending]}
+
+
+@dataclass
 class MoveResult:
     move: int
     first: int
@@ -148,6 +165,7 @@ class MoveResult:
     batches: list[BatchResult] = field(default_factory=list)
     seconds: float = 0.0
     map_version: int = 0
+    cleanup: Cleanup = field(default_factory=Cleanup)
 
     def as_dict(self) -> dict[str, Any]:
         runs = sum(b.runs or 0 for b in self.batches)
@@ -159,6 +177,7 @@ class MoveResult:
             "runs_per_second": round(runs / self.seconds, 1) if self.seconds > 0 else None,
             "max_pause_ms": max(pauses, default=None),
             "batches": [b.as_dict() for b in self.batches],
+            "cleanup": self.cleanup.as_dict(),
         }
 
 
@@ -173,109 +192,7 @@ def crash_point(point: str, batch: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-# -- the deployment as the shards record it ------------------------------------------
-
-
-class Deployment:
-    """The newest map the seeds hold, and a way to reach each shard it names."""
-
-    def __init__(self, seeds: ShardMap, version: int, layout: Layout) -> None:
-        self.seeds = seeds
-        self.version = version
-        self.layout = layout
-
-    @classmethod
-    def load(cls, seeds: ShardMap) -> Deployment:
-        best: tuple[int, Layout] | None = None
-        errors = []
-        for seed in seeds.shards:
-            try:
-                with connect(seed, autocommit=True) as conn:
-                    row = conn.execute(SQL["newest_map"]).fetchone()
-            except ShardUnavailable as exc:
-                errors.append(str(exc))
-                continue
-            except psycopg.errors.UndefinedTable:
-                raise SchemaBehind(f"{seed.label}: no map versions: run `shardq migrate`") from None
-            if row is not None and (best is None or row["version"] > best[0]):
-                best = (int(row["version"]), json.loads(row["layout"]))
-        if best is None:
-            raise ShardUnavailable("no seed shard answered with a map: " + "; ".join(errors)
-                                   if errors else "no seed shard holds a map version")
-        check_layout(best[1])
-        return cls(seeds, *best)
-
-    @property
-    def home(self) -> str:
-        return str(self.layout["home"])
-
-    @property
-    def names(self) -> list[str]:
-        return shard_names(self.layout)
-
-    def shard(self, name: str) -> Shard:
-        """The shard `name` of the map, with the seeds' credentials for its host."""
-        entry = next((s for s in self.layout["shards"] if s["name"] == name), None)
-        if entry is None:
-            raise ConfigError(f"unknown shard {name!r}: the map has {', '.join(self.names)}")
-        url = str(entry["url"])
-        index = self.names.index(name)
-        for seed in self.seeds.shards:
-            if seed.name == name and without_password(seed.url) == url:
-                return seed
-        # Only the name and URL of a Shard serve a direct connection; a seed's
-        # other fields stand in, whatever shape the configured map has.
-        return dataclasses.replace(self.seeds.shards[0], index=index, name=name,
-                                   url=_with_credentials(url, self.seeds))
-
-    def connect(self, name: str, *, autocommit: bool = True) -> DictConnection:
-        return connect(self.shard(name), autocommit=autocommit)
-
-    def refresh(self, conns: dict[str, DictConnection]) -> None:
-        """Take the newest version any of these shards holds."""
-        for conn in conns.values():
-            row = conn.execute(SQL["newest_map"]).fetchone()
-            if row is not None and row["version"] > self.version:
-                self.version, self.layout = int(row["version"]), json.loads(row["layout"])
-
-
-def _with_credentials(url: str, seeds: ShardMap) -> str:
-    parts = urlsplit(url)
-    if parts.password is not None:
-        return url
-    for seed in seeds.shards:
-        s = urlsplit(seed.url)
-        if (s.hostname, s.port) == (parts.hostname, parts.port) and s.password is not None:
-            user = parts.username or s.username or ""
-            host = parts.netloc.rpartition("@")[2]
-            return urlunsplit(parts._replace(netloc=f"{user}:{s.password}@{host}"))
-    return url
-
-
 # -- the mover ------------------------------------------------------------------------
-
-
-@contextmanager
-def mover_lock(dep: Deployment) -> Iterator[DictConnection]:
-    """A connection to home holding the mover's lock; MoveRunning when another has it."""
-    conn = dep.connect(dep.home)
-    try:
-        conn.execute(SQL["set_name"], {"name": "shardq-mover"})
-        taken = conn.execute(SQL["take_mover_lock"], {"key": MOVER_LOCK_KEY}).fetchone()
-        if not (taken and taken["taken"]):
-            holder = conn.execute(SQL["mover_lock_holder"], {
-                "high": MOVER_LOCK_KEY >> 32, "low": MOVER_LOCK_KEY & 0xFFFF_FFFF,
-            }).fetchone()
-            running = conn.execute(SQL["unfinished_move"]).fetchone()
-            what = (f"move {running['id']} (buckets {running['first_bucket']}-"
-                    f"{running['last_bucket']} from {running['source']} to {running['target']}, "
-                    f"{running['phase']})" if running else "a mover")
-            who = (f" by pid {holder['pid']} on {holder['host']} since "
-                   f"{holder['backend_start']:%Y-%m-%d %H:%M:%S}" if holder else "")
-            raise MoveRunning(f"another move is running: {what}{who}")
-        yield conn
-    finally:
-        conn.close()
 
 
 class Mover:
@@ -370,17 +287,20 @@ class Mover:
 
     # -- carrying a move out ------------------------------------------------------
 
-    def run(self, move: int, *, abort: bool = False) -> MoveResult:
-        """Finish (or roll back) the unfinished move `move`, from wherever it stopped."""
+    def run(self, move: int, *, abort: bool = False, wait: bool = True) -> MoveResult:
+        """Finish (or roll back) move `move` from wherever it stopped, then delete the
+        copies its source keeps (and those earlier moves left) once their grace period
+        is over: waiting for it when `wait`, else leaving what is not due yet."""
         started = time.monotonic()
         row = self.home.execute(SQL["move_by_id"], {"id": move}).fetchone()
         assert row is not None
         result = MoveResult(move, row["first_bucket"], row["last_bucket"], row["source"],
                             row["target"], "moving")
-        grace = float(row["grace_s"])
         self.source, self.target = str(row["source"]), str(row["target"])
-        source = self.source
-        for b in self._batches(move):
+        limits = (int(row["max_batch_runs"]), int(row["max_batch_rows"]))
+        # The journal is read again after each batch: a slow one re-plans those after it.
+        while (b := self._batch_after(move, result.batches[-1].batch if result.batches
+                                      else -1)) is not None:
             item = BatchResult(b["batch"], b["first_bucket"], b["last_bucket"], b["phase"],
                                b["runs"], b["rows_copied"], b["paused_ms"], b["map_version"])
             result.batches.append(item)
@@ -393,22 +313,122 @@ class Mover:
                 began = time.monotonic()
                 self._move_batch(move, item, batch)
                 self._keep_statistics(self.target)
+                limits = self._lower_batch_size(move, item, limits)
                 self.options.pace(began)
-        self._set_move(move, "cleaning")
-        for item, b in zip(result.batches, self._batches(move), strict=True):
-            if b["phase"] == "released":
-                self._clean(move, item, source, grace, b["released_s_ago"])
-        self._keep_statistics(source)
-        self.conn(source).execute(SQL["mark_clean"])
-        result.phase = "aborted" if abort else "done"
-        self._set_move(move, result.phase)
+        # Every batch switched or went back: the map change is complete, and the journal
+        # says so before the cleanup, which is housekeeping that never blocks a new move.
+        # An abort that found every batch switched rolled nothing back: the move is done.
+        rolled_back = any(item.phase == "rolled_back" for item in result.batches)
+        result.phase = "aborted" if rolled_back else "done"
+        if row["phase"] != result.phase:
+            self._set_move(move, result.phase)
         self.dep.refresh({"home": self.home})
         result.map_version = self.dep.version
+        result.cleanup = self.clean_up(wait=wait, current=move)
+        for item in result.batches:
+            if (move, item.batch) in result.cleanup.cleaned:
+                item.phase = "cleaned"
         result.seconds = time.monotonic() - started
         return result
 
+    def _lower_batch_size(self, move: int, item: BatchResult,
+                          limits: tuple[int, int]) -> tuple[int, int]:
+        """Re-plan the batches after `item` at half its size when its pause exceeded
+        --max-pause; the limits in force afterwards.
+
+        A batch's pause grows with what it copies (the rows, and the server's load
+        meanwhile), and every run of the batch is refused for all of it. Only batches
+        journaled `planned` are re-planned: none of them was ever frozen (the journal
+        says `fenced` before a freeze), so none is on the target under its number.
+        """
+        bound = self.options.max_pause_s
+        if not bound or item.paused_ms is None or item.paused_ms <= bound * 1000:
+            return limits
+        later = [b for b in self._batches(move) if b["batch"] > item.batch]
+        if not later or any(b["phase"] != "planned" for b in later):
+            return limits
+        runs = max(1, min(limits[0], item.runs or limits[0]) // 2)
+        rows = max(1, min(limits[1], item.rows or limits[1]) // 2)
+        first, last = later[0]["first_bucket"], later[-1]["last_bucket"]
+        counts = {int(r["bucket"]): (int(r["runs"]), int(r["rows"])) for r in self.conn(
+            self.source).execute(SQL["bucket_counts"], {"first": first, "last": last})}
+        batches = plan_batches(counts, first, last, runs, rows)
+        if len(batches) <= len(later):
+            return limits  # single buckets already, or nothing gained
+        with self.home.transaction():
+            self.home.execute(SQL["drop_planned_batches"], {"move": move, "after": item.batch})
+            for i, b in enumerate(batches, start=item.batch + 1):
+                self.home.execute(SQL["insert_batch"], {
+                    "move": move, "batch": i, "first": b.first, "last": b.last,
+                    "runs": b.runs, "rows": b.rows})
+            self.home.execute(SQL["set_batch_limits"], {"move": move, "runs": runs,
+                                                        "rows": rows})
+        self.progress(f"batch {item.batch} paused {item.paused_ms} ms, above --max-pause "
+                      f"{bound:g} s: the {len(later)} batch(es) after it re-planned as "
+                      f"{len(batches)} of at most {runs} runs and {rows} rows")
+        return runs, rows
+
+    def clean_up(self, *, wait: bool, current: int | None = None) -> Cleanup:
+        """Delete the copy each source keeps of a switched batch, of any move, once the
+        batch's grace period is over; wait for those not due when `wait`.
+
+        The due times are read once and kept as deadlines, so the waits overlap: the
+        whole cleanup waits for the last batch's grace period, not for one per batch
+        in turn (a killed 11-batch move took 9 minutes to resume that way).
+        """
+        done = Cleanup()
+        rows = list(self.home.execute(SQL["pending_cleanups"]))
+        read_at = time.monotonic()
+        sources = {self.source} if current is not None else set()
+        if rows and wait:
+            longest = max(float(r["due_in_s"]) for r in rows)
+            if longest > 0:
+                self.progress(_waiting(rows, longest))
+        for row in rows:
+            left = read_at + float(row["due_in_s"]) - time.monotonic()
+            if left > 0 and not wait:
+                done.pending.append(_pending(row))
+                continue
+            if left > 0:
+                time.sleep(left)
+                done.waited_s += left
+            source = str(row["source"])
+            try:
+                deleted = self._delete_range(
+                    self.conn(source), Batch(row["first_bucket"], row["last_bucket"], 0, 0),
+                    chunked=True, number=row["batch"])
+            except (ShardUnavailable, psycopg.OperationalError) as exc:
+                if row["move_id"] == current:
+                    raise
+                # An earlier move's source that is down keeps its copy until a later run.
+                log.warning("copy of batch %d of move %d on %s left for later: %s",
+                            row["batch"], row["move_id"], source, exc)
+                self._conns.pop(source, None)
+                done.pending.append(_pending(row))
+                continue
+            # Runs, not rows: every table lost about as many of its rows as it has per run.
+            for table in TABLES:
+                self._changed[source, table] = self._changed.get((source, table), 0) + deleted
+            self._journal(row["move_id"], row["batch"], "cleaned")
+            done.cleaned.append((row["move_id"], row["batch"]))
+            done.deleted_runs += deleted
+            sources.add(source)
+            log.info("cleaned batch %d of move %d: %d runs deleted on %s", row["batch"],
+                     row["move_id"], deleted, source)
+            crash_point("cleaned", row["batch"])
+        for source in sorted(sources):
+            self._keep_statistics(source)
+            self.conn(source).execute(SQL["mark_clean"])
+        if done.cleaned:
+            self.progress(f"deleted the sources' copies of {len(done.cleaned)} switched "
+                          f"batch(es): {done.deleted_runs} runs")
+        return done
+
     def _batches(self, move: int) -> list[dict[str, Any]]:
         return list(self.home.execute(SQL["batches"], {"move": move}))
+
+    def _batch_after(self, move: int, after: int) -> dict[str, Any] | None:
+        return next((b for b in self._batches(move) if b["batch"] > after), None)
 
     def _set_move(self, move: int, phase: str) -> None:
         self.home.execute(SQL["set_move_phase"], {"move": move, "phase": phase})
@@ -420,9 +440,15 @@ class Mover:
         target = self.target
         version = self._applied(move, item.batch, target)
         if version is None:
-            frozen_at = self._freeze(move, item.batch, batch)
+            # Journal first: a mover that dies between the freeze and the journal must
+            # not leave paused runs behind a journal that says the batch is only planned.
             self._journal(move, item.batch, "fenced")
             item.phase = "fenced"
+            try:
+                frozen_at = self._freeze(move, item.batch, batch)
+            except ShardUnavailable:
+                self._journal(move, item.batch, "planned")  # gave up, nothing frozen
+                raise
             crash_point("fenced", item.batch)
             version = self._switch(move, item, batch, frozen_at)
             self.home.execute(SQL["batch_switched"], {
@@ -660,54 +686,20 @@ class Mover:
                 self._conns.pop(name, None)
         crash_point("released", item.batch)
 
-    def _clean(self, move: int, item: BatchResult, source: str, grace: float,
-               released_s_ago: float | None) -> None:
-        wait = grace - (released_s_ago or 0.0)
-        if wait > 0:
-            self.progress(f"cleanup of batch {item.batch} in {wait:.0f} s (grace period)")
-            time.sleep(wait)
-        deleted = self._delete_range(self.conn(source), Batch(item.first, item.last, 0, 0),
-                                     chunked=True, number=item.batch)
-        # Runs, not rows: every table lost about as many of its rows as it has per run.
-        for table in TABLES:
-            self._changed[source, table] = self._changed.get((source, table), 0) + deleted
-        self._journal(move, item.batch, "cleaned")
-        item.phase = "cleaned"
-        log.info("cleaned batch %d of move %d: %d runs deleted on %s", item.batch, move,
-                 deleted, source)
-        crash_point("cleaned", item.batch)
+
+def _pending(row: dict[str, Any]) -> dict[str, Any]:
+    return {"move": row["move_id"], "batch": row["batch"],
+            "buckets": [row["first_bucket"], row["last_bucket"]], "source": row["source"],
+            "due_at": row["due_at"]}
 
 
-def moves_in_progress(shard_map: ShardMap) -> list[dict[str, Any]]:
-    """The unfinished move in the home shard's journal (at most one), for `shards status`:
-    its range, shards, phase, batches done of planned, and the batch frozen now if one is.
-    None when the home shard cannot be read or holds no journal (raises nothing: status
-    reports the shard's own reachability)."""
-    try:
-        with connect(shard_map.named([shard_map.home])[0], autocommit=True) as home:
-            found = home.execute(SQL["unfinished_move"]).fetchone()
-            batches = list(home.execute(SQL["batches"], {"move": found["id"]})) if found else []
-    except (ShardqError, psycopg.Error):
-        return []
-    if found is None:
-        return []
-    done = sum(b["phase"] in ("switched", "released", "cleaned") for b in batches)
-    frozen = [b for b in batches if b["phase"] == "fenced"]
-    move = {
-        "id": found["id"], "buckets": [found["first_bucket"], found["last_bucket"]],
-        "source": found["source"], "target": found["target"], "phase": found["phase"],
-        "batches": len(batches), "batches_switched": done,
-        "runs_moved": sum(b["runs"] or 0 for b in batches),
-        "frozen_batch": frozen[0]["batch"] if frozen else None,
-        "started_at": found["started_at"],
-    }
-    move["text"] = (
-        f"move {move['id']}: buckets {found['first_bucket']}-{found['last_bucket']} "
-        f"{found['source']} -> {found['target']}, {found['phase']}, batch {done} of "
-        f"{len(batches)} switched, {move['runs_moved']} runs moved"
-        + (f", batch {move['frozen_batch']} frozen" if frozen else "")
-        + " (resume: shardq shards move --resume; abort: --abort)")
-    return [move]
+def _waiting(rows: list[dict[str, Any]], longest: float) -> str:
+    sources = ", ".join(sorted({str(r["source"]) for r in rows}))
+    return (f"every batch has switched: the map change is complete. Waiting {longest:.0f} s "
+            f"more before deleting {sources}'s copy of {len(rows)} switched batch(es): the "
+            "grace period (--grace) lets reads planned on the previous map version finish "
+            "against it. --no-wait returns at the switch and leaves the deletion to "
+            "`shardq shards move --resume` or the next move.")
 
 
 def _switch_name(move: int, batch: int) -> str:
@@ -729,8 +721,13 @@ def _copy(src: DictConnection, dst: DictConnection, table: str, ids: list[Any]) 
 
 def move(seeds: ShardMap, first: int | None, last: int | None, target: str | None,
          options: MoveOptions | None = None, *, resume: bool = False, abort: bool = False,
-         progress: Callable[[str], None] | None = None) -> MoveResult:
-    """Move buckets first..last to `target`; or resume or abort the unfinished move."""
+         wait: bool = True, progress: Callable[[str], None] | None = None) -> MoveResult:
+    """Move buckets first..last to `target`; or resume or abort the unfinished move.
+
+    Returns once every batch has switched and, when `wait`, the sources' copies are
+    deleted after their grace period. `resume` with no unfinished move finishes the
+    cleanup a move left (of the latest such move, with every other one's).
+    """
     options = options or MoveOptions()
     dep = Deployment.load(seeds)
     with mover_lock(dep) as home:
@@ -738,13 +735,33 @@ def move(seeds: ShardMap, first: int | None, last: int | None, target: str | Non
         try:
             if resume or abort:
                 unfinished = home.execute(SQL["unfinished_move"]).fetchone()
+                uncleaned = home.execute(SQL["latest_uncleaned_move"]).fetchone()
+                if unfinished is None and uncleaned is not None and abort:
+                    raise ConfigError(
+                        f"no unfinished move to abort: move {uncleaned['id']} is done (every "
+                        "batch switched); its source keeps a copy of the moved runs until "
+                        "`shardq shards move --resume` deletes it")
+                unfinished = unfinished or uncleaned
                 if unfinished is None:
-                    raise ConfigError("no unfinished move to " + ("abort" if abort else "resume"))
+                    raise ConfigError("no unfinished move to " + ("abort" if abort else "resume")
+                                      + (" and no copy left to clean up" if resume else ""))
                 number = int(unfinished["id"])
             else:
                 assert first is not None and last is not None and target is not None
                 number = mover.start(first, last, target)
-            return mover.run(number, abort=abort)
+            return mover.run(number, abort=abort, wait=wait)
+        finally:
+            mover.close()
+
+
+def clean_up(seeds: ShardMap, options: MoveOptions | None = None, *, wait: bool = True,
+             progress: Callable[[str], None] | None = None) -> Cleanup:
+    """Delete the copies earlier moves left, once their grace period is over."""
+    dep = Deployment.load(seeds)
+    with mover_lock(dep) as home:
+        mover = Mover(dep, home, options or MoveOptions(), progress)
+        try:
+            return mover.clean_up(wait=wait)
         finally:
             mover.close()
 
@@ -763,8 +780,11 @@ def rebalance_plan(seeds: ShardMap) -> tuple[Deployment, list[PlannedMove], dict
     return dep, plan_rebalance(dep.layout, runs), per_shard
 
 
-def rebalance(seeds: ShardMap, options: MoveOptions | None = None, *,
-              progress: Callable[[str], None] | None = None) -> list[MoveResult]:
-    """Carry out the rebalancing plan, one move at a time."""
+def rebalance(seeds: ShardMap, options: MoveOptions | None = None, *, wait: bool = True,
+              progress: Callable[[str], None] | None = None) -> tuple[list[MoveResult], Cleanup]:
+    """Carry out the rebalancing plan, one move at a time, each returning at its last
+    switch; then delete the sources' copies after one grace period (when `wait`)."""
     _dep, plan, _runs = rebalance_plan(seeds)
-    return [move(seeds, m.first, m.last, m.target, options, progress=progress) for m in plan]
+    done = [move(seeds, m.first, m.last, m.target, options, wait=False, progress=progress)
+            for m in plan]
+    return done, clean_up(seeds, options, wait=wait, progress=progress)

@@ -8,7 +8,7 @@ counts; the mover (moves/mover.py) acts on them. No database here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from shardq.shards.routing import BUCKETS
 
 Layout = dict[str, Any]
 
-_RANGE = re.compile(r"^(\d{1,4})(?:-(\d{1,4}))?$")
+_RANGE = re.compile(r"^([0-9]{1,4})(?:-([0-9]{1,4}))?$")  # ASCII: int() reads other digits too
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -69,6 +69,34 @@ def reassign(layout: Layout, first: int, last: int, name: str) -> Layout:
     return {**layout, "ranges": ranges}
 
 
+Range = tuple[int, int]
+"""Inclusive first and last bucket."""
+
+
+def bit_ranges(flags: Sequence[bool]) -> list[Range]:
+    """The runs of true flags (bucket 0 first) as inclusive ranges."""
+    found: list[Range] = []
+    for bucket, flag in enumerate(flags):
+        if not flag:
+            continue
+        if found and found[-1][1] == bucket - 1:
+            found[-1] = (found[-1][0], bucket)
+        else:
+            found.append((bucket, bucket))
+    return found
+
+
+def describe(ranges: Iterable[Sequence[int]]) -> str:
+    """`1024-1535, 2000-2047`: sorted, touching ranges merged."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted((int(r[0]), int(r[1])) for r in ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return ", ".join(f"{lo}-{hi}" for lo, hi in merged) or "no buckets"
+
+
 def describe_ranges(layout: Layout, name: str) -> str:
     mine = [f"{lo}-{hi}" for lo, hi, who in sorted(layout["ranges"]) if who == name]
     return ", ".join(mine) or "no buckets"
@@ -96,7 +124,10 @@ def plan_batches(counts: Mapping[int, tuple[int, int]], first: int, last: int,
     start, runs, rows = first, 0, 0
     for bucket in range(first, last + 1):
         b_runs, b_rows = counts.get(bucket, (0, 0))
-        if bucket > start and (runs + b_runs > max_runs or rows + b_rows > max_rows):
+        # Only a bucket with runs closes a batch, and only one that holds runs: empty
+        # buckets go with their neighbours, never make a batch of nothing (a batch
+        # over the bound by one big bucket was followed by an empty one).
+        if runs and b_runs and (runs + b_runs > max_runs or rows + b_rows > max_rows):
             batches.append(Batch(start, bucket - 1, runs, rows))
             start, runs, rows = bucket, 0, 0
         runs += b_runs
@@ -120,12 +151,33 @@ class PlannedMove:
                 "target": self.target, "runs": self.runs}
 
 
-def plan_rebalance(layout: Layout, runs: Mapping[int, int], *, tolerance: float = 0.1,
-                   max_moves: int | None = None) -> list[PlannedMove]:
-    """Moves of contiguous bucket ranges that bring every shard's runs within
-    `tolerance` of the mean, taking from the fullest shard for the emptiest each
-    time, from the end of a range of the fullest that borders the emptiest when
-    there is one (its ranges stay few), else from the end of its last range.
+TOLERANCE = 0.1
+"""How far from the mean a shard's runs may be for `rebalance` to call the shards even."""
+
+
+def within_tolerance(load: Mapping[str, int], tolerance: float = TOLERANCE) -> bool:
+    """True when every shard's runs are within `tolerance` of the mean (and when
+    there are no runs at all)."""
+    mean = sum(load.values()) / len(load) if load else 0.0
+    return all(abs(n - mean) <= mean * tolerance for n in load.values())
+
+
+def plan_rebalance(layout: Layout, runs: Mapping[int, int], *,
+                   tolerance: float = TOLERANCE, max_moves: int | None = None) -> list[PlannedMove]:
+    """Moves of contiguous bucket ranges that leave the shards even.
+
+    Even means: every shard's runs within `tolerance` (10%) of the mean, or, where
+    whole buckets cannot get there, no range taken from either end of one of the
+    ranges of a shard above the mean would bring it and a shard below the mean
+    closer together (a bucket never splits: one bucket holding more runs than two
+    shards differ by stays where it is).
+
+    Each move takes, for the fullest shard and the emptiest one that such a range
+    can bring closer, the end of one of the fuller shard's ranges whose runs come
+    nearest to what evens the pair without carrying either past the mean; among
+    equals, one that borders a range of the emptier shard (its ranges stay few),
+    then the fewest buckets. Every move brings the sum of squared loads down, so
+    planning ends; `max_moves` (default 8 per shard) bounds it all the same.
 
     `runs` maps a bucket to its run count (absent: 0). A shard with no bucket
     receives ranges like any other. Returns [] when the shards are already even.
@@ -133,59 +185,75 @@ def plan_rebalance(layout: Layout, runs: Mapping[int, int], *, tolerance: float 
     names = shard_names(layout)
     if len(names) < 2:
         return []
-    total = sum(runs.values())
-    mean = total / len(names)
+    counts = [0] * BUCKETS
+    for bucket, count in runs.items():
+        counts[bucket] += count
+    mean = sum(counts) / len(names)
     current = layout
     plan: list[PlannedMove] = []
-    for _ in range(max_moves if max_moves is not None else 4 * len(names)):
-        load = {n: 0 for n in names}
-        for lo, hi, who in current["ranges"]:
-            load[str(who)] += sum(runs.get(b, 0) for b in range(lo, hi + 1))
-        full = max(names, key=lambda n: (load[n], n))
-        empty = min(names, key=lambda n: (load[n], n))
-        if total == 0 or (load[full] <= mean * (1 + tolerance)
-                          and load[empty] >= mean * (1 - tolerance)):
+    while len(plan) < (max_moves if max_moves is not None else 8 * len(names)):
+        load = loads(current, counts)
+        if within_tolerance(load, tolerance):
             break
-        want = min(load[full] - mean, mean - load[empty])
-        taken = _take(current, runs, full, empty, want)
-        if taken is None:
+        found = _next_move(current, counts, load, mean)
+        if found is None:
             break
-        first, last, moved = taken
-        plan.append(PlannedMove(first, last, full, empty, moved))
-        current = reassign(current, first, last, empty)
+        plan.append(found)
+        current = reassign(current, found.first, found.last, found.target)
     return plan
 
 
-def _take(layout: Layout, runs: Mapping[int, int], full: str, empty: str,
-          want: float) -> tuple[int, int, int] | None:
-    mine = sorted((lo, hi) for lo, hi, who in layout["ranges"] if who == full)
-    theirs = [(lo, hi) for lo, hi, who in layout["ranges"] if who == empty]
-    # Grow from the end that borders the emptiest shard, else from the top of
-    # the fullest's last range, bucket by bucket, while it brings us closer.
-    start: tuple[int, int, int] | None = None  # (first, last, step)
-    for lo, hi in mine:
-        if any(t_hi + 1 == lo for _, t_hi in theirs):
-            start = (lo, hi, 1)
-        elif any(t_lo - 1 == hi for t_lo, _ in theirs):
-            start = (lo, hi, -1)
-    if start is None:
-        lo, hi = mine[-1]
-        start = (lo, hi, -1)
-    lo, hi, step = start
-    order = range(lo, hi + 1) if step == 1 else range(hi, lo - 1, -1)
-    moved, taken = 0, list[int]()
-    for bucket in order:
-        if len(taken) == hi - lo:  # leave the range at least one bucket
-            break
-        count = runs.get(bucket, 0)
-        # Empty buckets come along for free; a full one only while it brings us closer.
-        if count and moved and abs(want - moved - count) >= abs(want - moved):
-            break
-        taken.append(bucket)
-        moved += count
-    if not taken or moved == 0:
-        return None
-    return min(taken), max(taken), moved
+def loads(layout: Layout, counts: list[int]) -> dict[str, int]:
+    """Runs per shard under `layout`, from runs per bucket."""
+    load = {n: 0 for n in shard_names(layout)}
+    for lo, hi, who in layout["ranges"]:
+        load[str(who)] += sum(counts[lo:hi + 1])
+    return load
+
+
+def _next_move(layout: Layout, counts: list[int], load: dict[str, int],
+               mean: float) -> PlannedMove | None:
+    fuller = sorted((n for n in load if load[n] > mean), key=lambda n: (-load[n], n))
+    emptier = sorted((n for n in load if load[n] < mean), key=lambda n: (load[n], n))
+    for source in fuller:
+        for target in emptier:
+            found = _best_piece(layout, counts, source, target,
+                                want=min(load[source] - mean, mean - load[target]),
+                                gap=load[source] - load[target])
+            if found is not None:
+                first, last, moved = found
+                return PlannedMove(first, last, source, target, moved)
+    return None
+
+
+def _best_piece(layout: Layout, counts: list[int], source: str, target: str, *,
+                want: float, gap: int) -> tuple[int, int, int] | None:
+    """(first, last, runs) of the best end of one of `source`'s ranges to give to
+    `target`, or None when no end brings the two closer (runs strictly between 0
+    and their gap)."""
+    theirs = [0] * (BUCKETS + 2)  # theirs[b + 1]: `target` owns bucket b
+    for lo, hi, who in layout["ranges"]:
+        if who == target:
+            theirs[lo + 1:hi + 2] = [1] * (hi - lo + 1)
+    best: tuple[tuple[float, bool, int, int], tuple[int, int, int]] | None = None
+    for lo, hi, who in sorted(layout["ranges"]):
+        if who != source:
+            continue
+        # The prefixes lo..k, then the suffixes k..hi; the whole range is both.
+        for start, stop, step, borders in ((lo, hi, 1, theirs[lo]),
+                                           (hi, lo, -1, theirs[hi + 2])):
+            moved = 0
+            for k in range(start, stop + step, step):
+                moved += counts[k]
+                if moved >= gap:
+                    break
+                if moved == 0:
+                    continue
+                first, last = (start, k) if step == 1 else (k, start)
+                key = (abs(want - moved), not borders, last - first, first)
+                if best is None or key < best[0]:
+                    best = (key, (first, last, moved))
+    return best[1] if best is not None else None
 
 
 def check_layout(layout: Layout) -> None:

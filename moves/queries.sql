@@ -78,11 +78,38 @@ INSERT INTO shardq.move_batches (move_id, batch, first_bucket, last_bucket, phas
                                  planned_runs, planned_rows)
 VALUES (%(move)s, %(batch)s, %(first)s, %(last)s, 'planned', %(runs)s, %(rows)s)
 
+-- name: drop_planned_batches
+-- A slow batch's successors, re-planned smaller: never frozen (journaled `planned`),
+-- so no target holds a switch under their numbers.
+DELETE FROM shardq.move_batches
+WHERE move_id = %(move)s AND batch > %(after)s AND phase = 'planned'
+
+-- name: set_batch_limits
+UPDATE shardq.moves SET max_batch_runs = %(runs)s, max_batch_rows = %(rows)s, updated_at = now()
+WHERE id = %(move)s
+
 -- name: batches
 SELECT batch, first_bucket, last_bucket, phase, planned_runs, planned_rows, runs, rows_copied,
-       paused_ms, map_version, released_at,
-       extract(epoch FROM now() - released_at)::float8 AS released_s_ago
+       paused_ms, map_version, released_at
 FROM shardq.move_batches WHERE move_id = %(move)s ORDER BY batch
+
+-- name: pending_cleanups
+-- Switched batches whose source still keeps its copy, of every move, soonest due
+-- first: a copy is deleted once its move's grace period after the release is over.
+-- due_in_s is read once by the mover and kept as a deadline (home's clock decides).
+SELECT b.move_id, b.batch, b.first_bucket, b.last_bucket, m.source,
+       b.released_at + make_interval(secs => m.grace_s) AS due_at,
+       greatest(0, extract(epoch FROM b.released_at + make_interval(secs => m.grace_s)
+                                       - now()))::float8 AS due_in_s
+FROM shardq.move_batches b JOIN shardq.moves m ON m.id = b.move_id
+WHERE b.phase = 'released'
+ORDER BY due_at, b.move_id, b.batch
+
+-- name: latest_uncleaned_move
+-- The newest finished move whose source still keeps copies: `--resume` finishes it.
+SELECT m.id FROM shardq.moves m
+WHERE EXISTS (SELECT 1 FROM shardq.move_batches b WHERE b.move_id = m.id AND b.phase = 'released')
+ORDER BY m.id DESC LIMIT 1
 
 -- name: set_batch_phase
 UPDATE shardq.move_batches SET phase = %(phase)s WHERE move_id = %(move)s AND batch = %(batch)s

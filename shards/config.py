@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -52,6 +52,16 @@ DEFAULT_POOL_MAX = 10
 _PASSWORD_PARAMETERS = ("password", "sslpassword")
 
 
+def _unsplit(parts: SplitResult) -> str:
+    """urlunsplit, keeping the `//` of a URL that names no host: urlunsplit turns
+    `postgresql:///db?host=/run/postgresql` (a Unix socket) into `postgresql:/db?...`,
+    which libpq refuses."""
+    url = urlunsplit(parts)
+    if parts.netloc or not parts.scheme:
+        return url
+    return f"{parts.scheme}://" + url.removeprefix(f"{parts.scheme}:")
+
+
 def redact(url: str) -> str:
     """The URL with its password replaced, fit for logs and error messages."""
     parts = urlsplit(url)
@@ -64,7 +74,7 @@ def redact(url: str) -> str:
         for p in parts.query.split("&")) if parts.query else parts.query
     if (netloc, query) == (parts.netloc, parts.query):
         return url
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _unsplit(parts._replace(netloc=netloc, query=query))
 
 
 
@@ -83,7 +93,7 @@ def without_password(url: str) -> str:
         kept = [p for p in query.split("&")
                 if unquote(p.split("=", 1)[0]) not in _PASSWORD_PARAMETERS]
         query = "&".join(kept)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _unsplit(parts._replace(netloc=netloc, query=query))
 
 
 Range = tuple[int, int]

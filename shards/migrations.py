@@ -50,8 +50,10 @@ from shardq.shards.errors import (
     MigrationError,
     MoveRunning,
     SchemaBehind,
+    ShardqError,
     ShardUnavailable,
 )
+from shardq.shards.new_shard import check_new_database, drop_new_schema
 from shardq.shards.pools import DictConnection, connect
 from shardq.shards.routing import BUCKETS
 from shardq.shards.sqlfile import load_queries
@@ -549,7 +551,6 @@ MOVER_LOCK_KEY = int.from_bytes(b"shardqmv", "big") & 0x7FFF_FFFF_FFFF_FFFF
 MAX_SHARD_NAME = 63
 """Characters of a shard name: PostgreSQL's identifier length, so it fits wherever a
 name is used (application_name, a pool's name, log fields)."""
-MIN_SERVER_VERSION = 150000
 
 
 def read_newer_map(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:
@@ -664,21 +665,18 @@ def _require_all(view: MapView) -> None:
         _raise_problem(status)
 
 
-def _server_of(shard: Shard) -> tuple[str, str]:
-    with connect(shard, autocommit=True) as conn:
-        row = conn.execute(SQL["server_identity"]).fetchone()
-    assert row is not None
-    return str(row["server"]), str(row["dbname"])
-
-
-def add_shard(seeds: ShardMap, name: str, url: str) -> ShardMap:
+def add_shard(seeds: ShardMap, name: str, url: str, *, allow_nonempty: bool = False
+              ) -> ShardMap:
     """`shardq shards add`: migrate the database at `url` as shard `name`, owning no
     buckets, and write map version N+1 (the current ranges, one more shard) to every
     shard, the new one included. Returns version N+1.
 
     Refused (nothing written): a bad name or URL, a name or database the map has
     already (under any spelling of its host), a database that holds another
-    deployment's shardq schema, a server that cannot be reached or is older than 15.
+    deployment's shardq schema or a shardq schema no deployment recorded, a database
+    holding anything else unless `allow_nonempty`, a server that cannot be reached or
+    is older than 15. A migration that fails on a database that had no shardq schema
+    drops what it created.
     """
     check_shard_name(name)
     check_new_url(name, url)
@@ -699,39 +697,20 @@ def add_shard(seeds: ShardMap, name: str, url: str) -> ShardMap:
         layout["shards"].append({"name": name, "url": without_password(url)})
         grown = ShardMap.from_layout(layout, current.version + 1, seeds=seeds,
                                      deployment=current.deployment)  # duplicate URLs refused
-        _check_new_database(current, new)
-        migrate(seeds, shards=[new])
+        fresh = check_new_database(current, new, allow_nonempty=allow_nonempty)
+        try:
+            migrate(seeds, shards=[new])
+        except ShardqError as exc:
+            if not fresh:
+                raise
+            drop_new_schema(new)
+            if isinstance(exc, MigrationError):
+                raise MigrationError(f"{exc}; {new.label} was left as it was found (no "
+                                     "shardq schema)") from exc
+            raise
         _write_version(grown, [*current.shards, new])
     log.info("shard added", extra={"shard": name, "map_version": grown.version})
     return grown
-
-
-def _check_new_database(current: ShardMap, new: Shard) -> None:
-    server = _server_of(new)
-    for shard in current.shards:
-        if _server_of(shard) == server:
-            raise ConfigError(f"{new.label} is the database of shard {shard.label} under "
-                              "another spelling")
-    with connect(new, autocommit=True) as conn:
-        version = conn.execute(SQL["server_version_num"]).fetchone()
-        assert version is not None
-        if int(version["num"]) < MIN_SERVER_VERSION:
-            raise ConfigError(f"{new.label}: PostgreSQL {version['text']} is too old; shardq "
-                              "needs 15 or newer")
-        present = conn.execute(SQL["has_map_versions"]).fetchone()
-        ours = None
-        if present is not None and present["present"]:
-            ours = conn.execute(SQL["read_map_state"]).fetchone()
-        identity = conn.execute(SQL["shard_status"]).fetchone()
-        recorded = (conn.execute(SQL["read_identity"]).fetchone()
-                    if identity is not None and identity["has_bookkeeping"] else None)
-    if ours is not None and ours["deployment"] != current.deployment:
-        raise MapMismatch(f"{new.label}: the database holds the shardq schema of deployment "
-                          f"{ours['deployment']}, not this one's ({current.deployment})")
-    if recorded is not None and (recorded["shard_name"] != new.name or
-                                 recorded["fingerprint"] != current.seeds.fingerprint):
-        raise MapMismatch(f"{new.label}: the database holds another deployment's shardq "
-                          f"schema (recorded as {recorded['shard_name']})")
 
 
 def remove_shard(seeds: ShardMap, name: str) -> ShardMap:

@@ -117,7 +117,14 @@ FROM shardq.ownership
 
 -- name: count_runs
 -- For `shardq shards status`: exact, one scan of the primary key (status is rare).
-SELECT count(*) AS runs FROM shardq.executions
+-- Runs of the buckets the shard owns: until a move's cleanup, its source keeps a copy
+-- of runs the target owns, which would be counted on both. A clean shard holds
+-- nothing else, and skips the per-row bucket.
+SELECT CASE WHEN o.unclean
+            THEN (SELECT count(*) FROM shardq.executions e
+                  WHERE get_bit(o.owned, shardq.bucket(e.id)) = 1)
+            ELSE (SELECT count(*) FROM shardq.executions) END AS runs
+FROM shardq.ownership o
 
 -- name: server_identity
 -- Tells one server's database from another spelled differently (localhost and
@@ -136,3 +143,26 @@ SELECT pg_advisory_unlock(%(key)s)
 -- name: server_version_num
 SELECT current_setting('server_version_num')::integer AS num,
        current_setting('server_version') AS text
+
+-- name: database_contents
+-- What a database that `shards add` is given holds, per schema of its own (the
+-- system's left out): relations (tables, views, sequences, indexes, types of
+-- rows), functions, and domains, enums and ranges. A new database has an empty
+-- public schema and nothing else.
+SELECT n.nspname AS schema,
+       (SELECT count(*) FROM pg_class c WHERE c.relnamespace = n.oid) AS relations,
+       (SELECT count(*) FROM pg_proc p WHERE p.pronamespace = n.oid) AS functions,
+       (SELECT count(*) FROM pg_type t
+        WHERE t.typnamespace = n.oid AND t.typtype IN ('d', 'e', 'r', 'm')) AS types,
+       (SELECT string_agg(c.relname, ', ' ORDER BY c.relname)
+        FROM (SELECT relname FROM pg_class WHERE relnamespace = n.oid AND relkind IN
+              ('r', 'p', 'v', 'm', 'f') ORDER BY relname LIMIT 3) AS c) AS some_tables
+FROM pg_namespace n
+WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname !~ '^pg_(toast|temp_)'
+ORDER BY n.nspname
+
+-- name: drop_new_shard_schema
+-- Only on a database `shards add` found without a shardq schema, after its
+-- migration failed: everything in it is what that migration created.
+DROP SCHEMA IF EXISTS shardq CASCADE

@@ -1,7 +1,9 @@
 """`shardq shards`: the shard map's commands.
 
 `shards` alone, or `shards status`: the map version, each shard's ranges,
-reachability, schema version and runs, and any move in progress. `shards add`
+reachability, schema version and runs (of the buckets it owns), and what moves
+left to do: the unfinished move, buckets frozen now, copies not yet cleaned up,
+and the command to run (moves/status.py). `shards add`
 and `shards remove` write a new map version with one shard more or less (owning
 no buckets). The move commands (`move`, `rebalance`) are bin/cli/moves.py's,
 registered into this group.
@@ -10,7 +12,6 @@ registered into this group.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -21,17 +22,6 @@ from shardq.bin.cli.common import Settings, emit, errors_as_exit_codes, json_opt
 if TYPE_CHECKING:
     from shardq.shards.config import ShardMap
     from shardq.shards.migrations import ShardStatus
-
-MoveReader = Callable[["ShardMap"], list[dict[str, Any]]]
-MOVE_STATUS: list[MoveReader] = []
-"""Where `shards status` reads the moves in progress: the move journal's reader
-(moves/, registered by bin/cli/moves.register) appends a function here that takes
-the current map and returns one JSON object per move in progress, with at least
-`text`, the line to print. Until one is registered, status shows no moves."""
-
-
-def moves_in_progress(shard_map: ShardMap) -> list[dict[str, Any]]:
-    return [move for reader in MOVE_STATUS for move in reader(shard_map)]
 
 
 @click.group("shards", invoke_without_command=True)
@@ -47,8 +37,9 @@ def shards_group(ctx: click.Context) -> None:
 @json_option
 @pass_settings
 def status_command(settings: Settings) -> None:
-    """Show the map version, each shard's ranges, reachability, schema version and runs,
-    and any move in progress."""
+    """Show the map version, each shard's ranges, reachability, schema version and runs
+    (of the buckets it owns), and what moves left to do, with the command to run."""
+    from shardq.moves.status import move_status
     from shardq.shards.fanout import each_shard
     from shardq.shards.migrations import count_runs, load_schema, read_map
 
@@ -57,24 +48,31 @@ def status_command(settings: Settings) -> None:
         schema = load_schema()
         view = read_map(seeds, schema=schema)
         current = view.map
-        runs = each_shard([s.shard for s in view.statuses if s.reachable], count_runs).answers
-        in_progress = moves_in_progress(current)
+        reachable = [s.shard for s in view.statuses if s.reachable]
+        runs = each_shard(reachable, count_runs).answers
+        moves = move_status(current, {s.name for s in reachable})
     rows = [_row(st, runs.get(st.shard), current) for st in view.statuses]
     lines = [f"shard map version {current.version}, home {current.home}, "
              f"schema version needed {schema.version}"]
     for r in rows:
-        state = "ok" if r["ok"] else r["problem"]
         ranges = ", ".join(f"{a}-{b}" for a, b in r["ranges"]) or "no buckets"
         left = "" if r["in_map"] else " (not in the map)"
+        if not r["reachable"]:
+            # Nothing was read from it: no columns of values it did not give.
+            lines.append(f"  {r['name']:<10} {ranges:<11} {r['url']}  {r['problem']}{left}")
+            continue
+        state = "ok" if r["ok"] else r["problem"]
+        counted = "unknown" if r["runs"] is None else r["runs"]
         lines.append(f"  {r['name']:<10} {ranges:<11} {r['url']}  schema "
-                     f"{r['schema_version']}  map {r['map_version']}  runs {r['runs']}  "
+                     f"{r['schema_version']}  map {_or_none(r['map_version'])}  runs {counted}  "
                      f"{state}{left}")
-    lines += [f"  move: {m.get('text', m)}" for m in in_progress] or ["  no move in progress"]
+    lines += ["  " + line.replace("\n", "\n  ") for line in moves["lines"]]
     emit(settings, {
         "version": current.version, "home": current.home,
         "deployment": str(current.deployment) if current.deployment else None,
         "fingerprint": seeds.fingerprint, "required_schema": schema.version,
-        "shards": rows, "moves": in_progress,
+        "shards": rows, "moves": moves["moves"], "moves_problem": moves["problem"],
+        "frozen": moves["frozen"], "cleanups": moves["cleanups"],
     }, "\n".join(lines))
     codes = [
         3 if not st.reachable else 4 if "map mismatch" in st.problem else 5
@@ -82,6 +80,10 @@ def status_command(settings: Settings) -> None:
     ]
     if codes:
         sys.exit(min(codes))  # unreachable outranks a mismatch, which outranks an old schema
+
+
+def _or_none(value: object) -> object:
+    return "none" if value is None else value
 
 
 def _row(status: ShardStatus, runs: int | None, current: ShardMap) -> dict[str, Any]:
@@ -108,19 +110,24 @@ def _row(status: ShardStatus, runs: int | None, current: ShardMap) -> dict[str, 
 @shards_group.command("add")
 @click.argument("name")
 @click.argument("url")
+@click.option("--allow-nonempty", is_flag=True,
+              help="Add a database that holds other schemas or tables (shardq's own schema "
+                   "goes beside them); without it only an empty database is taken.")
 @json_option
 @pass_settings
-def add_command(settings: Settings, name: str, url: str) -> None:
-    """Add the database at URL as shard NAME, owning no buckets yet.
+def add_command(settings: Settings, name: str, url: str, allow_nonempty: bool) -> None:
+    """Add the empty database at URL as shard NAME, owning no buckets yet.
 
     Migrates it, then writes a new map version (the same ranges, one more shard)
     to every shard. The URL must carry no password: it is stored in every shard;
-    use a passfile or PGPASSWORD.
+    use a passfile or PGPASSWORD. Refused, leaving the database as it was: a
+    database holding anything but an empty public schema (unless --allow-nonempty),
+    or a shardq schema this deployment did not make.
     """
     from shardq.shards.migrations import add_shard
 
     with errors_as_exit_codes():
-        grown = add_shard(settings.shard_map(), name, url)
+        grown = add_shard(settings.shard_map(), name, url, allow_nonempty=allow_nonempty)
     _emit_change(settings, grown, f"added shard {name}", name)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+import psycopg
 import pytest
 
 from shardq.shards.config import ShardMap
@@ -127,6 +128,57 @@ def test_an_add_that_stopped_part_way_is_finished_by_running_it_again(
     assert [_versions(url)[0][:2] for url in [*deployment.urls, new_url]] == [([1, 2], 2)] * 3
 
 
+def test_status_with_the_home_shard_down_says_it_cannot_tell_about_moves(
+    fresh_databases: Fresh,
+) -> None:
+    """The move journal is on the home shard: with it down, status said "no move in
+    progress", and printed `None` in the down shard's columns."""
+    (other,) = fresh_databases(1, "homeless")
+    with EmbeddedPostgres() as home_server:
+        home = home_server.create_database(f"home_{os.getpid()}")
+        migrate(ShardMap.from_urls([home, other]))
+    env = {"SHARDQ_SHARDS": f"{home},{other}"}  # the home server is stopped now
+    text = run_cli("shards", "status", env=env)
+    assert text.returncode == 3, text.stderr
+    assert "no move in progress" not in text.stdout
+    assert ("cannot tell whether a move is in progress: its journal is on the home shard "
+            "shard-0, which is unreachable") in text.stdout
+    (down,) = [line for line in text.stdout.splitlines() if "shard-0 " in line]
+    assert "None" not in down and "unreachable" in down
+    doc = json.loads(run_cli("--json", "shards", "status", env=env).stdout)
+    assert doc["moves"] is None and "cannot tell" in doc["moves_problem"]
+    assert [(s["name"], s["reachable"]) for s in doc["shards"]] == [
+        ("shard-0", False), ("shard-1", True)]
+
+
+def _socket_url_without_host(url: str) -> str:
+    """`url` (the embedded server's: a Unix socket folder in `host=`) spelled as libpq's
+    documentation spells a socket URL: no user, no host part, `postgresql:///db?...`."""
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    user = parts.username or "postgres"
+    return (f"postgresql://{parts.path}?host={query['host']}&port={query['port']}"
+            f"&user={user}")
+
+
+def test_a_unix_socket_url_with_no_host_part_is_added_as_given(
+    deployment: Deployment, other_server: EmbeddedPostgres,
+) -> None:
+    """`postgresql:///db?host=/run/postgresql` works in SHARDQ_SHARDS; `shards add` turned
+    it into `postgresql:/db?...` (urlunsplit drops an empty host's `//`) and refused it."""
+    new_url = _socket_url_without_host(
+        other_server.create_database(f"socket_{os.getpid()}"))
+    assert new_url.startswith("postgresql:///socket_")
+    added = _ok(deployment.cli("--json", "shards", "add", "shard-2", new_url))
+    assert added["shards"][2] == {"name": "shard-2", "url": new_url, "ranges": []}
+    ((layout,),) = rows(deployment.urls[0],
+                        "SELECT layout FROM shardq.shard_maps WHERE version = 2")
+    assert layout["shards"][2]["url"] == new_url
+    status = _ok(deployment.cli("--json", "shards", "status"))
+    assert [(s["name"], s["reachable"], s["ok"]) for s in status["shards"]][2] == (
+        "shard-2", True, True)
+
+
 def _other_spelling(url: str) -> str:
     """The same database under another spelling of its server."""
     parts = urlsplit(url)
@@ -143,6 +195,12 @@ class Case:
     args: tuple[str, ...]
     code: int
     message: str
+    setup: str = ""
+    """SQL run in the new database first: what it holds before the command."""
+
+
+TABLE = "CREATE TABLE public.orders (id int PRIMARY KEY)"
+CONFLICTING = "CREATE SCHEMA shardq; CREATE TABLE shardq.executions (id int)"
 
 
 CASES = [
@@ -171,6 +229,32 @@ CASES = [
          "database does not exist"),
     Case("add-url-other-deployment", ("add", "shard-2", "{foreign}"), 4,
          "holds the shardq schema of deployment"),
+    Case("add-url-other-deployment-allow-nonempty",
+         ("add", "shard-2", "{foreign}", "--allow-nonempty"), 4,
+         "holds the shardq schema of deployment"),
+    Case("add-database-with-a-table", ("add", "shard-2", "{new}"), 2,
+         "the database is not empty (schema public (2 relation(s), tables orders)): give an "
+         "empty database, or --allow-nonempty", TABLE),
+    Case("add-database-with-another-schema", ("add", "shard-2", "{new}"), 2,
+         "the database is not empty (schema app (empty))", "CREATE SCHEMA app"),
+    Case("add-database-with-a-function", ("add", "shard-2", "{new}"), 2,
+         "schema public (1 function(s))",
+         "CREATE FUNCTION public.f() RETURNS int LANGUAGE sql AS 'SELECT 1'"),
+    Case("add-database-with-a-type", ("add", "shard-2", "{new}"), 2,
+         "schema public (1 type(s))", "CREATE TYPE public.mood AS ENUM ('ok')"),
+    # A shardq schema shardq did not make: migrating over it left three bookkeeping
+    # tables behind and said "nothing of it applied".
+    Case("add-conflicting-shardq-schema", ("add", "shard-2", "{new}"), 2,
+         "holds a schema shardq (1 relation(s), tables executions) that no shardq deployment "
+         "recorded", CONFLICTING),
+    Case("add-conflicting-shardq-schema-allow-nonempty",
+         ("add", "shard-2", "{new}", "--allow-nonempty"), 2,
+         "that no shardq deployment recorded", CONFLICTING),
+    Case("add-half-a-shardq-schema", ("add", "shard-2", "{new}"), 2,
+         "that no shardq deployment recorded",
+         "CREATE SCHEMA shardq; CREATE TABLE shardq.schema_migrations (version int)"),
+    Case("add-allow-nonempty-with-a-value", ("add", "shard-2", "{new}", "--allow-nonempty=1"),
+         2, "does not take a value"),
     Case("remove-unknown", ("remove", "shard-9"), 2, "unknown shard 'shard-9'"),
     Case("remove-home", ("remove", "shard-0"), 2, "shard-0 is the home shard"),
     Case("remove-owning-buckets", ("remove", "shard-1"), 2,
@@ -185,6 +269,8 @@ def test_hostile_inputs_are_refused_in_one_line_and_store_nothing(
     case: Case, deployment: Deployment, other_server: EmbeddedPostgres, fresh_databases: Fresh,
 ) -> None:
     new = other_server.create_database(f"hostile_{case.name.replace('-', '_')}_{os.getpid()}")
+    if case.setup:
+        _run(new, case.setup)
     foreign = ""
     if "{foreign}" in case.args:  # another deployment's shard: made only where it is used
         (foreign,) = fresh_databases(1, "foreign")
@@ -202,6 +288,7 @@ def test_hostile_inputs_are_refused_in_one_line_and_store_nothing(
     args = tuple(a.format(**values) for a in case.args)
     watched = [*deployment.urls, *([foreign] if foreign else [])]
     before = [_versions(url) for url in watched]
+    held = _relations(new)
     for as_json in (False, True):
         result = run_cli(*(["--json"] if as_json else []), "shards", *args, env=deployment.env)
         assert result.returncode == case.code, (result.stdout, result.stderr)
@@ -214,5 +301,60 @@ def test_hostile_inputs_are_refused_in_one_line_and_store_nothing(
             assert lines[0].startswith("shardq: error: ") and case.message in lines[0], lines
         assert "s3cret" not in result.stderr
         assert [_versions(url) for url in watched] == before
-        # The new database was not migrated.
+        # The new database was not migrated, and holds what it held: nothing left behind.
         assert rows(new, "SELECT to_regclass('shardq.shard_maps')") == [(None,)]
+        assert _relations(new) == held
+
+
+def _run(url: str, statements: str) -> None:
+    """Run SQL (several statements, no parameters) in a test's own database."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statements.encode())
+
+
+def _relations(url: str) -> list[tuple[str, str]]:
+    return [(str(a), str(b)) for a, b in rows(
+        url, "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname NOT IN ('pg_catalog', 'information_schema',"
+        " 'pg_toast') ORDER BY 1, 2")]
+
+
+def test_allow_nonempty_adds_shardqs_schema_beside_what_the_database_holds(
+    deployment: Deployment, other_server: EmbeddedPostgres,
+) -> None:
+    new_url = other_server.create_database(f"beside_{os.getpid()}")
+    _run(new_url, TABLE + "; INSERT INTO public.orders VALUES (7)")
+    refused = deployment.cli("shards", "add", "shard-2", new_url)
+    assert refused.returncode == 2 and "--allow-nonempty" in refused.stderr
+    added = _ok(deployment.cli("--json", "shards", "add", "shard-2", new_url,
+                               "--allow-nonempty"))
+    assert added["version"] == 2
+    assert rows(new_url, "SELECT id FROM public.orders") == [(7,)]
+    assert rows(new_url, "SELECT bit_count(owned) FROM shardq.ownership") == [(0,)]
+
+
+def test_a_migration_that_fails_on_a_new_database_leaves_nothing_behind(
+    deployment: Deployment, other_server: EmbeddedPostgres,
+) -> None:
+    """A migration refused part-way (here by an event trigger of the database's own)
+    said "nothing of it applied" and left the schema and its bookkeeping tables."""
+    new_url = other_server.create_database(f"refusing_{os.getpid()}")
+    _run(new_url, """
+        CREATE FUNCTION public.no_history() RETURNS event_trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                     WHERE object_identity = 'shardq.history') THEN
+            RAISE EXCEPTION 'no history tables here';
+          END IF;
+        END $$;
+        CREATE EVENT TRIGGER no_history ON ddl_command_end EXECUTE FUNCTION public.no_history()
+        """)
+    held = _relations(new_url)
+    failed = deployment.cli("shards", "add", "shard-2", new_url, "--allow-nonempty")
+    assert failed.returncode == 6, failed.stderr
+    (line,) = failed.stderr.strip().splitlines()
+    assert "no history tables here" in line and "was left as it was found" in line
+    assert rows(new_url, "SELECT to_regnamespace('shardq')") == [(None,)]
+    assert _relations(new_url) == held
+    assert _versions(deployment.urls[0]) == [([1], 1, _versions(deployment.urls[0])[0][2], 2048,
+                                              2048)]

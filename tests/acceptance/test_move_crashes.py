@@ -68,8 +68,11 @@ def mover(dep: Deployment, *args: str, crash_at: str | None = None
     env.pop("SHARDQ_MOVE_CRASH_AT", None)
     if crash_at:
         env["SHARDQ_MOVE_CRASH_AT"] = crash_at
+    # Batches keep their planned size (no --max-pause lowering on a slow machine): the
+    # tests name batches by number.
     return subprocess.run(
-        [sys.executable, "-m", "shardq.bin.cli.moves", "shards", "move", *args],
+        [sys.executable, "-m", "shardq.bin.cli.moves", "shards", "move", *args,
+         "--max-pause", "0"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -179,28 +182,165 @@ def test_a_mover_killed_at_each_phase_resumes_or_rolls_back_cleanly(
     assert phase == ("done" if then == "--resume" else "aborted",)
 
 
-def test_status_shows_a_move_a_killed_mover_left_frozen_until_it_is_resumed(
-    deployment: Deployment,
+def status(dep: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardq.bin.cli", "shards", "status", *args],
+        env={**os.environ, **dep.env()}, cwd=ROOT, capture_output=True, text=True,
+        timeout=60, check=False)
+
+
+def status_doc(dep: Deployment) -> dict[str, Any]:
+    shown = status(dep, "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc: dict[str, Any] = json.loads(shown.stdout)
+    return doc
+
+
+def batch_buckets(dep: Deployment, batch: int) -> list[int]:
+    with psycopg.connect(dep.urls[0]) as conn:
+        row = conn.execute("SELECT first_bucket, last_bucket FROM shardq.move_batches"
+                           " WHERE batch = %s", (batch,)).fetchone()
+    assert row is not None
+    return list(row)
+
+
+@pytest.mark.parametrize("crash_at", ["freeze@0", "fenced@1"])
+def test_status_names_the_buckets_a_killed_mover_left_frozen_and_what_to_run(
+    deployment: Deployment, crash_at: str,
 ) -> None:
-    """An operator's first question after a mover died: what is stuck, and how to go on."""
+    """An operator's first question after a mover died: what is stuck, and how to go on.
+    Killed right after the freeze ("freeze"), the journal said "planned" and status said
+    nothing was frozen while clients were refused for 10 s: the journal is now written
+    before the freeze, and the frozen buckets are read from the source itself."""
     populate(deployment, moved=24, kept=4)
     args = [f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10", "--grace", "0"]
-    killed = mover(deployment, *args, crash_at="fenced@1")
+    killed = mover(deployment, *args, crash_at=crash_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    batch = int(crash_at.partition("@")[2])
+    frozen = batch_buckets(deployment, batch)
 
-    def moves() -> list[dict[str, Any]]:
-        shown = subprocess.run(
-            [sys.executable, "-m", "shardq.bin.cli", "shards", "status", "--json"],
-            env={**os.environ, **deployment.env()}, cwd=ROOT, capture_output=True, text=True,
-            timeout=60, check=False)
-        assert shown.returncode == 0, shown.stderr
-        found: list[dict[str, Any]] = json.loads(shown.stdout)["moves"]
-        return found
-
-    (move,) = moves()
+    (move,) = status_doc(deployment)["moves"]
     assert (move["buckets"], move["source"], move["target"], move["phase"]) == (
         list(MOVED), "shard-0", "shard-1", "moving")
-    assert move["frozen_batch"] == 1 and move["batches_switched"] == 1
-    assert "--resume" in move["text"]
+    assert move["frozen_batch"] == batch and move["batches_switched"] == batch
+    assert move["frozen_buckets"] == [frozen] and not move["mover_running"]
+    assert move["commands"] == ["shardq shards move --resume", "shardq shards move --abort"]
+    text = status(deployment).stdout
+    assert (f"frozen: buckets {frozen[0]}-{frozen[1]} on shard-0 (move 1, batch {batch}, "
+            "to shard-1): writes to their runs are refused") in text
+    assert "no mover is running: `shardq shards move --resume` finishes it" in text
     assert mover(deployment, "--resume").returncode == 0
-    assert moves() == []
+    after = status_doc(deployment)
+    assert after["moves"] == [] and after["frozen"] == [] and after["cleanups"] == []
+
+
+def killed_move(dep: Deployment, *, grace: float, batch: int) -> list[str]:
+    """Six batches of ten runs, moved with `grace` and killed mid-copy of `batch`."""
+    populate(dep, moved=60, kept=2)
+    args = [f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10", "--rest", "0",
+            "--grace", str(grace)]
+    killed = mover(dep, *args, crash_at=f"copy@{batch}")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with psycopg.connect(dep.urls[0]) as conn:
+        assert conn.execute("SELECT count(*) FROM shardq.move_batches").fetchone() == (6,)
+    return args
+
+
+@pytest.mark.parametrize("then", ["--resume", "--abort"])
+def test_a_resume_or_abort_waits_one_grace_period_not_one_per_batch(
+    deployment: Deployment, then: str,
+) -> None:
+    """Each batch's cleanup waited for its grace period counted from one reading of the
+    clock before the loop, one batch after another: a killed 11-batch move took 9 min 13 s
+    to resume at the default 60 s. The deadlines are now absolute, and the waits overlap."""
+    grace = 4.0
+    killed_move(deployment, grace=grace, batch=3)
+    began = time.monotonic()
+    finished = mover(deployment, then, "--rest", "0")
+    took = time.monotonic() - began
+    assert finished.returncode == 0, finished.stderr
+    # Three batches (or all six) waited their grace in turn before: 12 to 24 s.
+    assert grace - 1 <= took < 2 * grace + 1, (took, finished.stderr)
+    assert "before deleting shard-0's copy" in finished.stderr
+    owns = check_ownership(deployment)
+    assert all(o["writable"] == o["owned"] and not o["unclean"] for o in owns)
+
+
+def test_an_abort_of_a_move_that_had_switched_every_batch_says_done(
+    deployment: Deployment,
+) -> None:
+    """Killed during its cleanup, every batch switched: an abort has nothing to roll back,
+    and printed "aborted" for a move that had fully taken effect."""
+    populate(deployment, moved=24, kept=4)
+    args = [f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10", "--grace", "0"]
+    assert mover(deployment, *args, crash_at="clean").returncode == -signal.SIGKILL
+    aborted = mover(deployment, "--abort")
+    # The move's batches had all switched: it is done, nothing is left to abort.
+    assert aborted.returncode == 2, aborted.stderr
+    assert "no unfinished move to abort: move 1 is done" in aborted.stderr
+    resumed = mover(deployment, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith("move 1 done: ") and "None" not in resumed.stdout
+
+    reset(deployment)
+    populate(deployment, moved=24, kept=4)
+    assert mover(deployment, *args, crash_at="release@2").returncode == -signal.SIGKILL
+    aborted = mover(deployment, "--abort")
+    assert aborted.returncode == 0, aborted.stderr
+    assert aborted.stdout.startswith("move 1 done: ") and "aborted" not in aborted.stdout
+    with psycopg.connect(deployment.urls[0]) as conn:
+        assert conn.execute("SELECT phase FROM shardq.moves").fetchone() == ("done",)
+
+
+def test_an_abort_that_rolled_everything_back_prints_no_none(deployment: Deployment) -> None:
+    populate(deployment, moved=24, kept=4)
+    args = [f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10", "--grace", "0"]
+    assert mover(deployment, *args, crash_at="freeze").returncode == -signal.SIGKILL
+    aborted = mover(deployment, "--abort")
+    assert aborted.returncode == 0, aborted.stderr
+    assert aborted.stdout.startswith("move 1 aborted: ")
+    assert "None" not in aborted.stdout and "no batch paused" in aborted.stdout
+    assert "3 rolled back" in aborted.stdout
+
+
+def test_no_wait_returns_at_the_switch_and_the_copy_waits_for_resume_or_the_next_move(
+    deployment: Deployment,
+) -> None:
+    """A move blocked the terminal for the whole grace period, unannounced. With
+    --no-wait it returns at its last switch; status counts the moved runs once (the
+    source's copy is not its runs any more), names the copy and what deletes it; the
+    next move is not refused for it, and --resume deletes it once its grace is over."""
+    inside, outside = populate(deployment, moved=24, kept=4)
+    grace = 8.0
+    began = time.monotonic()
+    moved = mover(deployment, f"{MOVED[0]}-{MOVED[1]}", "--to", "shard-1", "--batch-runs", "10",
+                  "--rest", "0", "--grace", str(grace), "--no-wait")
+    assert moved.returncode == 0, moved.stderr
+    assert time.monotonic() - began < grace
+    assert moved.stdout.startswith("move 1 done: ")
+    assert ("shard-0 keeps its copy of 3 switched batch(es) until its grace period ends"
+            in moved.stdout) and "`shardq shards move --resume` deletes it" in moved.stdout
+
+    doc = status_doc(deployment)
+    assert doc["moves"] == [] and doc["frozen"] == []
+    assert [s["runs"] for s in doc["shards"]] == [len(outside), 5 + len(inside)]
+    (cleanup,) = doc["cleanups"]
+    assert (cleanup["move"], cleanup["source"], cleanup["batches"]) == (1, "shard-0", 3)
+    text = status(deployment).stdout
+    assert "no move in progress" in text
+    assert ("cleanup: shard-0 keeps its copy of 3 switched batch(es) of move 1 (buckets "
+            f"{MOVED[0]}-{MOVED[1]}; not counted in its runs) until the grace period ends, "
+            "due at ") in text
+    assert "`shardq shards move --resume` deletes it" in text
+
+    # The next move is not refused for the copy: it waits out its grace and deletes it
+    # with its own (two runs of `outside` are in 0-100: one batch).
+    other = mover(deployment, "0-100", "--to", "shard-1", "--grace", "0", "--rest", "0")
+    assert other.returncode == 0, other.stderr
+    assert "copies of 4 switched batch(es) deleted (26 runs)" in other.stdout
+    assert status_doc(deployment)["cleanups"] == []
+    owns = check_ownership(deployment)
+    assert all(o["writable"] == o["owned"] and not o["unclean"] for o in owns)
+    with psycopg.connect(deployment.urls[0]) as conn:
+        assert conn.execute("SELECT count(*) FROM shardq.executions WHERE id = ANY(%s)",
+                            (inside,)).fetchone() == (0,)

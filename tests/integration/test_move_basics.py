@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from shardq.bin.cli import moves as move_cli
 from shardq.bin.cli.common import Settings
+from shardq.moves import deployment as move_deployment
 from shardq.moves import mover
 from shardq.moves.plan import parse_range, plan_batches, plan_rebalance, reassign
 from shardq.shards.config import ShardMap
@@ -384,7 +385,7 @@ def test_copy_column_lists_name_every_column_of_each_table(deployment: Deploymen
             columns = [r[0] for r in conn.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema ="
                 " 'shardq' AND table_name = %s ORDER BY ordinal_position", (table,))]
-            into = mover.SQL[f"copy_in_{table}"]
+            into = move_deployment.SQL[f"copy_in_{table}"]
             named = into[into.index("(") + 1:into.index(")")].replace("\n", " ")
             listed = [c.strip() for c in named.split(",")]
             expected = [c for c in columns if not (table == "outbox" and c == "id")]
@@ -393,8 +394,8 @@ def test_copy_column_lists_name_every_column_of_each_table(deployment: Deploymen
 
 def test_a_second_mover_is_refused_naming_the_running_move(deployment: Deployment) -> None:
     populate(deployment, moved=2, kept=1)
-    dep = mover.Deployment.load(deployment.seeds)
-    with mover.mover_lock(dep) as home:
+    dep = move_deployment.Deployment.load(deployment.seeds)
+    with move_deployment.mover_lock(dep) as home:
         number = mover.Mover(dep, home, options()).start(*MOVED, "shard-1")
         with pytest.raises(MoveRunning, match=rf"move {number} \(buckets 1024-1535 "
                                                     r"from shard-0 to shard-1.*by pid \d+"):
@@ -421,6 +422,11 @@ def _cli(dep: Deployment, *args: str) -> tuple[int, str]:
     (["move", "1-2-3", "--to", "shard-1"], 2, "not FIRST-LAST"),
     (["move", "a-b", "--to", "shard-1"], 2, "not FIRST-LAST"),
     (["move", " 1 - 2 ", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    # int() reads any script's digits; a range is ASCII digits only.
+    (["move", "\uff11-\uff12", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    (["move", "1-\uff12", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    (["move", "\u0663", "--to", "shard-1"], 2, "not FIRST-LAST"),
+    (["move", "\U0001d7d9", "--to", "shard-1"], 2, "not FIRST-LAST"),
     (["move", "2000-2100", "--to", "shard-1"], 2, "2000-2047 on shard-0; 2048-2100 on shard-1"),
     (["move", "5", "--to", "nowhere"], 2, "unknown shard 'nowhere'"),
     (["move", "5", "--to", "shard-0"], 2, "shard-0 already owns buckets 5-5"),
@@ -437,6 +443,11 @@ def _cli(dep: Deployment, *args: str) -> tuple[int, str]:
     (["move", "5", "--to", "shard-1", "--rest", "-1"], 2, ">= 0 and <= 100"),
     (["move", "5", "--to", "shard-1", "--rest", "1e9"], 2, ">= 0 and <= 100"),
     (["rebalance", "--rest", "inf"], 2, "finite"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "nan"], 2, "finite"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "-1"], 2, ">= 0 and <= 3600"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "1e9"], 2, ">= 0 and <= 3600"),
+    (["move", "5", "--to", "shard-1", "--max-pause", "1s"], 2, "--max-pause"),
+    (["rebalance", "--max-pause", "inf"], 2, "finite"),
 ])
 def test_hostile_move_input_is_one_line_and_stores_nothing(
     deployment: Deployment, args: list[str], code: int, message: str,
@@ -482,7 +493,10 @@ def test_planning_and_ranges() -> None:
     assert parse_range("5") == (5, 5)
     assert parse_range("0-4095") == (0, 4095)
     batches = plan_batches({1: (5, 50), 2: (5, 50), 3: (20, 10), 7: (1, 1)}, 0, 9, 10, 1000)
-    assert [(b.first, b.last, b.runs) for b in batches] == [(0, 2, 10), (3, 3, 20), (4, 9, 1)]
+    # Empty buckets stay with the batch before them; only a bucket with runs starts one.
+    assert [(b.first, b.last, b.runs) for b in batches] == [(0, 2, 10), (3, 6, 20), (7, 9, 1)]
+    assert [(b.first, b.last, b.runs) for b in plan_batches({5: (2, 20)}, 0, 9, 1, 5)] == [
+        (0, 9, 2)]  # one bucket over both bounds is one batch, empties around it included
     layout = {"buckets": 4096, "home": "a", "shards": [{"name": "a", "url": ""},
               {"name": "b", "url": ""}], "ranges": [[0, 2047, "a"], [2048, 4095, "b"]]}
     assert reassign(layout, 2000, 2047, "b")["ranges"] == [[0, 1999, "a"], [2000, 4095, "b"]]

@@ -9,7 +9,8 @@ Exit codes (also in docs/cli.md):
   list`, `workflow pending`, `purge`)
 
 The rule between 2 and 7: a value the command line cannot even parse is a usage
-error, 2 (JSON text that is not JSON or holds NaN or an out-of-range number, a
+error, 2 (JSON text that is not JSON or holds NaN, an out-of-range number or a
+key twice in one object, a
 --state that is no state, a cursor that is no cursor, a --limit outside
 1..1000, an execution id that is no execution id, an unreadable @file, an
 unknown option, a missing or broken --app). A well-formed request the engine

@@ -1,13 +1,14 @@
-"""Three shards, the middle one refusing connections: the read commands an operator runs
-during the outage show what the two others hold, name the missing shard in one stderr
-line and exit 8 (partial), as `shardq outbox` does (test_cli_unreachable.py); a command
-about one run on a reachable shard works as if nothing were down."""
+"""Three shards, one refusing connections (the home shard, which holds the map's record,
+or another): the read commands an operator runs during the outage show what the two
+others hold, name the missing shard in one stderr line and exit 8 (partial), as
+`shardq outbox` does (test_cli_unreachable.py); a command about one run on a reachable
+shard works as if nothing were down."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -23,9 +24,6 @@ from shardq.shards.pools import ShardPools
 from ..conftest import Server
 from ..support import allow_connections, key_on, run_cli, wait_until
 
-DOWN = 1
-"""The index of the shard the tests take down."""
-
 
 @dataclass(frozen=True)
 class Deployment:
@@ -34,13 +32,19 @@ class Deployment:
     """Per shard, one run parked on a signal."""
     reviewed: list[str]
     """Per shard, one run waiting for a person's decision."""
+    down: int | None = None
+    """The index of the shard that refuses connections."""
 
     @property
     def env(self) -> dict[str, str]:
         return {"SHARDQ_SHARDS": ",".join(self.urls)}
 
     def up(self, runs: list[str]) -> set[str]:
-        return {run for index, run in enumerate(runs) if index != DOWN}
+        return {run for index, run in enumerate(runs) if index != self.down}
+
+    @property
+    def up_names(self) -> set[str]:
+        return {f"shard-{index}:" for index in range(3) if index != self.down}
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +71,14 @@ def deployment(pg_server: Server) -> Deployment:
     return Deployment(urls, parked, reviewed)
 
 
-@pytest.fixture
-def one_down(deployment: Deployment) -> Iterator[Deployment]:
-    allow_connections([deployment.urls[DOWN]], allowed=False)
+@pytest.fixture(params=[0, 1], ids=["home-shard-down", "shard-1-down"])
+def one_down(deployment: Deployment, request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    down: int = request.param
+    allow_connections([deployment.urls[down]], allowed=False)
     try:
-        yield deployment
+        yield replace(deployment, down=down)
     finally:
-        allow_connections([deployment.urls[DOWN]], allowed=True)
+        allow_connections([deployment.urls[down]], allowed=True)
 
 
 def _first_words(stdout: str) -> set[str]:
@@ -93,7 +98,7 @@ READS: list[tuple[str, tuple[str, ...], Callable[[Deployment], set[str]],
      lambda out: {line.split()[0] for line in out.splitlines() if not line.startswith(" ")},
      lambda shown: {p["execution_id"] for p in shown["items"]}),  # type: ignore[attr-defined]
     ("purge --dry-run", ("purge", "--app", "shardq.bin.examples:registry", "--dry-run"),
-     lambda d: {"shard-0:", "shard-2:"}, _first_words,
+     lambda d: d.up_names, _first_words,
      lambda shown: {f"{name}:" for name in shown["runs"]}),  # type: ignore[attr-defined]
 ]
 
@@ -108,19 +113,20 @@ def test_a_read_of_every_shard_serves_the_reachable_ones_and_names_the_missing_o
     result = run_cli(*args, env=one_down.env)
     assert result.returncode == 8, result.stderr
     assert shown_text(result.stdout) == expected(one_down), result.stdout
+    missing = f"shard-{one_down.down}"
     (line,) = result.stderr.splitlines()
-    assert line.startswith("shardq: error: partial: could not read shard-1 (shard-1 ("), line
+    assert line.startswith(f"shardq: error: partial: could not read {missing} ({missing} ("), line
     assert "not currently accepting connections" in line, line
-    assert "shard-0" not in line and "shard-2" not in line, line
+    assert all(name[:-1] not in line for name in one_down.up_names), line
 
     as_json = run_cli(*args, "--json", env=one_down.env)
     assert as_json.returncode == 8, as_json.stderr
     shown = json.loads(as_json.stdout)
-    assert shown["unavailable_shards"] == ["shard-1"]
+    assert shown["unavailable_shards"] == [missing]
     assert shown_json(shown) == expected(one_down)
     (error_line,) = as_json.stderr.splitlines()
     error = json.loads(error_line)
-    assert (error["code"], error["unavailable_shards"]) == (8, ["shard-1"])
+    assert (error["code"], error["unavailable_shards"]) == (8, [missing])
 
 
 def test_with_every_shard_up_the_same_reads_are_whole(deployment: Deployment) -> None:
@@ -134,7 +140,8 @@ def test_with_every_shard_up_the_same_reads_are_whole(deployment: Deployment) ->
 def test_a_run_on_a_reachable_shard_is_served_and_one_on_the_missing_shard_named(
     one_down: Deployment,
 ) -> None:
-    healthy, missing = one_down.parked[0], one_down.parked[DOWN]
+    assert one_down.down is not None
+    healthy, missing = one_down.parked[2], one_down.parked[one_down.down]
     shown = run_cli("workflow", "show", healthy, env=one_down.env)
     assert (shown.returncode, shown.stderr) == (0, ""), shown.stderr
     assert shown.stdout.split()[0] == healthy
@@ -142,4 +149,4 @@ def test_a_run_on_a_reachable_shard_is_served_and_one_on_the_missing_shard_named
     absent = run_cli("workflow", "show", missing, env=one_down.env)
     assert absent.returncode == 3, absent.stderr
     (line,) = absent.stderr.splitlines()
-    assert line.startswith("shardq: error: shard-1 ("), line
+    assert line.startswith(f"shardq: error: shard-{one_down.down} ("), line

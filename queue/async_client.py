@@ -57,7 +57,7 @@ from shardq.queue.client import (
     validate_update,
 )
 from shardq.queue.contracts import UpdateSpec
-from shardq.queue.listing import DEFAULT_PAGE, PartialInterruptPage
+from shardq.queue.listing import DEFAULT_PAGE, PartialInterruptPage, PartialPage
 from shardq.queue.models import (
     BufferedSignal,
     DecisionResult,
@@ -221,12 +221,19 @@ class AsyncClient:
     async def list_runs(
         self, *, tenant: str | None = DEFAULT_TENANT, state: State | str | None = None,
         workflow: str | None = None, limit: int = DEFAULT_PAGE, cursor: str | None = None,
-    ) -> Page:
+        skip_unavailable: bool = False,
+    ) -> PartialPage:
         """Client.list_runs: one page over every shard (read at once), ordered by id."""
         query = list_query(tenant, state, workflow, limit, cursor)
-        pages = await asyncio.gather(*(self.store.list_executions(shard, query)
-                                       for shard in self.map.shards))
-        return merged_runs(pages, limit)
+
+        async def read(shard: Shard) -> list[Execution]:
+            return await self.store.list_executions(shard, query)
+
+        if skip_unavailable:
+            reached = await each_shard(self.map.shards, read)
+            return merged_runs(list(reached.answers.values()), limit, reached)
+        return merged_runs(await asyncio.gather(*(read(shard) for shard in self.map.shards)),
+                           limit)
 
     async def iter_all(self, **filters: Any) -> AsyncIterator[Execution]:
         """Every run matching `filters`, page by page (queue.client.iter_all)."""
@@ -420,8 +427,8 @@ class AsyncClient:
 
         if skip_unavailable:
             reached = await each_shard(self.map.shards, read)
-            return inbox.merged(list(reached.answers.values()), reached.unavailable_names)
-        return inbox.merged([await read(shard) for shard in self.map.shards], ())
+            return inbox.merged(list(reached.answers.values()), reached)
+        return inbox.merged([await read(shard) for shard in self.map.shards])
 
     async def decide(
         self, execution_id: str | uuid.UUID, interrupt: str, action: str,

@@ -33,6 +33,7 @@ from shardq.queue.listing import (
     InboxCursor,
     ListQuery,
     PartialInterruptPage,
+    PartialPage,
 )
 from shardq.queue.models import (
     INTERRUPT_ACTIONS,
@@ -76,7 +77,7 @@ from shardq.queue.rules import (
 )
 from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.fanout import each_shard, fan_out
+from shardq.shards.fanout import Reached, each_shard, fan_out
 from shardq.shards.follow import rerouted
 from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
@@ -247,15 +248,26 @@ class Client:
         workflow: str | None = None,
         limit: int = DEFAULT_PAGE,
         cursor: str | None = None,
-    ) -> Page:
+        skip_unavailable: bool = False,
+    ) -> PartialPage:
         """One page of runs over every shard, ordered by id (creation millisecond first).
 
         Pass `next_cursor` back for the following page. The cursor is a position,
         not an offset, so runs started meanwhile never shift or repeat a page.
+
+        `skip_unavailable`: as `pending_interrupts`'s, a shard that cannot be reached
+        is named in the page's `unavailable_shards` instead of failing the page, and
+        the shards are read at once.
         """
         query = list_query(tenant, state, workflow, limit, cursor)
-        return merged_runs([self.store.list_executions(shard, query)
-                            for shard in self.map.shards], limit)
+
+        def read(shard: Shard) -> list[Execution]:
+            return self.store.list_executions(shard, query)
+
+        if skip_unavailable:
+            reached = each_shard(self.map.shards, read)
+            return merged_runs(list(reached.answers.values()), limit, reached)
+        return merged_runs([read(shard) for shard in self.map.shards], limit)
 
     def wait(
         self, execution_id: str | uuid.UUID, *, timeout: float = 30.0,
@@ -504,8 +516,8 @@ class Client:
 
         if skip_unavailable:
             reached = each_shard(self.map.shards, read)
-            return inbox.merged(list(reached.answers.values()), reached.unavailable_names)
-        return inbox.merged([read(shard) for shard in self.map.shards], ())
+            return inbox.merged(list(reached.answers.values()), reached)
+        return inbox.merged([read(shard) for shard in self.map.shards])
 
     def decide(
         self,
@@ -628,11 +640,21 @@ def list_query(tenant: str | None, state: State | str | None, workflow: str | No
     )
 
 
-def merged_runs(pages: Sequence[list[Execution]], limit: int) -> Page:
-    """The shards' pages as one, by id, with the cursor of the page after it."""
+def merged_runs(pages: Sequence[list[Execution]], limit: int,
+                reached: Reached[Any] | None = None) -> PartialPage:
+    """The shards' pages as one, by id, with the cursor of the page after it; `reached`
+    (when some shards were read by `each_shard`) names those that could not be."""
     merged = list(heapq.merge(*pages, key=lambda e: e.id))[:limit]
     last = merged[-1] if len(merged) == limit else None
-    return Page(merged, Cursor(last.id).encode() if last else None)
+    return PartialPage(merged, Cursor(last.id).encode() if last else None,
+                       *_unread(reached))
+
+
+def _unread(reached: Reached[Any] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of the shards `reached` could not read, and why (a partial page's)."""
+    if reached is None:
+        return (), ()
+    return tuple(reached.unavailable_names), tuple(reached.causes)
 
 
 class SignalBatch:
@@ -912,13 +934,14 @@ class InboxQuery:
                 "waited_s": self.waited_s}
 
     def merged(self, pages: Sequence[list[PendingInterrupt]],
-               missing: Sequence[str]) -> PartialInterruptPage:
+               reached: Reached[Any] | None = None) -> PartialInterruptPage:
+        """The shards' pages as one, in the asked order; `reached` as merged_runs's."""
         merged = list(heapq.merge(*pages, key=lambda p: (p.requested_at, p.execution_id),
                                   reverse=self.newest_first))[:self.limit]
         last = merged[-1] if len(merged) == self.limit else None
         return PartialInterruptPage(
             merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None,
-            tuple(missing),
+            *_unread(reached),
         )
 
 

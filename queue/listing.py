@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import base64
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
 from shardq.queue.errors import InvalidArgument
-from shardq.queue.models import TERMINAL_STATES, InterruptPage, State
+from shardq.queue.models import TERMINAL_STATES, InterruptPage, Page, State
 
 OUTCOME_KINDS = tuple(f"run.{s.value}" for s in sorted(TERMINAL_STATES))
 """The history events that end a run (as in the history_outcome index)."""
@@ -95,6 +95,22 @@ class PartialInterruptPage(InterruptPage):
     """
 
     unavailable_shards: tuple[str, ...] = ()
+    causes: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    """Why each of `unavailable_shards` could not be read, in its order. They name hosts
+    and ports: for an operator's eyes (the command line), never an API caller's."""
+
+
+@dataclass(frozen=True)
+class PartialPage(Page):
+    """A page of runs from the shards that answered; `unavailable_shards` names the others,
+    whose runs the page lacks, and `causes` says why (as PartialInterruptPage's).
+
+    Its cursor is a position, so a page after it skips what an unavailable shard
+    holds before that position: start again from the first page once it is back.
+    """
+
+    unavailable_shards: tuple[str, ...] = ()
+    causes: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)

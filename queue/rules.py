@@ -342,8 +342,14 @@ def idempotency_key(value: str | bytes | None, source: str) -> str | None:
 
 
 def json_value(raw: str | bytes, what: str) -> Any:
-    """Strict JSON (no NaN or Infinity, no number out of a float's range, UTF-8 only),
-    None for an empty or blank text; RuleBroken saying what is wrong."""
+    """Strict JSON (no NaN or Infinity, no number out of a float's range, no key twice in
+    one object, UTF-8 only), None for an empty or blank text; RuleBroken saying what is
+    wrong.
+
+    A repeated key is refused rather than read as its last value (what json.loads
+    does): the sender meant one of them, and a reader that takes the first (another
+    parser, a proxy, an audit log) would act on a different request than we stored.
+    """
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
@@ -352,11 +358,31 @@ def json_value(raw: str | bytes, what: str) -> Any:
     if not raw.strip():
         return None
     try:
-        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite,
+                          object_pairs_hook=_unique_keys)
     except RecursionError:
         raise RuleBroken(f"{what} is nested too deeply") from None
+    except _RepeatedKey as exc:
+        raise RuleBroken(f"{what} repeats the key {exc.key!r} in one object") from None
     except ValueError as exc:  # json.JSONDecodeError too
         raise RuleBroken(f"{what} is not valid JSON: {exc}") from None
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -119,6 +119,12 @@ class Reached(Generic[R]):
     def unavailable_names(self) -> list[str]:
         return [shard.name for shard in self.unavailable]
 
+    @property
+    def causes(self) -> list[str]:
+        """Why each unavailable shard could not be read, in `unavailable_names` order. They
+        name hosts and ports: for an operator's eyes, never an API caller's."""
+        return [str(exc) for exc in self.unavailable.values()]
+
     @classmethod
     def of(cls, shards: Sequence[Shard], outcomes: Sequence[R | ShardUnavailable]) -> Reached[R]:
         """Each shard's outcome, in order: an answer, or the error it could not be read with."""

@@ -5,10 +5,12 @@ Exit codes (also in docs/cli.md):
   configuration · 3 a shard is unavailable · 4 shard map mismatch · 5 schema
   behind · 6 a migration failed · 7 a workflow-level refusal · 8 partial: a
   command that reads every shard printed what the reachable ones hold and named
-  the shards it could not read (`outbox`, `outbox failed`)
+  the shards it could not read (`outbox`, `outbox failed`, `stale`, `workflow
+  list`, `workflow pending`, `purge`)
 
 The rule between 2 and 7: a value the command line cannot even parse is a usage
-error, 2 (JSON text that is not JSON or holds NaN or an out-of-range number, a
+error, 2 (JSON text that is not JSON or holds NaN, an out-of-range number or a
+key twice in one object, a
 --state that is no state, a cursor that is no cursor, a --limit outside
 1..1000, an execution id that is no execution id, an unreadable @file, an
 unknown option, a missing or broken --app). A well-formed request the engine
@@ -52,8 +54,11 @@ from shardq.shards.errors import (
 
 if TYPE_CHECKING:
     from shardq.queue.client import Client
+    from shardq.queue.listing import PartialInterruptPage, PartialPage
     from shardq.queue.registry import Registry
     from shardq.shards.fanout import Reached
+
+    Unread = PartialPage | PartialInterruptPage
 
 EXIT_CODES: dict[type[ShardqError], int] = {
     ConfigError: 2,
@@ -140,14 +145,27 @@ def emit(settings: Settings, payload: Any, text: str) -> None:
 
 
 def emit_partial(settings: Settings, payload: dict[str, Any], text: str,
-                 reached: Reached[Any]) -> None:
+                 reached: Reached[Any] | Unread, *, asked: int | None = None) -> None:
     """`emit` what the reachable shards hold; then, when a shard could not be read, one
     line on stderr naming it (and its cause) and exit EXIT_PARTIAL: an outage of one
-    shard must not hide what the others owe, least of all what they owe it."""
-    names = reached.unavailable_names
+    shard must not hide what the others owe, least of all what they owe it.
+
+    `reached` is what `shards.fanout.each_shard` read, or a page the client read
+    that way (`list_runs` and `pending_interrupts` with `skip_unavailable`; then
+    `asked` says how many shards it read). When no shard could be read there is
+    nothing partial to show: the command fails as any other does when a shard is
+    unavailable (exit 3), with the shards' causes."""
+    from shardq.shards.fanout import Reached
+
+    if isinstance(reached, Reached):
+        names, asked = reached.unavailable_names, len(reached.answers) + len(reached.unavailable)
+    else:
+        names = list(reached.unavailable_shards)
+    causes = "; ".join(reached.causes)
+    if names and len(names) == asked:
+        fail(causes, EXIT_CODES[ShardUnavailable])
     emit(settings, {**payload, "unavailable_shards": names}, text)
     if names:
-        causes = "; ".join(str(exc) for exc in reached.unavailable.values())
         fail(f"partial: could not read {', '.join(names)} ({causes}); shown: what the "
              "other shards hold", EXIT_PARTIAL, {"unavailable_shards": names})
 

@@ -15,6 +15,7 @@ from shardq.bin.cli.common import (
     app_option,
     check_limit,
     emit,
+    emit_partial,
     errors_as_exit_codes,
     json_option,
     load_registry,
@@ -131,11 +132,13 @@ def stale(
 ) -> None:
     """List stale waits: open longer than their kind's bound, or past their deadline.
 
-    It surfaces them; it never completes, approves or times out anything.
+    It surfaces them; it never completes, approves or times out anything. A shard
+    that cannot be read is named on stderr (exit 8); the others' waits are shown.
     """
     from dataclasses import asdict
 
     from shardq.queue.rules import check_name
+    from shardq.shards.fanout import each_shard
 
     with open_client(settings) as client, errors_as_exit_codes():
         if workflow_name is not None:
@@ -143,15 +146,16 @@ def stale(
         if tenant is not None:
             check_name(tenant, "tenant")
         bounds = _bounds(stale_after, deadline_grace)
-        found = sorted(
-            (w for shard in client.map.shards for w in client.store.stale_waits(
-                shard, bounds, kind=kind, workflow=workflow_name, tenant=tenant, limit=limit)),
-            key=lambda w: -w.age_s)
+        reached = each_shard(client.map.shards, lambda shard: client.store.stale_waits(
+            shard, bounds, kind=kind, workflow=workflow_name, tenant=tenant, limit=limit))
+        found = sorted((w for waits in reached.answers.values() for w in waits),
+                       key=lambda w: -w.age_s)
     lines = [f"{w.execution_id}  {w.tenant}  {w.workflow_name}  {w.kind} {w.name!r}  "
              f"open {w.age_s:.0f} s" + (f", deadline {w.deadline.isoformat()}" if w.deadline
                                          else "") for w in found]
-    emit(settings, {"stale": [asdict(w) for w in found]},
-         "\n".join(lines) if lines else "no stale waits")
+    empty = "no stale waits" + (" on the shards read" if reached.unavailable else "")
+    emit_partial(settings, {"stale": [asdict(w) for w in found]},
+                 "\n".join(lines) if lines else empty, reached)
 
 
 @click.command("purge")
@@ -169,24 +173,25 @@ def purge_command(
 
     --app is required: a definition's retention_s keeps its runs longer (or
     shorter) than the default, and runs of workflows the app does not define
-    keep the default. Live runs are never touched.
+    keep the default. Live runs are never touched. A shard that cannot be reached
+    is named on stderr (exit 8); the others are purged (or counted) all the same.
     """
     from shardq.queue.retention import RetentionPlan, purge, purgeable
+    from shardq.shards.fanout import each_shard
 
     with errors_as_exit_codes():
         registry = load_registry(app)
     with open_client(settings) as client, errors_as_exit_codes():
         plan = RetentionPlan.of(registry, default_retention)
         shards = client.map.named(list(only)) if only else list(client.map.shards)
-        counts = {
-            shard.name: (purgeable(client.store, shard, plan) if dry_run
-                         else purge(client.store, shard, plan))
-            for shard in shards
-        }
+        reached = each_shard(shards, lambda shard: (
+            purgeable(client.store, shard, plan) if dry_run
+            else purge(client.store, shard, plan)))
+        counts = {shard.name: n for shard, n in reached.answers.items()}
     verb = "would delete" if dry_run else "deleted"
     lines = [f"{name}: " + ("another purger holds it; nothing done" if n is None
                             else f"{verb} {n} finished run(s)") for name, n in counts.items()]
-    emit(settings, {"dry_run": dry_run, "runs": counts}, "\n".join(lines))
+    emit_partial(settings, {"dry_run": dry_run, "runs": counts}, "\n".join(lines), reached)
 
 
 

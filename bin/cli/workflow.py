@@ -24,6 +24,7 @@ from shardq.bin.cli.common import (
     app_option,
     check_limit,
     emit,
+    emit_partial,
     errors_as_exit_codes,
     fail,
     json_option,
@@ -396,16 +397,21 @@ def workflow_list(
     settings: Settings, tenant: str, state: str | None, workflow_name: str | None,
     limit: int, cursor: str | None,
 ) -> None:
-    """List runs over every shard, oldest first, one page at a time."""
+    """List runs over every shard, oldest first, one page at a time.
+
+    A shard that cannot be read is named on stderr (exit 8); the page holds the
+    others' runs, and its cursor goes past what that shard holds before it."""
     with open_client(settings) as client, errors_as_exit_codes():
         page = client.list_runs(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
-                           cursor=cursor)
+                                cursor=cursor, skip_unavailable=True)
+        asked = len(client.map.shards)
     lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
              for e in page.items]
     if page.next_cursor:
         lines.append(f"next page: --cursor {page.next_cursor}")
-    emit(settings, {"items": [_execution_payload(e) for e in page.items],
-                    "next_cursor": page.next_cursor}, "\n".join(lines))
+    emit_partial(settings, {"items": [_execution_payload(e) for e in page.items],
+                            "next_cursor": page.next_cursor}, "\n".join(lines), page,
+                 asked=asked)
 
 
 @workflow.command("cancel")
@@ -432,13 +438,16 @@ def workflow_cancel(
 def workflow_pending(
     settings: Settings, tenant: str, workflow_name: str | None, limit: int, cursor: str | None,
 ) -> None:
-    """List open interrupts (runs waiting for a person) over every shard, oldest first."""
+    """List open interrupts (runs waiting for a person) over every shard, oldest first.
+
+    A shard that cannot be read is named on stderr (exit 8); the others' are shown."""
     from dataclasses import asdict
     from datetime import UTC, datetime
 
     with open_client(settings) as client, errors_as_exit_codes():
         page = client.pending_interrupts(tenant=tenant, workflow=workflow_name, limit=limit,
-                                         cursor=cursor)
+                                         cursor=cursor, skip_unavailable=True)
+        asked = len(client.map.shards)
     now = datetime.now(UTC)
     lines = []
     for p in page.items:
@@ -449,8 +458,11 @@ def workflow_pending(
                      f"    {p.prompt}")
     if page.next_cursor:
         lines.append(f"next page: --cursor {page.next_cursor}")
-    emit(settings, {"items": [asdict(p) for p in page.items], "next_cursor": page.next_cursor},
-         "\n".join(lines) if lines else "nothing waits for a decision")
+    empty = "nothing waits for a decision" + (" on the shards read"
+                                               if page.unavailable_shards else "")
+    emit_partial(settings, {"items": [asdict(p) for p in page.items],
+                            "next_cursor": page.next_cursor},
+                 "\n".join(lines) if lines else empty, page, asked=asked)
 
 
 @workflow.command("decide")

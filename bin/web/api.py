@@ -3,9 +3,10 @@
 Every route is scoped to the tenant of its bearer token (bin/web/tokens.py);
 another tenant's run is answered exactly as an unknown one. Client mistakes
 are 4xx with one JSON error object, never a 500 and never a traceback: bad
-JSON 400, wrong content type 415, a body over MAX_BODY 413, no or a bad token
-401. Validation failures carry `violations` ({"message", "field_path"}); their
-messages echo the caller's input, so a UI must escape them.
+JSON (a key twice in one object included) 400, wrong content type 415, a body
+over MAX_BODY 413, no or a bad token 401. Validation failures carry `violations`
+({"message", "field_path"}); their messages echo the caller's input, so a UI
+must escape them.
 
 The routes are the table ROUTES: one module-level handler each, reading the
 application's client and tokens from `shared(request)` (bin/web/state.py).

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shardq.queue.rules import pointer
+from shardq.queue.rules import RuleBroken, json_value, pointer
 
 SIMPLE = ("string", "integer", "number", "boolean")
 
@@ -159,10 +159,9 @@ def _number(raw: str, integer: bool) -> int | float | None:
 
 
 def _json(raw: str, path: str, problems: list[dict[str, str]]) -> Any:
-    if not raw.strip():
-        return None
+    """A JSON text area, read by the API's rules (no NaN, no key twice in one object)."""
     try:
-        return json.loads(raw)
-    except ValueError as exc:
-        problems.append({"message": f"not valid JSON: {exc}", "field_path": path})
+        return json_value(raw, "the text")
+    except RuleBroken as exc:
+        problems.append({"message": str(exc), "field_path": path})
         return None

@@ -12,7 +12,8 @@ line and the HTTP API cannot drift apart; a test
   as "no key" (that would turn exactly-once into at-least-once), and so are
   bytes that are not UTF-8.
 - A payload is strict JSON: no NaN or Infinity, no number out of a float's
-  range, UTF-8 only; an empty payload is "no payload" (None).
+  range, no key twice in one object, UTF-8 only; an empty payload is "no
+  payload" (None).
 """
 
 from __future__ import annotations

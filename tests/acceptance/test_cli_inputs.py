@@ -45,6 +45,7 @@ class Case:
 def write_files(folder: Path) -> None:
     """The files the cases name as {dir}/...: inputs, shard maps and broken applications."""
     (folder / "deep.json").write_text(DEEP)
+    (folder / "repeated.json").write_text('{"lines": [{"sku": "a", "sku": "b"}]}')
     shard = '[[shards]]\nurl = "postgresql://h/db"\n'
     (folder / "latin1.toml").write_bytes(f'{shard}name = "caf'.encode() + b'\xe9"\n')
     (folder / "bucket.toml").write_text(f"{shard}bucket = [0, 4095]\n")
@@ -121,6 +122,29 @@ CASES = [
     Case("huge-number", (*START, "k1", "--input", "[1e999]", "--app", APP), 2,
          "out of range"),
     Case("bad-json", (*START, "k1", "--input", "{", "--app", APP), 2, "not valid JSON"),
+    # A key twice in one object: json.loads would keep the last, silently.
+    Case("repeated-key-input", (*START, "k1", "--input", '{"a": 1, "a": 2}', "--app", APP),
+         2, "Invalid value for '--input': repeats the key 'a' in one object"),
+    Case("repeated-key-payload-file", (*SIGNAL, "--payload", "@{dir}/repeated.json"), 2,
+         "repeats the key 'sku' in one object"),
+    Case("repeated-key-payload-stdin", (*SIGNAL, "--payload", "-"), 2,
+         "repeats the key 'b' in one object", stdin='{"a": {"b": 1, "b": 2}}'),
+    Case("repeated-key-decision", (*DECIDE, "--action", "edit", "--payload-json",
+                                   '{"amount": 5, "reason": "r", "amount": 6}'), 2,
+         "repeats the key 'amount' in one object"),
+    Case("repeated-key-query", (*QUERY, "--arg", '{"a": 1, "a": 2}', "--app", APP), 2,
+         "Invalid value for '--arg': repeats the key 'a' in one object"),
+    Case("repeated-key-update", (*UPDATE, "--arg", '{"sku": "p", "quantity": 1, '
+                                 '"quantity": 2}', "--app", APP), 2,
+         "repeats the key 'quantity' in one object"),
+    Case("repeated-key-signal-with-start", ("workflow", "signal-with-start", "park", "k6", "go",
+                                            "--payload", '{"n": 1, "n": 2}', "--app", APP),
+         2, "repeats the key 'n' in one object"),
+    Case("repeated-key-update-with-start", ("workflow", "update-with-start", "cart", "c9",
+                                            "add_item", "--input",
+                                            '{"customer": "c", "customer": "d"}', "--arg",
+                                            ITEM, "--app", APP), 2,
+         "repeats the key 'customer' in one object"),
     Case("missing-input-file", (*START, "k1", "--input", "@/no/such.json", "--app", APP), 2,
          "No such file"),
     Case("bad-state", ("workflow", "list", "--state", "bogus"), 2, "'bogus' is not one of"),

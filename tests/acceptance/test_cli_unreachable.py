@@ -1,6 +1,7 @@
 """One-shot commands against a shard that cannot be reached fail at once, exit 3, with one
 line naming the shard and the cause: no pool timeout, no psycopg_pool retry warnings.
-Those that read every shard for an operator (`outbox`) show what the others hold, exit 8."""
+Those that read every shard for an operator (`outbox`) show what the others hold, exit 8
+(test_cli_one_shard_down.py has the others)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ COMMANDS = [
     ("workflow", "signal", RUN, "payment_captured"),
     ("workflow", "list"),
     ("workflow", "cancel", RUN),
+    # Those that serve the reachable shards when one is down (exit 8) have nothing to
+    # serve when none is reachable: they fail as the others do.
+    ("workflow", "pending"),
+    ("stale",),
+    ("purge", "--app", "shardq.bin.examples:registry", "--dry-run"),
+    ("outbox",),
 ]
 POOL_TIMEOUT_S = 10.0  # ShardPools' default: what these commands used to wait
 

@@ -249,6 +249,75 @@ def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(
     assert json.loads(api.http.get("/openapi.json").text)["openapi"] == "3.1.0"
 
 
+REPEATED_KEYS: list[tuple[str, str, bytes, str]] = [
+    # (id, path, raw JSON body, the refusal): a key twice in one object, anywhere in
+    # the body of every route that takes one, is a 400; json.loads would keep the last.
+    ("start-top", "/workflows/park/start", b'{"workflow_id": "r-1", "workflow_id": "r-2"}',
+     "the body repeats the key 'workflow_id' in one object"),
+    ("start-input-nested", "/workflows/park/start",
+     b'{"workflow_id": "r-3", "input": {"order": {"id": 1, "id": 2}}}',
+     "the body repeats the key 'id' in one object"),
+    ("signal-payload", "/workflows/{run}/signal/go", b'{"amount": 1, "amount": 2}',
+     "the signal payload repeats the key 'amount' in one object"),
+    ("signal-payload-nested", "/workflows/{run}/signal/go",
+     b'{"lines": [{"sku": "a"}, {"sku": "a", "sku": "b"}]}',
+     "the signal payload repeats the key 'sku' in one object"),
+    ("signal-with-start-top", "/workflows/park/signal-with-start",
+     b'{"workflow_id": "r-4", "signal": "go", "signal": "stop"}',
+     "the body repeats the key 'signal' in one object"),
+    ("signal-with-start-payload", "/workflows/park/signal-with-start",
+     b'{"workflow_id": "r-5", "signal": "go", "payload": {"n": 1, "n": 2}}',
+     "the body repeats the key 'n' in one object"),
+    ("decision-top", "/workflows/{review}/interrupts/manager_review/decision",
+     b'{"action": "approve", "decision_id": "d-1", "actor": "ann", "action": "reject"}',
+     "the body repeats the key 'action' in one object"),
+    ("decision-payload", "/workflows/{review}/interrupts/manager_review/decision",
+     b'{"action": "edit", "decision_id": "d-2", "actor": "ann",'
+     b' "payload": {"amount": 5, "reason": "travel", "amount": 500}}',
+     "the body repeats the key 'amount' in one object"),
+    ("query-argument", "/workflows/{cart}/query/contents", b'{"a": 1, "a": 2}',
+     "the query argument repeats the key 'a' in one object"),
+    ("update-argument", "/workflows/{cart}/update/add_item?wait=0",
+     b'{"sku": "pen", "quantity": 1, "quantity": 100}',
+     "the update argument repeats the key 'quantity' in one object"),
+    ("update-with-start-top", "/workflows/cart/update-with-start?wait=0",
+     b'{"workflow_id": "c-r", "input": {"customer": "c"}, "update": "add_item",'
+     b' "argument": {"sku": "a", "quantity": 1}, "workflow_id": "c-s"}',
+     "the body repeats the key 'workflow_id' in one object"),
+    ("update-with-start-argument", "/workflows/cart/update-with-start?wait=0",
+     b'{"workflow_id": "c-t", "input": {"customer": "c"}, "update": "add_item",'
+     b' "argument": {"sku": "a", "sku": "b", "quantity": 1}}',
+     "the body repeats the key 'sku' in one object"),
+]
+
+
+def test_a_key_twice_in_one_object_is_refused_on_every_json_route_and_stores_nothing(
+    api: Api, shard_map: ShardMap, start_worker: StartWorker,
+) -> None:
+    from shardq.bin.examples import registry
+
+    start_worker(registry)
+    run = start_park(api, "dup-1")
+    cart = api.http.post("/workflows/cart/start", json={
+        "workflow_id": "dup-2", "input": {"customer": "ann"}}).json()["execution_id"]
+    review = api.http.post("/workflows/proposal_review/start", json={
+        "workflow_id": "dup-3", "input": {"amount": 5}}).json()["execution_id"]
+    wait_until(lambda: api.http.get("/interrupts").json()["items"], what="the interrupt")
+    def parked() -> bool:  # nothing of the worker's left to write during the table
+        return all(api.http.get(f"/workflows/{r}").json()["state"] == "waiting"
+                   for r in (run, cart))
+
+    wait_until(parked, what="the parked runs")
+    before = counts(shard_map)
+    for case, path, body, refusal in REPEATED_KEYS:
+        target = path.format(run=run, cart=cart, review=review)
+        answer = api.http.post(target, content=body,
+                               headers={"Content-Type": "application/json"})
+        assert (answer.status_code, answer.json()) == (400, {"error": refusal}), case
+    assert counts(shard_map) == before
+    assert [i["execution_id"] for i in api.http.get("/interrupts").json()["items"]] == [review]
+
+
 def test_the_urls_serve_prints_lead_somewhere(
     shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path
 ) -> None:

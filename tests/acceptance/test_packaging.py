@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
-from ..support import ROOT
+from ..support import ROOT, free_port, wait_until
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VERSION: str = PYPROJECT["project"]["version"]
@@ -157,6 +158,8 @@ def test_stdlib_queue_wins_in_a_wheel_install(built: Built, tmp_path: Path) -> N
     shipped = {n.rsplit("/", 2)[-2] + "/" + n.rsplit("/", 1)[-1] for n in names
                if n.startswith("shardq/bin/")}
     assert {"templates/detail.html", "static/inbox.js"} <= shipped
+    # The README's embedding example is run from an install as `shardq.examples...`.
+    assert "shardq/examples/payment_webhook.py" in names
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)  # noqa: S202 (the wheel we just built)
     # -S skips site-packages (and the editable install's path entry), so shardq
@@ -260,6 +263,49 @@ def test_the_installed_command_migrates_and_runs_the_demo(
 
 
 @pytest.mark.slow
+def test_the_readme_s_uvicorn_command_serves_the_webhook_example_from_the_wheel(
+    venv: Venv, fresh_databases: Callable[[int], list[str]],
+) -> None:
+    """`SHARDQ_SHARDS=... uvicorn shardq.examples.payment_webhook:app`, as the README
+    gives it, run by the clean install's uvicorn outside the checkout."""
+    shards = ",".join(fresh_databases(2))
+    migrated = venv.run(venv.root / "bin" / "shardq", "migrate", SHARDQ_SHARDS=shards)
+    assert migrated.returncode == 0, migrated.stderr
+    port = free_port()
+    log = venv.cwd / "uvicorn.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [venv.root / "bin" / "uvicorn", "shardq.examples.payment_webhook:app",
+             "--port", str(port)], cwd=venv.cwd, env=venv.env(SHARDQ_SHARDS=shards),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        def answered() -> httpx.Response | None:
+            assert server.poll() is None, log.read_text()
+            try:
+                return httpx.post(f"http://127.0.0.1:{port}/webhooks/payment", timeout=5,
+                                  json={"id": "evt-1", "type": "payment.refunded"})
+            except httpx.TransportError:
+                return None
+
+        answer = wait_until(answered, timeout=30, what="uvicorn to serve the example")
+        assert (answer.status_code, answer.json()) == (
+            200, {"ok": True, "ignored": "payment.refunded"})
+        # Through the shards: a run that is not there.
+        missing = httpx.post(f"http://127.0.0.1:{port}/webhooks/payment", timeout=10, json={
+            "id": "evt-2", "type": "payment.captured",
+            "data": {"execution_id": "01a23b00-a581-8495-a55e-808a42654d6c", "amount": 5}})
+        assert missing.status_code == 404, missing.text
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert "Traceback" not in log.read_text()
+    examples = venv.run(venv.python, "-c", "import shardq.examples.payment_webhook as m; "
+                                           "print(m.__file__)")
+    assert examples.returncode == 0, examples.stderr
+    assert Path(examples.stdout.strip()).is_relative_to(venv.root / "lib")
+
+
+@pytest.mark.slow
 def test_shardq_version_prints_the_metadata_version(venv: Venv) -> None:
     out = venv.run(venv.root / "bin" / "shardq", "--version")
     assert out.returncode == 0, out.stderr
@@ -285,7 +331,7 @@ def test_type_checkers_use_the_installed_inline_types(venv: Venv) -> None:
     assert "shardq.queue.context.WorkflowContext" in out.stdout, out.stdout
 
 
-PRODUCT = ("queue", "shards", "outbox", "bin")
+PRODUCT = ("queue", "shards", "outbox", "moves", "bin", "examples")
 """The folders the wheel ships (with schema/, which holds no Python)."""
 
 

@@ -200,6 +200,10 @@ HOSTILE = [Hostile(*case) for case in [
     ("json-array", lambda run: _json([event(run)]), JSON, 400, "JSON object"),
     ("nan-amount", lambda run: _json(event(run)).replace(b"42.5", b"NaN"), JSON, 400,
      "not valid JSON"),
+    # Which amount was meant? json.loads would take the last one and deliver it.
+    ("repeated-amount", lambda run: _json(event(run)).replace(
+        b'"amount": 42.5', b'"amount": 42.5, "amount": 4250'), JSON, 400,
+     "the body repeats the key 'amount' in one object"),
     ("missing-id", _without("id"), JSON, 422, "id must be a non-empty string"),
     ("blank-id", _with(id=" \t"), JSON, 422, "id must be a non-empty string"),
     ("number-id", _with(id=7), JSON, 422, "id must be a non-empty string"),

@@ -20,13 +20,17 @@ import pytest
 
 from shardq.bin.examples import registry
 from shardq.queue.async_client import AsyncClient
+from shardq.queue.async_store import AsyncShardPools, AsyncStore
 from shardq.queue.client import Client
 from shardq.queue.errors import InvalidArgument
 from shardq.queue.models import SignalRequest
 from shardq.queue.rules import Limits
+from shardq.queue.store import Store
 from shardq.shards.config import ShardMap
+from shardq.shards.errors import ShardUnavailable
+from shardq.shards.pools import ShardPools
 
-from ..support import all_rows
+from ..support import all_rows, key_on
 from .test_client_inputs import CALLS, _counts
 
 OTHER = uuid.UUID("018f0000-0000-7000-8000-000000000000")
@@ -130,6 +134,7 @@ TABLE: list[tuple[str, Call]] = [
     ("list_runs", lambda c, x: _every_page(c, workflow="park")),
     ("list_runs-bad", lambda c, x: c.list_runs(workflow="x\x00")),
     ("list_runs-cursor", lambda c, x: c.list_runs(cursor="garbage")),
+    ("list_runs-skip", lambda c, x: c.list_runs(workflow="park", skip_unavailable=True)),
     ("interface", lambda c, x: c.interface("cart")),
     ("interface-unknown", lambda c, x: c.interface("nope")),
     ("query", lambda c, x: c.query(x["cart"], "contents")),
@@ -246,6 +251,41 @@ def test_limits_are_the_async_client_s_own(shard_map: ShardMap) -> None:
                                          idempotency_key="abc")).delivered
 
     asyncio.run(run())
+
+
+def test_a_partial_page_names_the_shard_it_lacks_in_both_clients(shard_map: ShardMap) -> None:
+    """With `skip_unavailable`, a page of runs or of open interrupts holds the reachable
+    shards' items and names the others, with why; without it, the shard's error raises."""
+    with Client.connect(shard_map, registry) as client:
+        kept = client.start("proposal_review", key_on(shard_map, 0, "proposal_review", "k"))
+    refused = ShardMap.from_urls([shard_map.shards[0].url, "postgresql://x@127.0.0.1:1/x"])
+
+    def check(runs: Any, interrupts: Any) -> None:
+        assert [run.id for run in runs.items] == [kept.execution_id]
+        for page in (runs, interrupts):
+            assert page.unavailable_shards == ("shard-1",)
+            (cause,) = page.causes
+            assert cause.startswith("shard-1 (") and "connection refused" in cause, cause
+
+    with ShardPools(refused, probe=True) as pools:
+        client = Client(Store(pools), registry)
+        check(client.list_runs(skip_unavailable=True),
+              client.pending_interrupts(skip_unavailable=True))
+        with pytest.raises(ShardUnavailable, match="shard-1"):
+            client.list_runs()
+
+    async def through_async() -> None:
+        pools = AsyncShardPools(refused).open()
+        try:
+            aclient = AsyncClient(AsyncStore(pools), registry)
+            check(await aclient.list_runs(skip_unavailable=True),
+                  await aclient.pending_interrupts(skip_unavailable=True))
+            with pytest.raises(ShardUnavailable, match="shard-1"):
+                await aclient.list_runs()
+        finally:
+            await pools.close()
+
+    asyncio.run(through_async())
 
 
 # -- cancellation ----------------------------------------------------------------------------

@@ -65,6 +65,29 @@ def test_the_readme_names_the_test_command_ci_runs() -> None:
 
 
 
+COUNTS = ("zero", "one", "two", "three", "four", "five", "six")
+ORDINALS = ("zeroth", "first", "second", "third", "fourth", "fifth", "sixth", "seventh")
+DEMO_PAGES = ("README.md", "docs/index.md", "docs/tutorial.md", "docs/development.md")
+"""Where a reader is told what the demo starts: each says it in the same words."""
+
+
+def test_the_docs_give_the_demo_s_own_number_of_servers() -> None:
+    """bin/demo.py is the truth: it starts `--shard-count` servers, one shard each, then
+    adds one more. The pages said three shards, two, or one server holding three."""
+    from shardq.bin.demo import main
+
+    (start,) = [p.default for p in main.params if p.name == "shard_count"]
+    assert isinstance(start, int)
+    for doc in DEMO_PAGES:
+        text = " ".join((ROOT / doc).read_text().split())  # a phrase may span lines
+        started = re.findall(r"\b(\w+) throw-away PostgreSQL servers?\b", text)
+        grown = re.findall(r"\bonto a (\w+) server\b", text)
+        assert started and set(started) == {COUNTS[start]}, (doc, started)
+        assert grown and set(grown) == {ORDINALS[start + 1]}, (doc, grown)
+        assert not re.search(r"\b(?:one|two|three|four) shards? (?:databases )?(?:of its own"
+                             r"|in it)", text), doc
+
+
 def test_the_readme_stays_short() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 250, f"README.md has {lines} lines: move detail into docs/"

@@ -60,6 +60,21 @@ def test_the_posted_form_becomes_the_payload_with_its_problems_at_their_fields()
     assert infinite[0]["field_path"] == "/amount"
 
 
+def test_a_json_text_is_read_by_the_api_s_rules() -> None:
+    """A key twice in one object (json.loads keeps the last) or NaN is a problem at its
+    field, as the same text in an API body is a 400."""
+    fields = fields_of(SCHEMA)
+    for text, says in (('[{"b": 1, "b": 2}]', "the text repeats the key 'b' in one object"),
+                       ("[NaN]", "the text is not valid JSON: NaN is not a JSON value")):
+        payload, problems = payload_from(fields, {"field:reason": "r", "field:lines": text})
+        assert payload == {"reason": "r", "urgent": False}
+        assert problems == [{"message": says, "field_path": "/lines"}]
+    whole, problems = payload_from(None, {"payload": '{"a": 1, "a": 2}'})
+    assert whole is None
+    assert problems == [{"message": "the text repeats the key 'a' in one object",
+                         "field_path": ""}]
+
+
 def test_the_form_starts_from_the_value_and_reads_back_as_it() -> None:
     fields = fields_of(SCHEMA)
     value = {"reason": "travel", "amount": 12.5, "seats": 2, "currency": "EUR",

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import psycopg
+from prometheus_client import Counter, Histogram
 
 from shardq.queue.completer import Completer, Result
 from shardq.queue.control import CommitRejected
@@ -344,6 +345,8 @@ class Worker:
         backlog = False  # the last claim came back full: more runs are likely due
         failures = 0
         notified, timed = WAKEUPS.labels(shard.name, "notify"), WAKEUPS.labels(shard.name, "timer")
+        counted = (CLAIMS.labels(shard.name), CLAIMED.labels(shard.name),
+                   CLAIM_BATCH.labels(shard.name))
 
         def sleep(seconds: float) -> None:
             (notified if wake.wait(seconds) else timed).inc()
@@ -359,7 +362,7 @@ class Worker:
             if not limit:
                 sleep(self._starved_sleep() if partial is None else COALESCE_S)
                 continue
-            claims, due_in, error = self._claim(shard, limit)
+            claims, due_in, error = self._claim(shard, limit, counted)
             if claims:
                 self._turns.put_many([(shard, claim) for claim in claims])
             backlog = error is None and len(claims) == limit
@@ -405,10 +408,11 @@ class Worker:
         log.info("no longer serving a shard the map dropped", extra={"shard": shard.name})
 
     def _claim(
-        self, shard: Shard, limit: int
+        self, shard: Shard, limit: int, counted: tuple[Counter, Counter, Histogram],
     ) -> tuple[list[Claim], float | None, Exception | None]:
         """One claim of up to `limit` runs (reserved): what it leased, recorded before
-        anything else can look, the seconds until the next is due, or why it failed."""
+        anything else can look, the seconds until the next is due, or why it failed.
+        `counted`: the shard's claims, claimed runs and batch sizes."""
         claims: list[Claim] = []
         due_in: float | None = None
         try:
@@ -426,9 +430,10 @@ class Worker:
             return [], None, exc
         finally:
             self._claimed(shard, limit, claims)
-        CLAIMS.labels(shard.name).inc()
-        CLAIMED.labels(shard.name).inc(len(claims))
-        CLAIM_BATCH.labels(shard.name).observe(len(claims))
+        claims_made, claimed_runs, batch_sizes = counted
+        claims_made.inc()
+        claimed_runs.inc(len(claims))
+        batch_sizes.observe(len(claims))
         return claims, due_in, None
 
     def _reserve(

@@ -41,7 +41,10 @@ from psycopg import errors as pg_errors
 from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict
 
+from shardq.shards.sqlfile import load_queries
+
 RV = TypeVar("RV")
+SQL = load_queries("shardq.shards", "queries.sql")
 
 SUSPECT_AFTER_S = 2.0
 """A round trip unanswered this long makes the process ask whether the server answers at all.
@@ -60,8 +63,8 @@ cap of pools given `statement_timeout_s`): time for the server's cancel to come 
 _WAIT_INTERVAL_S = 0.1  # psycopg's own: how often a wait looks up for Ctrl-C
 _WAIT_TIMEOUT: type[Exception] = pg_errors._WaitTimeout
 """What psycopg's `Connection.wait` raises when its `timeout` passes; the generator it was
-consuming stays usable (psycopg re-enters it itself after a cancel). Pinned by
-tests/unit/test_liveness_contract.py, since the name is psycopg's private one."""
+consuming stays usable (psycopg re-enters it itself after a cancel). The name is psycopg's
+private one: tests/integration/test_hung_paths.py fails if a release changes it."""
 
 _NO_ANSWER = ("refused", "timeout", "timed out", "unreachable", "no route",
               "closed the connection", "no such file", "not answering")
@@ -89,11 +92,9 @@ class Liveness:
     """Whether one server (a host and port) still answers: probed at most once at a time,
     the verdict shared for VERDICT_TTL_S. Thread-safe; `answers_async` for event loops."""
 
-    def __init__(self, url: str, *, probe_timeout_s: float = PROBE_TIMEOUT_S,
-                 connect_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, *, probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self._url = url
         self._probe_timeout_s = probe_timeout_s
-        self._connect_kwargs = connect_kwargs or {}
         self._lock = threading.Condition(threading.Lock())
         self._verdict: bool | None = None
         self._verdict_at = float("-inf")
@@ -130,13 +131,13 @@ class Liveness:
         try:
             conn = GuardedConnection.connect(
                 self._url, autocommit=True, connect_timeout=max(2, round(self._probe_timeout_s)),
-                application_name="shardq-probe", **self._connect_kwargs)
+                application_name="shardq-probe")
         except psycopg.OperationalError as exc:
             return not no_answer(exc)
         try:
             conn.guard(None, max_wait_s=max(0.1, self._probe_timeout_s - (time.monotonic()
                                                                            - started)))
-            conn.execute("SELECT 1")
+            conn.execute(SQL["liveness_probe"])
         except psycopg.Error:
             return False
         finally:
@@ -161,14 +162,14 @@ def server_key(url: str) -> tuple[str, str]:
     return host, str(params.get("port") or "5432")
 
 
-def liveness_of(url: str, connect_kwargs: dict[str, Any] | None = None) -> Liveness:
+def liveness_of(url: str) -> Liveness:
     """The process's one Liveness of the server `url` reaches (made on first use, probing
     through `url`: any database of a server answers for the server)."""
     key = server_key(url)
     with _servers_lock:
         found = _servers.get(key)
         if found is None:
-            found = _servers[key] = Liveness(url, connect_kwargs=connect_kwargs)
+            found = _servers[key] = Liveness(url)
         return found
 
 
@@ -180,6 +181,11 @@ class _Guard:
     def __init__(self, liveness: Liveness | None, max_wait_s: float | None) -> None:
         self.liveness = liveness
         self.max_wait_s = max_wait_s
+
+    @classmethod
+    def of(cls, liveness: Liveness | None, max_wait_s: float | None) -> _Guard | None:
+        """The bounds, or None for a connection left unbounded (neither is given)."""
+        return cls(liveness, max_wait_s) if liveness or max_wait_s is not None else None
 
     def first_slice(self) -> float:
         return min(SUSPECT_AFTER_S, self.max_wait_s or SUSPECT_AFTER_S)
@@ -210,8 +216,7 @@ class GuardedConnection(psycopg.Connection[dict[str, Any]]):
     _guard: _Guard | None = None
 
     def guard(self, liveness: Liveness | None, *, max_wait_s: float | None = None) -> None:
-        self._guard = (_Guard(liveness, max_wait_s)
-                       if liveness is not None or max_wait_s is not None else None)
+        self._guard = _Guard.of(liveness, max_wait_s)
 
     @contextmanager
     def capped(self, seconds: float) -> Iterator[None]:
@@ -253,8 +258,7 @@ class GuardedAsyncConnection(psycopg.AsyncConnection[dict[str, Any]]):
     _guard: _Guard | None = None
 
     def guard(self, liveness: Liveness | None, *, max_wait_s: float | None = None) -> None:
-        self._guard = (_Guard(liveness, max_wait_s)
-                       if liveness is not None or max_wait_s is not None else None)
+        self._guard = _Guard.of(liveness, max_wait_s)
 
     async def wait(self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL_S,
                    timeout: float | None = None) -> RV:

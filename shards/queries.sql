@@ -166,3 +166,7 @@ ORDER BY n.nspname
 -- Only on a database `shards add` found without a shardq schema, after its
 -- migration failed: everything in it is what that migration created.
 DROP SCHEMA IF EXISTS shardq CASCADE
+
+-- name: liveness_probe
+-- A server's answer to "do you answer at all" (shards/liveness.py), on a fresh connection.
+SELECT 1 AS answers

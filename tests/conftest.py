@@ -46,7 +46,7 @@ from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import LOCAL_DSN, answers, database_url
 
-from .support import Daemon
+from .support import Daemon, TcpProxy
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
@@ -349,6 +349,18 @@ def shard_map(migrated_map: ShardMap) -> ShardMap:
         with psycopg.connect(shard.url, autocommit=True) as conn:
             conn.execute("TRUNCATE " + ", ".join(f"shardq.{t}" for t in TABLES))
     return migrated_map
+
+
+@pytest.fixture
+def frozen_rig(shard_map: ShardMap) -> Iterator[tuple[TcpProxy, ShardMap]]:
+    """The session's two shards, shard 1 through a TcpProxy the test can freeze (a server
+    that hangs, TCP alive: tests of shards/liveness.py), and a map that reaches it so."""
+    proxy = TcpProxy.to(shard_map.shards[1].url)
+    try:
+        yield proxy, ShardMap.from_urls(
+            [shard_map.shards[0].url, proxy.url(shard_map.shards[1].url)], pool_max=20)
+    finally:
+        proxy.stop()
 
 
 @pytest.fixture

@@ -27,8 +27,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.shards.embedded import EmbeddedPostgres
-
 from ..integration.test_move_basics import (
     MOVED,
     Deployment,
@@ -36,10 +34,10 @@ from ..integration.test_move_basics import (
     check_ownership,
     check_rows_once,
     dump,
-    new_deployment,
     owner_of,
     populate,
     reset,
+    two_servers,
 )
 from ..support import ROOT
 
@@ -48,12 +46,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[Deployment]:
-    servers = [EmbeddedPostgres().start(), EmbeddedPostgres().start()]
-    try:
-        yield new_deployment(servers)
-    finally:
-        for server in servers:
-            server.stop()
+    with two_servers() as deployment:
+        yield deployment
 
 
 @pytest.fixture

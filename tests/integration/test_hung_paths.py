@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -42,25 +42,15 @@ BOUND_S = HUNG_NOTICE_S + 1.5
 """The documented bound, and scheduling slack for a dozen threads on two cores."""
 
 
-@pytest.fixture
-def hung_map(shard_map: ShardMap) -> Iterator[tuple[TcpProxy, ShardMap]]:
-    proxy = TcpProxy.to(shard_map.shards[1].url)
-    try:
-        yield proxy, ShardMap.from_urls(
-            [shard_map.shards[0].url, proxy.url(shard_map.shards[1].url)], pool_max=20)
-    finally:
-        proxy.stop()
-
-
 Call = Callable[[], object]
 Path = Callable[[], Call]
 """Prepares a path before the freeze (on the thread that will call it) and returns the call."""
 
 
 def test_every_path_to_a_hung_shard_fails_within_the_bound(
-    hung_map: tuple[TcpProxy, ShardMap],
+    frozen_rig: tuple[TcpProxy, ShardMap],
 ) -> None:
-    proxy, two = hung_map
+    proxy, two = frozen_rig
     hung = two.shards[1]
     with ShardPools(two) as pools, ShardPools(two, probe=True, statement_timeout_s=2) as scrape:
         store = Store(pools)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -40,17 +39,6 @@ registry = Registry()
 @registry.workflow("ping")
 def ping(ctx):  # type: ignore[no-untyped-def]
     return ctx.step("pong", lambda: "pong")
-
-
-@pytest.fixture
-def frozen_rig(shard_map: ShardMap) -> Iterator[tuple[TcpProxy, ShardMap]]:
-    """The session's two shards, shard 1 through a proxy the test can freeze."""
-    proxy = TcpProxy.to(shard_map.shards[1].url)
-    try:
-        yield proxy, ShardMap.from_urls(
-            [shard_map.shards[0].url, proxy.url(shard_map.shards[1].url)], pool_max=10)
-    finally:
-        proxy.stop()
 
 
 def test_a_hung_shard_does_not_take_the_other_shards_turn_slots(

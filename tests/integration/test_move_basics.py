@@ -9,6 +9,7 @@ tests/acceptance/test_move_crashes.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -46,17 +47,22 @@ class Deployment:
         return {"SHARDQ_SHARDS": ",".join(self.urls)}
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[list[EmbeddedPostgres]]:
+@contextlib.contextmanager
+def two_servers() -> Iterator[Deployment]:
+    """A deployment of two fresh shards on two embedded servers of its own, stopped after:
+    the module-scoped `base` of every module that moves buckets between servers."""
     started = [EmbeddedPostgres().start(), EmbeddedPostgres().start()]
-    yield started
-    for server in started:
-        server.stop()
+    try:
+        yield new_deployment(started)
+    finally:
+        for server in started:
+            server.stop()
 
 
 @pytest.fixture(scope="module")
-def base(servers: list[EmbeddedPostgres]) -> Deployment:
-    return new_deployment(servers)
+def base() -> Iterator[Deployment]:
+    with two_servers() as deployment:
+        yield deployment
 
 
 @pytest.fixture

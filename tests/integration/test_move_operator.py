@@ -12,7 +12,6 @@ import psycopg
 import pytest
 
 from shardq.moves import mover
-from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.routing import BUCKETS, new_execution_id
 
 from .test_move_basics import (
@@ -22,20 +21,16 @@ from .test_move_basics import (
     check_ownership,
     check_rows_once,
     dump,
-    new_deployment,
     populate,
     reset,
+    two_servers,
 )
 
 
 @pytest.fixture(scope="module")
 def base() -> Iterator[Deployment]:
-    servers = [EmbeddedPostgres().start(), EmbeddedPostgres().start()]
-    try:
-        yield new_deployment(servers)
-    finally:
-        for server in servers:
-            server.stop()
+    with two_servers() as deployment:
+        yield deployment
 
 
 @pytest.fixture

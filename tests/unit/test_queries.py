@@ -57,7 +57,8 @@ def _callee(call: ast.Call) -> str:
     ("package", "sql_file", "code", "runners"),
     [
         ("shardq.queue", "queries.sql", ["queue/store.py", "queue/statements.py"], {}),
-        ("shardq.shards", "queries.sql", ["shards/migrations.py", "shards/new_shard.py"], {}),
+        ("shardq.shards", "queries.sql",
+         ["shards/migrations.py", "shards/new_shard.py", "shards/liveness.py"], {}),
         ("shardq.outbox", "queries.sql", ["outbox/store.py"], {}),
         ("shardq.benchmarks", "queries.sql", ["benchmarks/*.py"], BENCHMARK_RUNNERS),
     ],

@@ -124,10 +124,9 @@ def test_a_statement_to_a_hung_shard_fails_within_the_bound_and_the_other_answer
         error, seconds = outcome
         assert isinstance(error, ShardUnavailable), error
         assert isinstance(seconds, float)
-        # Its statement was abandoned, or (a pool still opening connections) the new
-        # connection it waited for timed out: either way one line naming the shard.
-        assert "shard-1" in str(error), error
-        assert "not answering" in str(error) or "timed out" in str(error), error
+        # Its statement was abandoned, or (a pool still opening connections) no connection
+        # came and a probe got no answer: either way one line naming the shard.
+        assert "shard-1" in str(error) and "not answering" in str(error), error
         assert seconds <= HUNG_NOTICE_S + 1.0, seconds
         proxy.thaw()
         wait_until(lambda: answers(store, hung), timeout=15,

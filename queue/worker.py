@@ -176,10 +176,11 @@ class Worker:
       `timeout`: run the step function and touch no worker state.
 
     `_inflight`, `_turning`, `_settling` and `_starved` change only under
-    `_lock` (`_idle` is a condition on it). A turn thread looks its run's
-    `_inflight` entry up without the lock (`_run_one`): the claim thread added
-    it before queueing the claim, and only the end of that run's turn removes
-    it. `_InFlight.token` is written outside the lock; see there why that holds.
+    `_lock` (`_idle` is a condition on it). A claim is queued with its own
+    `_InFlight` entry, and the end of its turn removes that entry only: the
+    run may be claimed again (a signal woke it) between its last commit
+    landing and the completer's callback, and the new claim's entry must stay.
+    `_InFlight.token` is written outside the lock; see there why that holds.
     """
 
     def __init__(
@@ -363,8 +364,6 @@ class Worker:
                 sleep(self._starved_sleep() if partial is None else COALESCE_S)
                 continue
             claims, due_in, error = self._claim(shard, limit, counted)
-            if claims:
-                self._turns.put_many([(shard, claim) for claim in claims])
             backlog = error is None and len(claims) == limit
             if isinstance(error, ShardRetired):
                 # The pools follow the map ahead of the map loop: the shard was
@@ -507,7 +506,8 @@ class Worker:
         return min(self.config.poll_interval_s, max(0.0, lend_at - time.monotonic()) + 0.001)
 
     def _claimed(self, shard: Shard, reserved: int, claims: list[Claim]) -> None:
-        """Record what a claim leased, before anything else can fail or stop() can look.
+        """Record what a claim leased, before anything else can fail or stop() can look,
+        and queue its turns.
 
         What it did not use of its reservation is given back (a lent one was given
         back whole: what it leased is counted now), and loops that found no free
@@ -520,12 +520,16 @@ class Worker:
                 self._turning += len(claims)
             else:
                 self._turning -= reserved - len(claims)
+            turns: list[_Item] = []
             for claim in claims:
-                self._inflight[claim.execution_id] = _InFlight(
-                    shard, claim.execution_id, claim.lease_token, claim.workflow_name
-                )
+                entry = _InFlight(shard, claim.execution_id, claim.lease_token,
+                                  claim.workflow_name)
+                self._inflight[claim.execution_id] = entry
+                turns.append((entry, claim))
             starved = self._starved - {shard.name} if len(claims) < reserved else set()
             self._starved -= starved
+        if turns:
+            self._turns.put_many(turns)
         self._wake(starved)
 
     def _sleep_time(self, due_in: float | None) -> float:
@@ -541,11 +545,12 @@ class Worker:
             item = self._turns.get()
             if item is None:
                 return
-            shard, claim = item
+            entry, claim = item
+            shard = entry.shard
             refused: StoreRejected | None = None
             try:
                 with about_run(claim.execution_id, shard.name, claim.workflow_name):
-                    final = self._run_one(shard, claim)
+                    final = self._run_one(entry, claim)
             except CommitRejected as rejected:  # a checkpoint: its turn ends there
                 final, refused = rejected.commit, rejected.error
             except Exception:
@@ -553,19 +558,19 @@ class Worker:
                               extra={"execution_id": str(claim.execution_id),
                                      "shard": shard.name, "workflow": claim.workflow_name})
                 final = None
-            self._turn_returned(claim.execution_id, final)
+            self._turn_returned(entry, final)
             if final is None:
                 continue
             if refused is None:
                 # The run stays in flight (its lease heartbeated) until the commit
                 # is durable; this thread moves on to the next claimed run.
                 self._completers[shard.name].submit_async(
-                    final, functools.partial(self._turn_ended, shard, final)
+                    final, functools.partial(self._turn_ended, entry, final)
                 )
             else:
-                self._turn_ended(shard, final, refused)
+                self._turn_ended(entry, final, refused)
 
-    def _turn_returned(self, execution_id: uuid.UUID, final: TurnCommit | None) -> None:
+    def _turn_returned(self, entry: _InFlight, final: TurnCommit | None) -> None:
         """A turn thread is free again: wake the claim loops that concerns.
 
         A turn that left nothing to commit (its lease lost, or it crashed) also
@@ -579,11 +584,11 @@ class Worker:
             woken = self._claimers_to_wake()
         self._wake(woken)
         if final is None:
-            self._release(execution_id, settled=False)
+            self._release(entry, settled=False)
 
-    def _run_one(self, shard: Shard, claim: Claim) -> TurnCommit | None:
+    def _run_one(self, entry: _InFlight, claim: Claim) -> TurnCommit | None:
+        shard = entry.shard
         completer = self._completers[shard.name]
-        entry = self._inflight[claim.execution_id]
 
         def checkpoint(commit: TurnCommit) -> CommitOutcome:
             outcome = completer.submit(commit)
@@ -604,7 +609,7 @@ class Worker:
             TURN_SECONDS.observe(time.perf_counter() - started)
 
     def _turn_ended(
-        self, shard: Shard, commit: TurnCommit, result: Result, *, replaced: bool = False
+        self, entry: _InFlight, commit: TurnCommit, result: Result, *, replaced: bool = False
     ) -> None:
         """The outcome of a turn's last commit: its ending, or a checkpoint the database refused.
 
@@ -613,10 +618,11 @@ class Worker:
         the database's reason, once; should that failing commit be refused too,
         the lease expires and the run is retried rather than replaced forever.
         """
+        shard = entry.shard
         if isinstance(result, StoreRejected) and not replaced:
             failure = failing_commit(commit, result)
             self._completers[shard.name].submit_async(
-                failure, functools.partial(self._turn_ended, shard, failure, replaced=True)
+                failure, functools.partial(self._turn_ended, entry, failure, replaced=True)
             )
             return
         if isinstance(result, Exception):
@@ -625,30 +631,33 @@ class Worker:
             # its last durable commit.
             _TURN_OUTCOMES["abandoned"].inc()
             log.warning("commit failed; turn abandoned",
-                        extra={**self._about(shard, commit), "error": str(result)})
-            self._release(commit.execution_id, settled=True)
+                        extra={**self._about(entry), "error": str(result)})
+            self._release(entry, settled=True)
             return
         if not result.landed:
             _TURN_OUTCOMES["lease_lost"].inc()
-            log.warning("lease lost at commit", extra=self._about(shard, commit))
-            self._release(commit.execution_id, settled=True)
+            log.warning("lease lost at commit", extra=self._about(entry))
+            self._release(entry, settled=True)
             return
         _TURN_OUTCOMES[commit.state or "running"].inc()
         if commit.task is TaskAction.SCHEDULE or commit.wake_on_signals:
             # A new timer, a retry backoff or a signal that raced the parking:
             # re-read the next due time instead of waiting for a NOTIFY.
             self._wakes[shard.name].set()
-        self._release(commit.execution_id, settled=True)
+        self._release(entry, settled=True)
 
-    def _about(self, shard: Shard, commit: TurnCommit) -> dict[str, str]:
+    @staticmethod
+    def _about(entry: _InFlight) -> dict[str, str]:
         """The log fields of a run whose commit this thread (the completer's) settles."""
-        entry = self._inflight.get(commit.execution_id)
-        return {"execution_id": str(commit.execution_id), "shard": shard.name,
-                "workflow": entry.workflow if entry else "?"}
+        return {"execution_id": str(entry.execution_id), "shard": entry.shard.name,
+                "workflow": entry.workflow}
 
-    def _release(self, execution_id: uuid.UUID, *, settled: bool) -> None:
+    def _release(self, entry: _InFlight, *, settled: bool) -> None:
+        """The end of one claim's turn: its lease is no longer this worker's to keep.
+        Only its own entry goes; a newer claim of the same run keeps its own."""
         with self._idle:
-            self._inflight.pop(execution_id, None)
+            if self._inflight.get(entry.execution_id) is entry:
+                del self._inflight[entry.execution_id]
             self._settling -= settled
             woken = self._claimers_to_wake()
             self._idle.notify_all()
@@ -726,7 +735,7 @@ def _line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-_Item = tuple[Shard, Claim] | None
+_Item = tuple[_InFlight, Claim] | None
 
 
 class _TurnQueue:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
-from shardq.queue.models import Claim
+from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
 from shardq.queue.registry import Registry
 from shardq.queue.store import Store
 from shardq.queue.worker import CLAIM_STALL_S, Worker, WorkerConfig
@@ -141,7 +142,9 @@ def test_a_turn_that_ended_without_a_commit_wakes_the_loop_that_found_no_slot(
     busy(worker, 2)
     assert worker._reserve(first, None, True) == (0, None)
     assert not worker._wakes[first.name].is_set()
-    worker._turn_returned(uuid.uuid4(), None)
+    worker._claimed(first, 1, [claim_of(uuid.uuid4())])
+    entry, _ = queued(worker)
+    worker._turn_returned(entry, None)
     assert worker._wakes[first.name].is_set()
     assert (worker._turning, worker._starved) == (1, set())
 
@@ -173,3 +176,39 @@ def test_waking_every_claim_loop_survives_a_shard_added_meanwhile(
         assert set(woken) == set(originals)
     finally:
         worker._wakes = originals
+
+
+def claim_of(execution_id: uuid.UUID) -> Claim:
+    return Claim(execution_id, uuid.uuid4(), 1, "default", "wf", 1, "w-1", None, False,
+                 datetime.now(UTC), (), ())
+
+
+def queued(worker: Worker) -> tuple[Any, Claim]:
+    item = worker._turns.get()
+    assert item is not None
+    return item
+
+
+def test_a_run_claimed_again_before_its_last_commit_settled_keeps_its_new_lease(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """The race CI met in the demo: a turn's last commit lands (the run parks), a
+    signal makes it due, and the claim loop claims it again before the completer's
+    callback for that commit ran. The callback releases the turn it settles, never
+    the newer claim: its lease stays heartbeated and its turn finds it (a KeyError
+    in the turn thread, and a lease left to expire, before)."""
+    worker = make_worker(4, 4)
+    first, _ = worker.shards
+    run = uuid.uuid4()
+    worker._claimed(first, 0, [claim_of(run)])
+    earlier, claim = queued(worker)
+    final = TurnCommit(run, claim.lease_token, state=State.WAITING, task=TaskAction.DELETE)
+    worker._turn_returned(earlier, final)  # the turn thread moved on; the commit lands
+    again = claim_of(run)
+    worker._claimed(first, 0, [again])  # claimed again before the callback below
+    newer, _ = queued(worker)
+    worker._turn_ended(earlier, final, CommitOutcome(landed=True))
+    assert worker._inflight == {run: newer}
+    assert newer.token == again.lease_token
+    worker._turn_returned(newer, None)
+    assert worker._inflight == {}

@@ -32,7 +32,7 @@ from shardq.benchmarks.fleet import Fleet, FleetConfig
 from shardq.benchmarks.measure import CpuMeter, wait_for
 from shardq.benchmarks.pyspy import summarize
 from shardq.benchmarks.workflows import registry
-from shardq.queue.client import Client
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 
 

@@ -264,7 +264,8 @@ def commit_latency(url: str, samples: int = 200) -> Row:
             "p99_ms": round(stats["p99"], 3), "mean_ms": round(stats["mean"], 3)}
 
 
-ENGINE_DIRS = ("queue", "schema", "shards", "bin", "outbox")
+ENGINE_DIRS = ("core", "workflow", "client", "worker", "store", "schema", "shards", "bin",
+               "outbox", "moves")
 
 
 def _git(root: Path, *args: str) -> str:

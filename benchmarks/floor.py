@@ -40,10 +40,10 @@ import psycopg
 from shardq.benchmarks.db import SQL, BenchError, query
 from shardq.benchmarks.dbcost import DbMeter, Instruments
 from shardq.benchmarks.measure import CpuMeter, Progress
-from shardq.queue.models import Event, NewEvent, State, TaskAction, TurnCommit
-from shardq.queue.store import Store
+from shardq.core.models import Event, NewEvent, State, TaskAction, TurnCommit
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
 
 Batch = Callable[[], int]
 """Claims and completes one batch; the number of jobs it completed (0: nothing due)."""
@@ -100,7 +100,7 @@ def durable_batches(url: str, k: int) -> Iterator[Batch]:
                                     lease_s=DURABLE_LEASE_S)
             if not claims:
                 return 0
-            # What a `noop` turn ends with (queue/turn.py): its one step's event,
+            # What a `noop` turn ends with (worker/turn.py): its one step's event,
             # the run completed with a null output, the task deleted.
             commits = [
                 TurnCommit(c.execution_id, c.lease_token,

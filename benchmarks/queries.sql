@@ -1,6 +1,6 @@
 -- The benchmark suite's own statements: provisioning, progress polls, the raw
 -- SKIP LOCKED floor and the bulk insert of parked runs. The engine's statements
--- live in queue/queries.sql; nothing here is used by shardq itself.
+-- live in store/queries.sql; nothing here is used by shardq itself.
 -- Loaded by benchmarks/db.py; one `-- name:` header per statement.
 
 -- name: server_facts

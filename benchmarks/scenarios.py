@@ -20,7 +20,7 @@ from shardq.benchmarks.http import http_signals
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.benchmarks.reshard import reshard
-from shardq.queue.models import SignalRequest
+from shardq.core.models import SignalRequest
 from shardq.shards.routing import bucket_for
 
 Scenario = Callable[[Bench], dict[str, Any]]

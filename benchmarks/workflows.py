@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import SignalRequest
-from shardq.queue.registry import Registry
+from shardq.core.models import SignalRequest
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 registry = Registry()
 

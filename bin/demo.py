@@ -27,17 +27,17 @@ from contextlib import ExitStack, contextmanager
 import click
 
 from shardq.bin.examples import registry
+from shardq.client.client import Client
+from shardq.core.errors import PayloadInvalid, SignalRefused, UpdateRejected
+from shardq.core.models import HistoryEvent, State
 from shardq.outbox.relay import Relay
-from shardq.queue.client import Client
-from shardq.queue.errors import PayloadInvalid, SignalRefused, UpdateRejected
-from shardq.queue.models import HistoryEvent, State
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ENV_SHARDS, ShardMap
 from shardq.shards.errors import ShardqError
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
+from shardq.store.store import Store
+from shardq.worker.worker import Worker, WorkerConfig
 
 NewServer = Callable[[str], str]
 """Starts one more throw-away server and returns the URL of a new database on it."""

@@ -6,12 +6,12 @@ import json
 import time
 from typing import Any
 
-from shardq.queue.builder import Run, Workflow
-from shardq.queue.context import WorkflowContext
-from shardq.queue.contracts import SignalSpec, query, update
-from shardq.queue.errors import ExternalSignalFailed
-from shardq.queue.models import Signal
-from shardq.queue.registry import Registry
+from shardq.core.errors import ExternalSignalFailed
+from shardq.core.models import Signal
+from shardq.workflow.builder import Run, Workflow
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.contracts import SignalSpec, query, update
+from shardq.workflow.registry import Registry
 
 registry = Registry()
 

@@ -17,7 +17,7 @@ from shardq.shards.config import ENV_SHARDS, ShardMap, load_shard_map
 from shardq.shards.errors import ConfigError
 
 if TYPE_CHECKING:
-    from shardq.queue.registry import Registry
+    from shardq.workflow.registry import Registry
 
 ENV_APP = "SHARDQ_APP"
 EXAMPLES_APP = "shardq.bin.examples:registry"
@@ -46,7 +46,7 @@ def load_registry(app: str | None) -> Registry:
     import importlib
     import traceback
 
-    from shardq.queue.registry import Registry
+    from shardq.workflow.registry import Registry
 
     if not app:
         raise ConfigError(

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from shardq.queue.logcontext import RunContextFilter
+from shardq.worker.logcontext import RunContextFilter
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 

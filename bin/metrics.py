@@ -1,6 +1,6 @@
 """Prometheus endpoints: the daemons' own metrics, and the store exporter (`shardq metrics`).
 
-The exporter answers a scrape with gauges read from the shards (queue/store.py
+The exporter answers a scrape with gauges read from the shards (store/store.py
 `Store.health`, and outbox/store.py for the backlog: one indexed query per
 family). Shards are read in parallel;
 a shard that does not answer within the scrape timeout is reported with
@@ -30,13 +30,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardq.core.models import ShardHealth, StaleBounds, State
 from shardq.outbox.models import OutboxBacklog
 from shardq.outbox.store import OutboxStore
-from shardq.queue.models import ShardHealth, StaleBounds, State
-from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ConfigError, ShardUnavailable
 from shardq.shards.follow import Router
+from shardq.store.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/dev-env.sh"
 cd "$SHARDQ_ROOT"
 echo "== ruff" && ruff check .
 packages=()
-for folder in shards queue outbox moves bin tests benchmarks examples; do
+for folder in core workflow client worker store shards outbox moves bin tests benchmarks examples; do
   if compgen -G "$folder/*.py" >/dev/null; then packages+=(-p "shardq.$folder"); fi
 done
 echo "== mypy" && mypy "${packages[@]}"

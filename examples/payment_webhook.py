@@ -33,9 +33,9 @@ from starlette.routing import Route
 
 from shardq.bin.examples import registry
 from shardq.bin.loading import shard_map_of
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
-from shardq.queue.rules import RuleBroken, json_value
+from shardq.client.async_client import AsyncClient
+from shardq.core.errors import ExecutionNotFound, InvalidArgument, SignalRefused
+from shardq.core.rules import RuleBroken, json_value
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import NotOwner, ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id

@@ -1,11 +1,11 @@
-"""The relay's Prometheus metrics, in the daemons' registry (shardq.queue.instruments)
+"""The relay's Prometheus metrics, in the daemons' registry (shardq.core.instruments)
 that `shardq outbox-relay --metrics-port` serves."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from shardq.queue.instruments import REGISTRY
+from shardq.core.instruments import REGISTRY
 
 RELAY_ROWS = Counter("shardq_relay_rows",
                      "Outbox rows a relay settled: delivered, duplicate (collapsed by the "

@@ -55,24 +55,24 @@ from dataclasses import dataclass
 import psycopg
 from tenacity import RetryCallState, wait_exponential_jitter
 
-from shardq.outbox.instruments import RELAY_DELIVERY_SECONDS, RELAY_ROUND_SECONDS, RELAY_ROWS
-from shardq.outbox.models import OutboxRow, OutboxSettlement
-from shardq.outbox.store import OutboxStore, listen_for_outbox
-from shardq.queue.errors import (
+from shardq.core.errors import (
     ExecutionNotFound,
     ShardUnavailable,
     SignalRefused,
     StoreConflict,
     StoreRejected,
 )
-from shardq.queue.listener import WakeSource
-from shardq.queue.models import SignalResult
-from shardq.queue.params import SignalDelivery
-from shardq.queue.store import Store
-from shardq.queue.worker import MAP_CHECK_S, MIN_POLL_S
+from shardq.core.models import SignalResult
+from shardq.outbox.instruments import RELAY_DELIVERY_SECONDS, RELAY_ROUND_SECONDS, RELAY_ROWS
+from shardq.outbox.models import OutboxRow, OutboxSettlement
+from shardq.outbox.store import OutboxStore, listen_for_outbox
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import Fenced, NotOwner, ShardqError, ShardRetired
 from shardq.shards.fanout import by_shard
+from shardq.store.params import SignalDelivery
+from shardq.store.store import Store
+from shardq.worker.listener import WakeSource
+from shardq.worker.worker import MAP_CHECK_S, MIN_POLL_S
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from typing import Any
 from psycopg.rows import tuple_row
 
 from shardq.outbox.models import OutboxBacklog, OutboxFailure, OutboxRow, OutboxSettlement
-from shardq.queue.statements import SQL as QUEUE_SQL
-from shardq.queue.store import Store, listen
 from shardq.shards.config import Shard
 from shardq.shards.pools import DictConnection
 from shardq.shards.sqlfile import load_queries
+from shardq.store.statements import SQL as QUEUE_SQL
+from shardq.store.store import Store, listen
 
 SQL = load_queries("shardq.outbox", "queries.sql")
 

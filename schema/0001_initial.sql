@@ -1,5 +1,5 @@
 -- shardq's tables on one shard. Every statement that reads or writes them lives
--- in queue/queries.sql; this file only shapes them.
+-- in store/queries.sql; this file only shapes them.
 
 -- One row per workflow run. Updated a handful of times in a run's life, so a
 -- little free space per page keeps those updates HOT (no index columns change).

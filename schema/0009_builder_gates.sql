@@ -1,4 +1,4 @@
--- Gates of declarative workflows (queue/builder.py): the signal names a run
+-- Gates of declarative workflows (workflow/builder.py): the signal names a run
 -- takes once. Written with the run, never after (NULL for code-first runs); a
 -- second signal of a gate's name is refused (first writer wins).
 ALTER TABLE shardq.executions ADD COLUMN gates text[];

@@ -1,5 +1,5 @@
 -- The shard layer's own bookkeeping: which migrations ran, and which map the
--- shard belongs to. Every other table is the queue store's (queue/queries.sql).
+-- shard belongs to. Every other table is the queue store's (store/queries.sql).
 
 -- name: take_migration_lock
 SELECT pg_advisory_lock(%(key)s)

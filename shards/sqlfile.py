@@ -26,6 +26,6 @@ def parse_queries(text: str, *, source: str) -> dict[str, str]:
 
 
 def load_queries(package: str, filename: str) -> dict[str, str]:
-    """The named queries of `filename` shipped inside `package` (e.g. shardq.queue)."""
+    """The named queries of `filename` shipped inside `package` (e.g. shardq.store)."""
     text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     return parse_queries(text, source=f"{package}/{filename}")

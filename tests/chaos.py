@@ -63,7 +63,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from shardq.queue.client import Client
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for
 

@@ -37,14 +37,14 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from shardq.queue.client import Client
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import LOCAL_DSN, answers, database_url
+from shardq.store.store import Store
+from shardq.worker.worker import Worker, WorkerConfig
+from shardq.workflow.registry import Registry
 
 from .support import Daemon, TcpProxy
 

@@ -53,10 +53,10 @@ from shardq.shards.errors import (
 )
 
 if TYPE_CHECKING:
-    from shardq.queue.client import Client
-    from shardq.queue.listing import PartialInterruptPage, PartialPage
-    from shardq.queue.registry import Registry
+    from shardq.client.client import Client
     from shardq.shards.fanout import Reached
+    from shardq.store.listing import PartialInterruptPage, PartialPage
+    from shardq.workflow.registry import Registry
 
     Unread = PartialPage | PartialInterruptPage
 
@@ -260,7 +260,7 @@ retention_option = click.option(
 
 def check_limit(_ctx: click.Context, param: click.Parameter, value: int) -> int:
     """A --limit of rows per page or per shard: 1..MAX_PAGE."""
-    from shardq.queue.listing import MAX_PAGE
+    from shardq.store.listing import MAX_PAGE
 
     if not 1 <= value <= MAX_PAGE:
         raise click.BadParameter(f"{value} is not within 1..{MAX_PAGE}", param=param)
@@ -289,7 +289,7 @@ def serve_daemon_metrics(host: str, port: int | None) -> None:
     if port is None:
         return
     from shardq.bin.metrics import serve
-    from shardq.queue.instruments import REGISTRY
+    from shardq.core.instruments import REGISTRY
 
     serve(REGISTRY, host, port)
     click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
@@ -302,11 +302,11 @@ def serve_daemon_metrics(host: str, port: int | None) -> None:
 def open_client(settings: Settings, registry: Registry | None = None) -> Iterator[Client]:
     """A client whose pools probe each shard on first use: a one-shot command fails at once
     with the shard's cause (refused, no database, bad password), not after a pool timeout."""
-    from shardq.queue.client import Client
-    from shardq.queue.registry import Registry
-    from shardq.queue.store import Store
+    from shardq.client.client import Client
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
+    from shardq.store.store import Store
+    from shardq.workflow.registry import Registry
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()

@@ -26,7 +26,7 @@ from shardq.bin.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from shardq.queue.models import StaleBounds
+    from shardq.core.models import StaleBounds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,7 +105,7 @@ def stale_options(f: F) -> F:
 
 
 def _bounds(stale_after: dict[str, float | None], grace: float) -> StaleBounds:
-    from shardq.queue.models import StaleBounds
+    from shardq.core.models import StaleBounds
 
     default = StaleBounds()
     return StaleBounds(
@@ -137,7 +137,7 @@ def stale(
     """
     from dataclasses import asdict
 
-    from shardq.queue.rules import check_name
+    from shardq.core.rules import check_name
     from shardq.shards.fanout import each_shard
 
     with open_client(settings) as client, errors_as_exit_codes():
@@ -176,8 +176,8 @@ def purge_command(
     keep the default. Live runs are never touched. A shard that cannot be reached
     is named on stderr (exit 8); the others are purged (or counted) all the same.
     """
-    from shardq.queue.retention import RetentionPlan, purge, purgeable
     from shardq.shards.fanout import each_shard
+    from shardq.worker.retention import RetentionPlan, purge, purgeable
 
     with errors_as_exit_codes():
         registry = load_registry(app)
@@ -218,9 +218,9 @@ def metrics_command(
     from prometheus_client import CollectorRegistry
 
     from shardq.bin.metrics import StoreCollector, serve
-    from shardq.queue.store import Store
     from shardq.shards.follow import map_poll_interval
     from shardq.shards.pools import ShardPools
+    from shardq.store.store import Store
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()

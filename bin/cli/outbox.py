@@ -1,7 +1,7 @@
 """The outbox's commands: `outbox-relay`, the daemon that delivers signals sent to runs
 of other shards, and `outbox ...`, what the outboxes still owe and re-queueing what failed.
 
-The rows are read and written by the store (queue/store.py); the relay's loop is
+The rows are read and written by the store (store/store.py); the relay's loop is
 outbox/relay.py.
 """
 
@@ -60,9 +60,9 @@ def outbox_relay(
     """Deliver signals sent to runs of other shards, until SIGTERM."""
 
     from shardq.outbox.relay import Relay, RelayConfig
-    from shardq.queue.store import Store
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
+    from shardq.store.store import Store
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()

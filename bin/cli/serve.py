@@ -27,7 +27,7 @@ from shardq.shards.errors import ConfigError
 def api_token(settings: Settings, tenant: str) -> None:
     """Make a bearer token for TENANT: the token once, and its line for the tokens file."""
     from shardq.bin.web.tokens import hash_token, new_token
-    from shardq.queue.rules import check_name
+    from shardq.core.rules import check_name
 
     with errors_as_exit_codes():
         check_name(tenant, "tenant")

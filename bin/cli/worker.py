@@ -50,10 +50,10 @@ def worker(
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
 
-    from shardq.queue.store import Store
-    from shardq.queue.worker import Worker, WorkerConfig, tune_gc_for_worker
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
+    from shardq.store.store import Store
+    from shardq.worker.worker import Worker, WorkerConfig, tune_gc_for_worker
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()

@@ -32,10 +32,10 @@ from shardq.bin.cli.common import (
     open_client,
     pass_settings,
 )
-from shardq.queue.models import State
+from shardq.core.models import State
 
 if TYPE_CHECKING:
-    from shardq.queue.models import Execution, UpdateResult
+    from shardq.core.models import Execution, UpdateResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -49,8 +49,8 @@ def workflow() -> None:
 def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv.
 
-    Read by the rules the HTTP API reads bodies by (shardq.queue.rules)."""
-    from shardq.queue.rules import RuleBroken, json_value
+    Read by the rules the HTTP API reads bodies by (shardq.core.rules)."""
+    from shardq.core.rules import RuleBroken, json_value
 
     if value is None:
         return None
@@ -87,8 +87,8 @@ def _execution_id(_ctx: click.Context, param: click.Parameter, value: str) -> uu
 
 def _check_cursor(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """The --cursor of `workflow list` or of `workflow pending` (each pages its own way)."""
-    from shardq.queue.errors import InvalidArgument
-    from shardq.queue.listing import Cursor, InboxCursor
+    from shardq.core.errors import InvalidArgument
+    from shardq.store.listing import Cursor, InboxCursor
 
     decode = InboxCursor.decode if ctx.command.name == "pending" else Cursor.decode
     if value is not None:
@@ -110,8 +110,8 @@ def _execution_payload(e: Execution) -> dict[str, Any]:
 
 def _check_key(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Read by the rules the HTTP API reads the Idempotency-Key header by
-    (shardq.queue.rules)."""
-    from shardq.queue.rules import RuleBroken, idempotency_key
+    (shardq.core.rules)."""
+    from shardq.core.rules import RuleBroken, idempotency_key
 
     try:
         return idempotency_key(value, "the key")
@@ -183,7 +183,7 @@ def workflow_signal(
 ) -> None:
     """Send signal NAME to a run."""
     from shardq.bin.web.rules import send_signal
-    from shardq.queue.errors import PayloadInvalid
+    from shardq.core.errors import PayloadInvalid
 
     with errors_as_exit_codes():
         registry = load_registry(app) if app else None
@@ -324,7 +324,7 @@ def workflow_update_with_start(
 
 def _refusing_payloads(call: Callable[[], T]) -> T:
     """`call()`; a payload that breaks its schema exits 7 with the violations (--json)."""
-    from shardq.queue.errors import PayloadInvalid, UpdateTimedOut
+    from shardq.core.errors import PayloadInvalid, UpdateTimedOut
 
     try:
         return call()
@@ -484,7 +484,7 @@ def workflow_decide(
     payload: Any, decision_id: str, actor: str,
 ) -> None:
     """Decide the run's open interrupt INTERRUPT: approve, edit or reject."""
-    from shardq.queue.errors import DecisionRefused, PayloadInvalid
+    from shardq.core.errors import DecisionRefused, PayloadInvalid
 
     with open_client(settings) as client, errors_as_exit_codes():
         try:

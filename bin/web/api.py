@@ -28,10 +28,10 @@ from shardq.bin.web.openapi import BODY_KEYS, PREFIX
 from shardq.bin.web.refusals import refusal_body, status_of
 from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
-from shardq.queue.client import DEFAULT_UPDATE_WAIT
-from shardq.queue.errors import SignalRefused
-from shardq.queue.models import Event, Execution, State, UpdateResult
-from shardq.queue.rules import MAX_WAIT, Limits
+from shardq.client.client import DEFAULT_UPDATE_WAIT
+from shardq.core.errors import SignalRefused
+from shardq.core.models import Event, Execution, State, UpdateResult
+from shardq.core.rules import MAX_WAIT, Limits
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 

@@ -29,8 +29,8 @@ from starlette.responses import JSONResponse, Response
 from shardq.bin.web import api, inbox
 from shardq.bin.web.openapi import document
 from shardq.bin.web.state import Shared
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.coalesce import SignalCoalescer
+from shardq.client.async_client import AsyncClient
+from shardq.client.coalesce import SignalCoalescer
 
 
 def create_app(

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from shardq.queue.rules import RuleBroken, json_value, pointer
+from shardq.core.rules import RuleBroken, json_value, pointer
 
 SIMPLE = ("string", "integer", "number", "boolean")
 

@@ -58,8 +58,8 @@ from shardq.bin.web.refusals import (
 )
 from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
-from shardq.queue.errors import DecisionRefused, InvalidArgument, PayloadInvalid
-from shardq.queue.models import Event, HistoryEvent, State
+from shardq.core.errors import DecisionRefused, InvalidArgument, PayloadInvalid
+from shardq.core.models import Event, HistoryEvent, State
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id

@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from shardq.queue.models import State
-from shardq.queue.rules import NAME_PATTERN
+from shardq.core.models import State
+from shardq.core.rules import NAME_PATTERN
 
 PREFIX = "/api/shardq"
 ANY_JSON: dict[str, Any] = {}

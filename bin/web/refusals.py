@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardq.queue.errors import (
+from shardq.core.errors import (
     DecisionRefused,
     ExecutionNotFound,
     PayloadInvalid,

@@ -2,7 +2,7 @@
 
 `shardq workflow signal` and `POST /workflows/{id}/signal/{name}` (and the
 other commands and routes that take a key or a JSON value) read idempotency
-keys and JSON payloads by the input rules (shardq.queue.rules: `idempotency_key`,
+keys and JSON payloads by the input rules (shardq.core.rules: `idempotency_key`,
 `json_value`, RuleBroken, re-exported here), and deliver a signal through
 `send_signal` (`send_signal_async` in the server), so the command
 line and the HTTP API cannot drift apart; a test
@@ -21,12 +21,12 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from shardq.queue.models import SignalRequest, SignalResult
-from shardq.queue.rules import RuleBroken, idempotency_key, json_value
+from shardq.core.models import SignalRequest, SignalResult
+from shardq.core.rules import RuleBroken, idempotency_key, json_value
 
 if TYPE_CHECKING:  # the CLI reads its options by these rules: no asyncio stack to import
-    from shardq.queue.client import Client
-    from shardq.queue.coalesce import SignalCoalescer
+    from shardq.client.client import Client
+    from shardq.client.coalesce import SignalCoalescer
 
 __all__ = ["RuleBroken", "idempotency_key", "json_value", "send_signal", "send_signal_async"]
 

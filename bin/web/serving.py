@@ -67,9 +67,9 @@ def build_app(config: ServeConfig) -> Starlette:
     """The application with its own pools, opened on the server's event loop when it
     starts and closed when it stops."""
     from shardq.bin.web.app import create_app
-    from shardq.queue.async_client import AsyncClient
-    from shardq.queue.async_store import AsyncShardPools, AsyncStore
+    from shardq.client.async_client import AsyncClient
     from shardq.shards.follow import map_poll_interval
+    from shardq.store.async_store import AsyncShardPools, AsyncStore
 
     registry, tokens, shard_map, statuses = checked(config)
     # A shard that refuses connections fails a request at once (the inbox and

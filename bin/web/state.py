@@ -11,8 +11,8 @@ from typing import Any, cast
 
 from starlette.requests import Request
 
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.coalesce import SignalCoalescer
+from shardq.client.async_client import AsyncClient
+from shardq.client.coalesce import SignalCoalescer
 from shardq.shards.config import ShardMap
 
 

@@ -11,7 +11,7 @@ import hmac
 import secrets
 from pathlib import Path
 
-from shardq.queue.errors import InvalidArgument
+from shardq.core.errors import InvalidArgument
 from shardq.shards.errors import ConfigError
 
 
@@ -25,7 +25,7 @@ def new_token() -> str:
 
 def load_tokens(path: Path) -> list[tuple[str, str]]:
     """(tenant, hashed token) pairs of a tokens file; ConfigError naming the bad line."""
-    from shardq.queue.rules import check_name
+    from shardq.core.rules import check_name
 
     try:
         text = path.read_text(encoding="utf-8")

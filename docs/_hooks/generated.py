@@ -4,7 +4,7 @@
   serves (`document()` in the HTTP API's openapi module), so the reference can
   never drift from the routes: the page is the served document, rendered.
 - The Python API reference (mkdocstrings) reads the product's modules as
-  `shardq.queue`, `shardq.shards` and `shardq.outbox`. The editable install's
+  the product's layers (`shardq.workflow`, `shardq.client`, ...). The editable install's
   `.pkgroot/shardq` is the whole repository, `.venv/` and the symlink's own
   loop included, which griffe would walk entire (half a million files: a
   minute). The hook points it at a temporary `shardq/` holding those three
@@ -30,7 +30,7 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
-API_PACKAGES = ("queue", "shards", "outbox")
+API_PACKAGES = ("core", "workflow", "client", "worker", "store", "shards", "outbox")
 """The product's layers the Python API reference documents; bin/ (the faces) is left out."""
 OPENAPI_MODULES = ("shardq.bin.web.openapi", "shardq.bin.openapi")
 """Where the document is built: bin/web/ since the bin/ reorganisation, bin/ before it."""

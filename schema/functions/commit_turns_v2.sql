@@ -9,7 +9,7 @@
 -- a signal.
 --
 -- The batch arrives as parallel arrays, one group per kind of write, which
--- the calling statement (queue/queries.sql) builds from one text per column:
+-- the calling statement (store/queries.sql) builds from one text per column:
 -- a JSON document of rows would cost the server a jsonb pass per value
 -- (CHANGELOG.md, "Performance work").
 --   c_*: a commit each: the run, its lease token, the next token (a checkpoint
@@ -349,7 +349,7 @@ BEGIN
     -- A target whose bucket this shard cannot write moved (or is moving) since
     -- the worker read its map: its signal goes through the outbox, as one to
     -- another shard would, recorded and answered as queued
-    -- (`external.queued`, what queue/context.py records for an outbox send);
+    -- (`external.queued`, what workflow/context.py records for an outbox send);
     -- the relay finds the target's owner.
     IF rare ? 'x' AND own_writable IS NOT NULL THEN
         SELECT coalesce(array_agg(t), '{}') INTO x_away

@@ -1,7 +1,7 @@
 -- Deliver signals to executions of one tenant on this shard, in one transaction.
 -- Each signal is stored, recorded in its run's history and wakes the run if it
 -- waits on that name (a signal wait of that name, or a condition that handles
--- it); an update (a signal named shardq:update:*, see queue/contracts.py)
+-- it); an update (a signal named shardq:update:*, see workflow/contracts.py)
 -- wakes a parked run whatever it waits on. A refused signal (unknown run,
 -- another tenant's, finished, a gate already taken, too many pending) inserts
 -- nothing and comes back with its reason_code and detail, decided by

@@ -20,12 +20,12 @@ from shardq.benchmarks.floor import durable_batches
 from shardq.benchmarks.parked import INPUT, insert_parked, parked_run
 from shardq.benchmarks.report import table
 from shardq.benchmarks.workflows import registry
-from shardq.queue.client import Client
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
 
 from ..conftest import TABLES, Server
 from ..support import ROOT, all_rows, rows, wait_until

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.registry import Registry, WorkflowDef
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
+from shardq.workflow.registry import Registry, WorkflowDef
 
 from ..support import Daemon, wait_until
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 COMPENSATING_APP = '''
 import os, time
-from shardq.queue.builder import Run, Workflow
-from shardq.queue.registry import Registry
+from shardq.workflow.builder import Run, Workflow
+from shardq.workflow.registry import Registry
 
 registry = Registry()
 LOG = os.environ["UNWIND_LOG"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shardq.queue.client import Client
-from shardq.queue.registry import Registry
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
+from shardq.workflow.registry import Registry
 
 from ..support import Daemon, run_cli
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 

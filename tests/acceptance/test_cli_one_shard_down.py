@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import Worker, WorkerConfig
 
 from ..conftest import Server
 from ..support import allow_connections, key_on, run_cli, wait_until

@@ -6,12 +6,12 @@ import json
 from collections.abc import Callable
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
 
 from ..support import run_cli, wait_until
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
+from shardq.worker.worker import Worker
 
 from ..conftest import Server
 from ..support import run_cli

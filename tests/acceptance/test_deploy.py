@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from shardq.bin.metrics import families
+from shardq.core.instruments import REGISTRY
 from shardq.outbox import instruments  # noqa: F401 - registers the relay's series
-from shardq.queue.instruments import REGISTRY
 from shardq.shards.config import ShardMap
 
 from ..support import ROOT

@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardq.queue.client import Client
-from shardq.queue.registry import Registry
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
+from shardq.workflow.registry import Registry
 
 from ..support import ROOT, wait_until
 
 MYAPP = '''\
-from shardq.queue.registry import Registry
+from shardq.workflow.registry import Registry
 
 registry = Registry()
 

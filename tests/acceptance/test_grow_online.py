@@ -36,13 +36,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.routing import bucket_for
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import ROOT, Daemon, free_port, scrape, wait_until
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.queue.models import State
-from shardq.queue.worker import Worker
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
+from shardq.worker.worker import Worker
 
 from ..conftest import TABLES
 from ..support import Daemon, all_rows, start_api, wait_until

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
+from shardq.worker.worker import Worker
 
 from ..support import Daemon, start_api, wait_until
 

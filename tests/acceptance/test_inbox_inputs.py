@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
+from shardq.worker.worker import Worker
 
 from ..conftest import TABLES
 from ..support import Daemon, all_rows, start_api, wait_until

@@ -10,8 +10,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.servers import database_url
 

@@ -17,11 +17,11 @@ import pytest
 
 from shardq.bin.examples import registry
 from shardq.bin.web.tokens import hash_token
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for, new_execution_id
+from shardq.worker.worker import Worker
 
 from ..support import Daemon, free_port, wait_for_health, wait_until
 

@@ -16,17 +16,17 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.outbox.relay import FAILPOINT_ENV
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import database_url
+from shardq.store.store import Store
+from shardq.worker.worker import Worker, WorkerConfig
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..conftest import TABLES, Server
 from ..support import (

@@ -1,8 +1,8 @@
 """The package as a user gets it: built by `python -m build` (the sdist, and the wheel
 from the sdist), installed into a clean virtual environment outside the checkout,
 where `shardq --help`, `shardq migrate` and the demo run with no trace of the source
-tree; its metadata; and the root folder `queue/` never shadowing the standard
-library, installed either way.
+tree; its metadata; and no root folder shadowing the standard library, installed
+either way.
 
 The build and the environment are made once for this file (about 12 s: 3 s for
 both builds, 9 s for the venv and the install from the local index or pip's cache).
@@ -76,7 +76,7 @@ def test_the_sdist_builds_the_same_wheel_as_the_checkout(built: Built) -> None:
     with tarfile.open(built.sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"pyproject.toml", "PKG-INFO", "README.md", "CHANGELOG.md", "LICENSE", "py.typed",
-            "schema/0001_initial.sql", "queue/worker.py", "shards/routing.py",
+            "schema/0001_initial.sql", "worker/worker.py", "shards/routing.py",
             "outbox/relay.py"} <= names
     # Local state and the editable install's symlink (to the root itself) stay out.
     leaked = {n for n in names
@@ -147,7 +147,8 @@ def test_the_editable_wheel_is_only_the_path_entry(tmp_path: Path) -> None:
 def test_stdlib_queue_wins_in_a_wheel_install(built: Built, tmp_path: Path) -> None:
     wheel = built.wheel
     names = zipfile.ZipFile(wheel).namelist()
-    assert "shardq/queue/__init__.py" not in names
+    # Namespace folders: none may become a regular package that could shadow a module.
+    assert not [n for n in names if n.count("/") == 2 and n.endswith("/__init__.py")]
     assert not any(n.endswith(".sh") for n in names)
     # The tools stay in the checkout: the wheel is the product alone.
     assert not any(n.startswith(("shardq/benchmarks/", "shardq/tests/")) for n in names)
@@ -219,10 +220,10 @@ def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Venv:
 
 
 PROVENANCE = (
-    "import sys, importlib.metadata as m, shardq.bin.demo, shardq.queue.worker, "
+    "import sys, importlib.metadata as m, shardq.bin.demo, shardq.worker.worker, "
     "shardq.shards.migrations; "
     "print(m.version('shardq')); print(shardq.bin.demo.__file__); "
-    "print(shardq.queue.worker.__file__); print(shardq.shards.migrations.__file__); "
+    "print(shardq.worker.worker.__file__); print(shardq.shards.migrations.__file__); "
     "print(*sys.path, sep='\\n')"
 )
 
@@ -313,7 +314,7 @@ def test_shardq_version_prints_the_metadata_version(venv: Venv) -> None:
 
 
 TYPED = """\
-from shardq.queue.registry import Registry
+from shardq.workflow.registry import Registry
 
 registry: Registry = Registry()
 reveal_type(registry.workflow)
@@ -328,11 +329,18 @@ def test_type_checkers_use_the_installed_inline_types(venv: Venv) -> None:
     out = venv.run(sys.executable, "-m", "mypy", "--strict", "--python-executable",
                    venv.python, "--cache-dir", venv.cwd / ".mypy_cache", "uses_shardq.py")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "shardq.queue.context.WorkflowContext" in out.stdout, out.stdout
+    assert "shardq.workflow.context.WorkflowContext" in out.stdout, out.stdout
 
 
-PRODUCT = ("queue", "shards", "outbox", "moves", "bin", "examples")
-"""The folders the wheel ships (with schema/, which holds no Python)."""
+PRODUCT = tuple(f for f in PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["only-include"]
+                if f not in {"schema", "py.typed"})
+"""The folders the wheel ships (less schema/, which holds no Python)."""
+
+
+def test_no_product_folder_is_named_like_a_standard_library_module() -> None:
+    """The folders carry no __init__.py, so the standard library's module of the same
+    name would win anyway; a clash would still make every import of it confusing."""
+    assert not set(PRODUCT) & sys.stdlib_module_names
 
 
 def _imports(folder: str) -> dict[str, set[str]]:

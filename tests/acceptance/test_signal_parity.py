@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 
 from ..support import Daemon, all_rows, run_cli, start_api

@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.workflow.registry import Registry
 
 from ..support import Daemon, rows, wait_until
 
 APP = '''
-from shardq.queue.registry import Registry
+from shardq.workflow.registry import Registry
 
 registry = Registry()
 

@@ -22,13 +22,13 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from starlette.applications import Starlette
 
 from shardq.bin.examples import registry
+from shardq.client.async_client import AsyncClient
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.examples.payment_webhook import MAX_BODY, create_app
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.client import Client
-from shardq.queue.models import State
-from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import new_execution_id
+from shardq.worker.worker import Worker
 
 from ..support import all_rows, free_port, wait_until
 

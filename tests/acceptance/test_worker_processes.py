@@ -28,8 +28,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.models import State
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_for
 

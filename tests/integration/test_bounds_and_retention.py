@@ -9,16 +9,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import InvalidArgument
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.retention import RetentionPlan, purge, purgeable
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.client.client import Client
+from shardq.core.errors import InvalidArgument
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.retention import RetentionPlan, purge, purgeable
+from shardq.worker.worker import Worker, WorkerConfig
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..conftest import TABLES
 from ..support import all_rows, wait_until

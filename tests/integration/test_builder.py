@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.builder import Run, Workflow
-from shardq.queue.client import Client
-from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.errors import ExecutionNotFound, InvalidArgument, SignalRefused
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
+from shardq.workflow.builder import Run, Workflow
+from shardq.workflow.registry import Registry
 
 from ..support import wait_until
 

@@ -8,10 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.contracts import SignalSpec, query, update
-from shardq.queue.errors import (
+from shardq.client.client import Client
+from shardq.core.errors import (
     ExecutionNotFound,
     PayloadInvalid,
     QueryFailed,
@@ -22,10 +20,12 @@ from shardq.queue.errors import (
     UpdateRejected,
     UpdateTimedOut,
 )
-from shardq.queue.models import SignalRequest, State
-from shardq.queue.registry import Registry
-from shardq.queue.worker import Worker
+from shardq.core.models import SignalRequest, State
 from shardq.shards.config import ShardMap
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.contracts import SignalSpec, query, update
+from shardq.workflow.registry import Registry
 
 from ..support import wait_until
 

@@ -22,17 +22,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue.builder import Run, Workflow
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import DecisionRefused, SignalTimedOut
-from shardq.queue.models import Claim, CommitOutcome, Signal, State, TurnCommit
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.turn import run_turn
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.errors import DecisionRefused, SignalTimedOut
+from shardq.core.models import Claim, CommitOutcome, Signal, State, TurnCommit
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.turn import run_turn
+from shardq.worker.worker import Worker
+from shardq.workflow.builder import Run, Workflow
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import rows, wait_until
 

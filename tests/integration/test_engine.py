@@ -14,17 +14,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import InvalidArgument, NotSerializable, StepFailed, UnknownWorkflow
-from shardq.queue.models import Execution, StartResult, State
-from shardq.queue.registry import Registry
-from shardq.queue.retry import RetryPolicy
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.client.client import Client
+from shardq.core.errors import InvalidArgument, NotSerializable, StepFailed, UnknownWorkflow
+from shardq.core.models import Execution, StartResult, State
 from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
+from shardq.store.store import Store
+from shardq.worker.worker import Worker, WorkerConfig
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
+from shardq.workflow.retry import RetryPolicy
 
 from ..support import all_rows, wait_until
 

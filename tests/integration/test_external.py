@@ -6,14 +6,14 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import ExternalSignalFailed
-from shardq.queue.limits import Limits
-from shardq.queue.models import SignalRequest, State
-from shardq.queue.registry import Registry
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.errors import ExternalSignalFailed
+from shardq.core.models import SignalRequest, State
+from shardq.core.rules import Limits
 from shardq.shards.routing import new_execution_id
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import all_rows, key_on, wait_until
 

@@ -16,13 +16,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from shardq.client.client import Client
+from shardq.core.errors import StoreConflict
+from shardq.core.models import Claim, ExternalRequest, State, TaskAction, TurnCommit
 from shardq.outbox.store import OutboxStore
-from shardq.queue.client import Client
-from shardq.queue.completer import Completer
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import StoreConflict
-from shardq.queue.models import Claim, ExternalRequest, State, TaskAction, TurnCommit
-from shardq.queue.params import (
+from shardq.shards.config import ShardMap
+from shardq.shards.errors import Fenced, NotOwner
+from shardq.shards.pools import ShardPools
+from shardq.shards.routing import bucket_for, bucket_of, new_execution_id
+from shardq.store.params import (
     InterruptDecision,
     Lease,
     NewRun,
@@ -30,12 +32,10 @@ from shardq.queue.params import (
     StartBatch,
     StartSignalled,
 )
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.shards.config import ShardMap
-from shardq.shards.errors import Fenced, NotOwner
-from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for, bucket_of, new_execution_id
+from shardq.store.store import Store
+from shardq.worker.completer import Completer
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import in_thread, key_on, keys_on, rows, wait_until, waiting_on_a_lock
 

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
+from shardq.client.client import Client
+from shardq.core.errors import ExternalSignalFailed, SignalRefused
+from shardq.core.models import State
 from shardq.outbox.relay import Relay, RelayConfig
-from shardq.queue.builder import Workflow
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import ExternalSignalFailed, SignalRefused
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
+from shardq.workflow.builder import Workflow
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import key_on, wait_until
 

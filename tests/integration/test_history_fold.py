@@ -12,13 +12,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.retry import RetryPolicy
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
+from shardq.workflow.retry import RetryPolicy
 
 from ..support import rows, wait_until
 

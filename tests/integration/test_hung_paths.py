@@ -20,19 +20,19 @@ from collections.abc import Callable
 import pytest
 
 from shardq.bin.metrics import StoreCollector
+from shardq.client.async_client import AsyncClient
+from shardq.core.errors import ExecutionNotFound
+from shardq.core.models import StaleBounds, TurnCommit
 from shardq.outbox.store import OutboxStore
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.async_store import AsyncShardPools, AsyncStore
-from shardq.queue.completer import Completer
-from shardq.queue.errors import ExecutionNotFound
-from shardq.queue.models import StaleBounds, TurnCommit
-from shardq.queue.params import Lease
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
 from shardq.shards.config import ShardMap
 from shardq.shards.liveness import HUNG_NOTICE_S
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
+from shardq.store.async_store import AsyncShardPools, AsyncStore
+from shardq.store.params import Lease
+from shardq.store.store import Store
+from shardq.worker.completer import Completer
+from shardq.workflow.registry import Registry
 
 from ..support import TcpProxy
 

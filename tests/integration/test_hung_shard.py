@@ -17,17 +17,17 @@ import time
 
 import pytest
 
-from shardq.queue import listener
-from shardq.queue.client import Client
-from shardq.queue.listener import WakeSource
-from shardq.queue.models import State
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.liveness import HUNG_NOTICE_S
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker import listener
+from shardq.worker.listener import WakeSource
+from shardq.worker.worker import Worker, WorkerConfig
+from shardq.workflow.registry import Registry
 
 from ..support import TcpProxy, keys_on, rows, wait_until
 

@@ -10,19 +10,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import (
+from shardq.client.client import Client
+from shardq.core.errors import (
     DecisionRefused,
     ExecutionNotFound,
     InvalidArgument,
     PayloadInvalid,
 )
-from shardq.queue.models import State, TaskAction, TurnCommit
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
+from shardq.core.models import State, TaskAction, TurnCommit
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import all_rows, wait_until
 

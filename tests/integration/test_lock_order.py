@@ -18,13 +18,13 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import ExternalRequest, State, TaskAction, TurnCommit
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.models import ExternalRequest, State, TaskAction, TurnCommit
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import in_thread, key_on, keys_on, rows, wait_until, waiting_on_a_lock
 

@@ -17,13 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.queue import listing
-from shardq.queue.models import StaleBounds
-from shardq.queue.params import NewRun, StartBatch
-from shardq.queue.store import Store
+from shardq.core.models import StaleBounds
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
+from shardq.store import listing
+from shardq.store.params import NewRun, StartBatch
+from shardq.store.store import Store
 
 from ..support import rows
 

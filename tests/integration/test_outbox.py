@@ -10,18 +10,18 @@ from typing import Any
 import psycopg
 import pytest
 
+from shardq.client.client import Client
+from shardq.core.models import State
 from shardq.outbox.relay import Relay, RelayConfig
 from shardq.outbox.store import OutboxStore
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import State
-from shardq.queue.params import SignalDelivery
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
+from shardq.store.params import SignalDelivery
+from shardq.store.store import Store
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import key_on, rows, run_cli, wait_until
 

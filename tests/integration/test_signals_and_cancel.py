@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused
-from shardq.queue.models import SignalRequest, State
-from shardq.queue.registry import Registry
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.errors import ExecutionNotFound, InvalidArgument, SignalRefused
+from shardq.core.models import SignalRequest, State
 from shardq.shards.routing import InvalidExecutionId
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import all_rows, wait_until
 
@@ -334,7 +334,7 @@ def test_changed_code_between_park_and_resume_is_a_nondeterminism_error(
 def test_pending_signals_per_run_are_bounded(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardq.queue import statements
+    from shardq.store import statements
 
     monkeypatch.setattr(statements, "MAX_PENDING_SIGNALS", 3)
     run = client.start("two_payments", "b-1")
@@ -386,7 +386,7 @@ def test_a_cancel_after_completion_says_so_and_changes_nothing(
 def test_a_flood_of_one_name_does_not_crowd_out_another(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardq.queue import statements
+    from shardq.store import statements
 
     monkeypatch.setattr(statements, "MAX_PENDING_SIGNALS", 3)
     monkeypatch.setattr(statements, "MAX_PENDING_SIGNALS_TOTAL", 5)

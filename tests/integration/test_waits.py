@@ -8,12 +8,12 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.errors import SignalRefused, SignalTimedOut
-from shardq.queue.models import Signal, State
-from shardq.queue.registry import Registry
-from shardq.queue.worker import Worker
+from shardq.client.client import Client
+from shardq.core.errors import SignalRefused, SignalTimedOut
+from shardq.core.models import Signal, State
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import all_rows, wait_until
 

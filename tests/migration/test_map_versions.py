@@ -198,12 +198,12 @@ def _version_2_by_hand(urls: list[str]) -> dict[str, Any]:
 
 def _fencing_store() -> type:
     """A Store whose starts ask the shard's fence first, as every write path does once
-    the fence is wired into them (queue/store.py): a start routed by an older map is
+    the fence is wired into them (store/store.py): a start routed by an older map is
     refused by the shard's own ownership row."""
-    from shardq.queue.params import StartBatch
-    from shardq.queue.store import Store
     from shardq.shards.config import Shard
     from shardq.shards.errors import refusal
+    from shardq.store.params import StartBatch
+    from shardq.store.store import Store
 
     class FencingStore(Store):
         def start_executions(self, shard: Shard, batch: StartBatch) -> Any:
@@ -226,7 +226,7 @@ def test_a_client_holding_version_1_follows_version_2_after_a_refusal(
     fresh_databases: Fresh,
 ) -> None:
     from shardq.bin.examples import registry
-    from shardq.queue.client import Client
+    from shardq.client.client import Client
     from shardq.shards.pools import ShardPools
     from shardq.shards.routing import bucket_for
 
@@ -252,7 +252,7 @@ def test_a_process_started_from_version_1_seeds_routes_by_the_newest_version(
     fresh_databases: Fresh,
 ) -> None:
     from shardq.bin.examples import registry
-    from shardq.queue.client import Client
+    from shardq.client.client import Client
     from shardq.shards.pools import ShardPools
 
     urls = fresh_databases(2)

@@ -17,12 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from shardq.queue.client import Client
-from shardq.queue.registry import Registry
+from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import MigrationError
 from shardq.shards.migrations import CURRENT_SCHEMA_FILE, check_shard, load_schema, migrate
 from shardq.shards.routing import new_execution_id
+from shardq.workflow.registry import Registry
 
 from ..schema_picture import describe
 from ..support import ROOT, rows, run_cli, schema_before

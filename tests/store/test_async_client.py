@@ -19,16 +19,16 @@ import psycopg
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.async_store import AsyncShardPools, AsyncStore
-from shardq.queue.client import Client
-from shardq.queue.errors import InvalidArgument
-from shardq.queue.models import SignalRequest
-from shardq.queue.rules import Limits
-from shardq.queue.store import Store
+from shardq.client.async_client import AsyncClient
+from shardq.client.client import Client
+from shardq.core.errors import InvalidArgument
+from shardq.core.models import SignalRequest
+from shardq.core.rules import Limits
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import ShardPools
+from shardq.store.async_store import AsyncShardPools, AsyncStore
+from shardq.store.store import Store
 
 from ..support import all_rows, key_on
 from .test_client_inputs import CALLS, _counts

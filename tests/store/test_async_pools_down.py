@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.async_store import AsyncShardPools, AsyncStore
-from shardq.queue.errors import ExecutionNotFound
+from shardq.client.async_client import AsyncClient
+from shardq.core.errors import ExecutionNotFound
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.liveness import HUNG_NOTICE_S
 from shardq.shards.pools import CONNECT_TIMEOUT_S, DOWN_PROBE_INTERVAL_S
 from shardq.shards.routing import new_execution_id
+from shardq.store.async_store import AsyncShardPools, AsyncStore
 
 from ..support import TcpProxy
 

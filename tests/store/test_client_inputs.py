@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.client import Client
-from shardq.queue.errors import InvalidArgument
-from shardq.queue.limits import Limits
-from shardq.queue.models import SignalRequest
+from shardq.client.client import Client
+from shardq.core.errors import InvalidArgument
+from shardq.core.models import SignalRequest
+from shardq.core.rules import Limits
 from shardq.shards.config import ShardMap
 
 from ..support import all_rows

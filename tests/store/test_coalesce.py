@@ -14,10 +14,10 @@ import psycopg
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.coalesce import SignalCoalescer
-from shardq.queue.errors import ExecutionNotFound, InvalidArgument, SignalRefused, StoreRejected
-from shardq.queue.models import SignalRequest, SignalResult
+from shardq.client.async_client import AsyncClient
+from shardq.client.coalesce import SignalCoalescer
+from shardq.core.errors import ExecutionNotFound, InvalidArgument, SignalRefused, StoreRejected
+from shardq.core.models import SignalRequest, SignalResult
 from shardq.shards.config import Shard, ShardMap
 
 from ..support import all_rows

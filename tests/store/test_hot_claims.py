@@ -14,12 +14,12 @@ from typing import Any
 
 import psycopg
 
-from shardq.queue.client import Client
-from shardq.queue.context import WorkflowContext
-from shardq.queue.params import Lease
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
+from shardq.client.client import Client
 from shardq.shards.config import Shard
+from shardq.store.params import Lease
+from shardq.store.store import Store
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import keys_on, rows
 

@@ -12,14 +12,14 @@ import time
 import pytest
 
 from shardq.bin.examples import registry
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.async_store import AsyncShardPools, AsyncStore
-from shardq.queue.errors import ExecutionNotFound
+from shardq.client.async_client import AsyncClient
+from shardq.core.errors import ExecutionNotFound
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.migrations import verify_shard
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
+from shardq.store.async_store import AsyncShardPools, AsyncStore
 
 from ..support import all_rows
 

@@ -12,13 +12,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from shardq.queue.client import Client
-from shardq.queue.errors import ShardUnavailable
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
+from shardq.client.client import Client
+from shardq.core.errors import ShardUnavailable
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.workflow.registry import Registry
 
 from ..support import allow_connections, rows, wait_until
 

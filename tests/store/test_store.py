@@ -10,15 +10,15 @@ from typing import Any
 
 import psycopg
 
-from shardq.queue.client import Client, iter_all
-from shardq.queue.context import WorkflowContext
-from shardq.queue.models import Event, NewEvent, OpenWait, State, TaskAction, TurnCommit
-from shardq.queue.params import Lease
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import Worker, WorkerConfig
+from shardq.client.client import Client, iter_all
+from shardq.core.models import Event, NewEvent, OpenWait, State, TaskAction, TurnCommit
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.params import Lease
+from shardq.store.store import Store
+from shardq.worker.worker import Worker, WorkerConfig
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 from ..support import age, all_rows, rows
 

@@ -43,6 +43,6 @@ def test_help_loads_no_command_body() -> None:
     loaded = set(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True,
                                 capture_output=True, text=True).stdout.split())
     heavy = {"starlette", "uvicorn", "jinja2", "prometheus_client", "psycopg_pool",
-             "shardq.bin.web.app", "shardq.queue.client", "shardq.queue.store",
-             "shardq.queue.worker", "shardq.shards.embedded"}
+             "shardq.bin.web.app", "shardq.client.client", "shardq.store.store",
+             "shardq.worker.worker", "shardq.shards.embedded"}
     assert not loaded & heavy

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
-from shardq.queue.registry import Registry
-from shardq.queue.store import Store
-from shardq.queue.worker import CLAIM_STALL_S, Worker, WorkerConfig
+from shardq.core.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.worker import CLAIM_STALL_S, Worker, WorkerConfig
+from shardq.workflow.registry import Registry
 
 URLS = ["postgresql://nobody@127.0.0.1:1/a", "postgresql://nobody@127.0.0.1:1/b"]
 

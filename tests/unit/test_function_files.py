@@ -16,7 +16,7 @@ from pathlib import Path
 from ..support import ROOT
 
 SCHEMA = ROOT / "schema"
-CALLERS = [ROOT / "queue" / "queries.sql", ROOT / "shards" / "queries.sql"]
+CALLERS = [ROOT / "store" / "queries.sql", ROOT / "shards" / "queries.sql"]
 _CREATE = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+shardq\.(\w+)", re.IGNORECASE)
 _CALL = re.compile(r"\bshardq\.(\w+)\s*\(", re.IGNORECASE)
 _RETIRE = re.compile(r"^-- retire: (\d{4}_[a-z0-9_]+\.sql)\s*$", re.MULTILINE)

@@ -56,7 +56,7 @@ def _callee(call: ast.Call) -> str:
 @pytest.mark.parametrize(
     ("package", "sql_file", "code", "runners"),
     [
-        ("shardq.queue", "queries.sql", ["queue/store.py", "queue/statements.py"], {}),
+        ("shardq.store", "queries.sql", ["store/store.py", "store/statements.py"], {}),
         ("shardq.shards", "queries.sql",
          ["shards/migrations.py", "shards/new_shard.py", "shards/liveness.py"], {}),
         ("shardq.outbox", "queries.sql", ["outbox/store.py"], {}),

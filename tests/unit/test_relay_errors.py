@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from psycopg import errors
 
+from shardq.core.errors import ShardUnavailable, StoreConflict, StoreRejected
 from shardq.outbox.relay import TargetSilent, shard_level
-from shardq.queue.errors import ShardUnavailable, StoreConflict, StoreRejected
 from shardq.shards.config import ShardMap
 
 SHARD = ShardMap.from_urls(["postgresql://h/db"]).shards[0]

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from shardq.queue.errors import NonDeterminismError
-from shardq.queue.models import Event, HistoryEvent, PendingSignal
-from shardq.queue.replay import Replay
+from shardq.core.errors import NonDeterminismError
+from shardq.core.models import Event, HistoryEvent, PendingSignal
+from shardq.workflow.replay import Replay
 
 _seq = iter(range(1, 1_000_000))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from shardq.queue.models import TurnCommit, fresh_token
+from shardq.core.models import TurnCommit, fresh_token
 
 
 def test_tokens_are_unique_and_every_commit_gets_its_own() -> None:

@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from shardq.queue.context import WorkflowContext
-from shardq.queue.control import CommitRejected
-from shardq.queue.errors import StoreRejected
-from shardq.queue.models import (
+from shardq.core.errors import StoreRejected
+from shardq.core.models import (
     Claim,
     CommitOutcome,
     Event,
@@ -21,8 +19,10 @@ from shardq.queue.models import (
     TaskAction,
     TurnCommit,
 )
-from shardq.queue.registry import Registry
-from shardq.queue.turn import failing_commit, run_turn
+from shardq.worker.turn import failing_commit, run_turn
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.control import CommitRejected
+from shardq.workflow.registry import Registry
 
 registry = Registry()
 LANDED = CommitOutcome(landed=True)

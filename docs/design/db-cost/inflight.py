@@ -23,13 +23,13 @@ import time
 import psycopg
 
 from shardq.benchmarks.workflows import registry
-from shardq.queue.client import Client
-from shardq.queue.models import Event, NewEvent, State, TaskAction, TurnCommit
-from shardq.queue.params import Lease
-from shardq.queue.store import Store
+from shardq.client.client import Client
+from shardq.core.models import Event, NewEvent, State, TaskAction, TurnCommit
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
+from shardq.store.params import Lease
+from shardq.store.store import Store
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -23,9 +23,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from shardq.queue.control import CommitRejected, TurnAborted
-from shardq.queue.errors import StoreRejected
-from shardq.queue.models import (
+from shardq.core.errors import StoreRejected
+from shardq.core.models import (
     Claim,
     CommitOutcome,
     Event,
@@ -37,6 +36,7 @@ from shardq.queue.models import (
     TaskAction,
     TurnCommit,
 )
+from shardq.workflow.control import CommitRejected, TurnAborted
 
 log = logging.getLogger(__name__)
 

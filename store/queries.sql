@@ -1,5 +1,5 @@
 -- Every statement shardq runs against a shard's queue tables (see schema/).
--- Loaded by queue/store.py; one `-- name:` header per statement.
+-- Loaded by store/store.py; one `-- name:` header per statement.
 -- uuid[] parameters go in binary (%(name)b): dumping UUIDs as text cost ~9x more CPU.
 --
 -- Batch statements find their rows with `= ANY(array)` (an index probe per
@@ -170,7 +170,7 @@ WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
 
 -- name: get_execution
--- One run with its derived state and outcome: the columns queue/listing.py's
+-- One run with its derived state and outcome: the columns store/listing.py's
 -- pages read, for one id (a fixed statement: the hot reads of a run by id need
 -- no query builder). The outcome kinds are the history_outcome index's.
 -- Reads of runs by id refuse a bucket this shard does not own (shardq.owns):

@@ -25,8 +25,8 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
-from shardq.queue.errors import InvalidArgument
-from shardq.queue.models import TERMINAL_STATES, InterruptPage, Page, State
+from shardq.core.errors import InvalidArgument
+from shardq.core.models import TERMINAL_STATES, InterruptPage, Page, State
 
 OUTCOME_KINDS = tuple(f"run.{s.value}" for s in sorted(TERMINAL_STATES))
 """The history events that end a run (as in the history_outcome index)."""

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardq.queue.contracts import (
+from shardq.core.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
+from shardq.core.rules import check_name, check_schema
+from shardq.workflow.contracts import (
     QuerySpec,
     SignalSpec,
     UpdateSpec,
@@ -15,12 +17,9 @@ from shardq.queue.contracts import (
     handlers_of,
     interface,
 )
-from shardq.queue.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
-from shardq.queue.names import check_name
-from shardq.queue.schemas import check_schema
 
 if TYPE_CHECKING:
-    from shardq.queue.context import WorkflowContext
+    from shardq.workflow.context import WorkflowContext
 
 WorkflowFn = Callable[["WorkflowContext"], Any]
 
@@ -31,7 +30,7 @@ class WorkflowDef:
     version: int
     fn: WorkflowFn
     gates: tuple[str, ...] = ()
-    """Signal names a run takes once (a declarative workflow's gates; see queue/builder.py)."""
+    """Signal names a run takes once (a declarative workflow's gates; see workflow/builder.py)."""
     max_history: int = 10_000
     """Calls (steps, waits, signals ...) one run may record; past it the run fails."""
     max_wait_s: float = 2 * 366 * 86400.0
@@ -42,7 +41,7 @@ class WorkflowDef:
     input_schema: dict[str, Any] | None = None
     """JSON Schema a start's input must match (checked before anything is stored)."""
     signals: tuple[SignalSpec, ...] = ()
-    """The signals the workflow publishes (shardq.queue.contracts)."""
+    """The signals the workflow publishes (shardq.workflow.contracts)."""
     queries: tuple[QuerySpec, ...] = ()
     updates: tuple[UpdateSpec, ...] = ()
     state_class: type | None = None
@@ -165,7 +164,7 @@ class Registry:
     ) -> Callable[[type[T]], type[T]]:
         """Decorator for a class-based workflow: a class made with no arguments, whose
         `run(self, ctx)` is the workflow and whose `@query` / `@update` methods are its
-        handlers (shardq.queue.contracts). Each run of the code gets a new instance, so
+        handlers (shardq.workflow.contracts). Each run of the code gets a new instance, so
         its attributes are the run's state, rebuilt by replay. `settings` as for
         `workflow`."""
 
@@ -188,7 +187,7 @@ class Registry:
         return register
 
     def register_definition(self, definition: WorkflowDef) -> WorkflowDef:
-        """Register a built definition (queue/builder.py's `Workflow(...).build()`)."""
+        """Register a built definition (workflow/builder.py's `Workflow(...).build()`)."""
         if not isinstance(definition, WorkflowDef):
             raise InvalidArgument("register_definition takes what Workflow(...).build() "
                                   f"returns, got {type(definition).__name__}")

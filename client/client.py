@@ -12,8 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from shardq.queue.contracts import QuerySpec, SignalSpec, UpdateSpec
-from shardq.queue.errors import (
+from shardq.core.errors import (
     DecisionRefused,
     ExecutionNotFound,
     InvalidArgument,
@@ -26,16 +25,7 @@ from shardq.queue.errors import (
     UpdateRejected,
     UpdateTimedOut,
 )
-from shardq.queue.listing import (
-    DEFAULT_PAGE,
-    MAX_PAGE,
-    Cursor,
-    InboxCursor,
-    ListQuery,
-    PartialInterruptPage,
-    PartialPage,
-)
-from shardq.queue.models import (
+from shardq.core.models import (
     INTERRUPT_ACTIONS,
     BufferedSignal,
     Decision,
@@ -53,16 +43,7 @@ from shardq.queue.models import (
     UpdateResult,
     WaitInfo,
 )
-from shardq.queue.params import (
-    InterruptDecision,
-    NewRun,
-    SignalDelivery,
-    StartBatch,
-    StartSignalled,
-)
-from shardq.queue.rebuild import call_handler, rebuild_state
-from shardq.queue.registry import Registry, WorkflowDef
-from shardq.queue.rules import (
+from shardq.core.rules import (
     Limits,
     check_label,
     check_name,
@@ -75,13 +56,32 @@ from shardq.queue.rules import (
     to_json,
     validate,
 )
-from shardq.queue.store import Store
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.fanout import Reached, each_shard, fan_out
 from shardq.shards.follow import rerouted
 from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of, new_execution_id, parse_execution_id
+from shardq.store.listing import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    Cursor,
+    InboxCursor,
+    ListQuery,
+    PartialInterruptPage,
+    PartialPage,
+)
+from shardq.store.params import (
+    InterruptDecision,
+    NewRun,
+    SignalDelivery,
+    StartBatch,
+    StartSignalled,
+)
+from shardq.store.store import Store
+from shardq.workflow.contracts import QuerySpec, SignalSpec, UpdateSpec
+from shardq.workflow.rebuild import call_handler, rebuild_state
+from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 
@@ -569,9 +569,9 @@ def iter_all(client: Client, **filters: Any) -> Iterable[Execution]:
 
 # -- what Client and AsyncClient share ------------------------------------------------------
 #
-# Everything a call decides that is not I/O: its checks (queue/rules.py), the
+# Everything a call decides that is not I/O: its checks (core/rules.py), the
 # parameter objects it hands the store, and how it reads the store's answers.
-# Client and AsyncClient (queue/async_client.py) differ only in how they wait.
+# Client and AsyncClient (client/async_client.py) differ only in how they wait.
 
 
 def definition_of(registry: Registry, workflow: str | WorkflowDef) -> WorkflowDef:

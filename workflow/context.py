@@ -1,9 +1,9 @@
 """The context a workflow function receives: every call it offers is safe to replay.
 
-Each call takes the next position of the run's history (shardq.queue.replay)
+Each call takes the next position of the run's history (shardq.workflow.replay)
 and returns what is recorded there, or does its work and buffers what it did
-(shardq.queue.journal): a step commits the buffer before it runs; parking,
-completion and failure end the turn (shardq.queue.turn) with the rest.
+(shardq.workflow.journal): a step commits the buffer before it runs; parking,
+completion and failure end the turn (shardq.worker.turn) with the rest.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 from uuid import UUID
 
-from shardq.queue.contracts import UPDATE_PREFIX, UpdateSpec
-from shardq.queue.control import Cancelled, Park
-from shardq.queue.errors import (
+from shardq.core.errors import (
     ExternalSignalFailed,
     InvalidArgument,
     NonDeterminismError,
@@ -30,9 +28,8 @@ from shardq.queue.errors import (
     SignalTimedOut,
     StepFailed,
 )
-from shardq.queue.instruments import STEP_ATTEMPTS, STEP_SECONDS
-from shardq.queue.journal import Journal
-from shardq.queue.models import (
+from shardq.core.instruments import STEP_ATTEMPTS, STEP_SECONDS
+from shardq.core.models import (
     INTERRUPT_ACTIONS,
     Claim,
     Decision,
@@ -49,9 +46,7 @@ from shardq.queue.models import (
     State,
     TaskAction,
 )
-from shardq.queue.replay import Replay
-from shardq.queue.retry import RetryPolicy
-from shardq.queue.rules import (
+from shardq.core.rules import (
     Limits,
     check_name,
     check_schema,
@@ -62,6 +57,11 @@ from shardq.queue.rules import (
     validate,
 )
 from shardq.shards.routing import bucket_of, parse_execution_id
+from shardq.workflow.contracts import UPDATE_PREFIX, UpdateSpec
+from shardq.workflow.control import Cancelled, Park
+from shardq.workflow.journal import Journal
+from shardq.workflow.replay import Replay
+from shardq.workflow.retry import RetryPolicy
 
 T = TypeVar("T")
 MAX_ERROR_TEXT = 8000
@@ -519,7 +519,7 @@ class WorkflowContext:
             if self._holds(predicate):
                 return True
 
-    # -- updates (shardq.queue.contracts) ----------------------------------------
+    # -- updates (shardq.workflow.contracts) ----------------------------------------
 
     def _replay_updates(self, recorded: Sequence[HistoryEvent]) -> None:
         """Apply the updates recorded at this wait again, in their order (replay)."""

@@ -25,10 +25,8 @@ from dataclasses import dataclass, field
 import psycopg
 from prometheus_client import Counter, Histogram
 
-from shardq.queue.completer import Completer, Result
-from shardq.queue.control import CommitRejected
-from shardq.queue.errors import StoreRejected
-from shardq.queue.instruments import (
+from shardq.core.errors import StoreRejected
+from shardq.core.instruments import (
     CLAIM_BATCH,
     CLAIMED,
     CLAIMS,
@@ -36,18 +34,20 @@ from shardq.queue.instruments import (
     TURNS,
     WAKEUPS,
 )
-from shardq.queue.limits import Limits
-from shardq.queue.listener import WakeSource
-from shardq.queue.logcontext import about_run
-from shardq.queue.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
-from shardq.queue.params import Lease
-from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
-from shardq.queue.retention import RetentionPlan, purge
-from shardq.queue.store import Store
-from shardq.queue.turn import failing_commit, run_turn
+from shardq.core.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
+from shardq.core.rules import Limits
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.shards.routing import bucket_of
+from shardq.store.params import Lease
+from shardq.store.store import Store
+from shardq.worker.completer import Completer, Result
+from shardq.worker.listener import WakeSource
+from shardq.worker.logcontext import about_run
+from shardq.worker.retention import RetentionPlan, purge
+from shardq.worker.turn import failing_commit, run_turn
+from shardq.workflow.control import CommitRejected
+from shardq.workflow.registry import DEFAULT_RETENTION_S, Registry
 
 log = logging.getLogger(__name__)
 _TURN_OUTCOMES = {name: TURNS.labels(name)
@@ -98,7 +98,7 @@ class WorkerConfig:
     """Safety poll: the longest a claim loop sleeps without a notification or a due timer."""
     drain_timeout_s: float = 30.0
     housekeeping_interval_s: float = 300.0
-    """How often the worker purges finished runs past retention (queue/retention.py), one
+    """How often the worker purges finished runs past retention (worker/retention.py), one
     worker at a time per shard; 0 turns it off (run `shardq purge` instead)."""
     default_retention_s: float = DEFAULT_RETENTION_S
     """Retention of runs whose definition sets none."""

@@ -33,7 +33,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
-from shardq.queue.errors import InvalidArgument, NotSerializable, PayloadInvalid
+from shardq.core.errors import InvalidArgument, NotSerializable, PayloadInvalid
 
 # -- names and text ----------------------------------------------------------------
 

@@ -26,12 +26,12 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from shardq.queue.errors import ShardUnavailable, StoreConflict, StoreRejected
-from shardq.queue.instruments import COMMIT_BATCH, COMMIT_SECONDS
-from shardq.queue.models import CommitOutcome, TurnCommit
-from shardq.queue.store import Store
+from shardq.core.errors import ShardUnavailable, StoreConflict, StoreRejected
+from shardq.core.instruments import COMMIT_BATCH, COMMIT_SECONDS
+from shardq.core.models import CommitOutcome, TurnCommit
 from shardq.shards.config import Shard
 from shardq.shards.errors import NotOwner
+from shardq.store.store import Store
 
 log = logging.getLogger(__name__)
 

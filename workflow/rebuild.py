@@ -1,6 +1,6 @@
 """A run's state rebuilt from its committed history, writing nothing.
 
-Queries and update validators (shardq.queue.contracts) read a class-based
+Queries and update validators (shardq.workflow.contracts) read a class-based
 workflow's instance as the run's committed history makes it: the workflow's
 code runs again, every recorded call returns what it recorded, and the first
 call history has not recorded (a step not yet run, a wait still open, a timer
@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from shardq.queue.context import WorkflowContext
-from shardq.queue.control import Cancelled, Park, ReplayEnd
-from shardq.queue.errors import NonDeterminismError, QueryFailed
-from shardq.queue.journal import Journal
-from shardq.queue.models import Claim, CommitOutcome, Execution, HistoryEvent, TurnCommit
-from shardq.queue.registry import WorkflowDef
-from shardq.queue.replay import Replay
+from shardq.core.errors import NonDeterminismError, QueryFailed
+from shardq.core.models import Claim, CommitOutcome, Execution, HistoryEvent, TurnCommit
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.control import Cancelled, Park, ReplayEnd
+from shardq.workflow.journal import Journal
+from shardq.workflow.registry import WorkflowDef
+from shardq.workflow.replay import Replay
 
 
 class _Refusing(list[Any]):

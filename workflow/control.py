@@ -5,13 +5,13 @@ workflow code, and an `except Exception` in a workflow must not swallow them.
 The context raises Park and Cancelled; the journal raises TurnAborted and
 CommitRejected at a checkpoint; the turn turns the first three into the commit
 that ends it, and hands CommitRejected to its caller. ReplayEnd stops a
-query's read-only replay (shardq.queue.rebuild) where history ends.
+query's read-only replay (shardq.workflow.rebuild) where history ends.
 """
 
 from __future__ import annotations
 
-from shardq.queue.errors import StoreRejected
-from shardq.queue.models import OpenWait, State, TaskAction, TurnCommit
+from shardq.core.errors import StoreRejected
+from shardq.core.models import OpenWait, State, TaskAction, TurnCommit
 
 
 class Park(BaseException):

@@ -1,18 +1,18 @@
 """The one seam between shardq and a shard's tables.
 
-Every statement comes from queue/queries.sql (the listing's dynamic filters
-from queue/listing.py). Each method takes the shard it acts on (the caller
+Every statement comes from store/queries.sql (the listing's dynamic filters
+from store/listing.py). Each method takes the shard it acts on (the caller
 routes; batches through shards/fanout.py) and, for values that travel through
-layers, the parameter objects of queue/params.py. Each is one transaction on
+layers, the parameter objects of store/params.py. Each is one transaction on
 that shard, and as few round trips as the statement shapes allow: the
 hot paths (claim, commit, signal) are one statement each, calls of the
 functions in schema/functions/ on an autocommit connection. The driver's errors
 stop here: callers see ShardUnavailable, StoreRejected, StoreConflict, NotOwner and
 Fenced, and the engine's own errors.
 
-The operations the clients call are written once in queue/statements.py, as
+The operations the clients call are written once in store/statements.py, as
 generators of (statement, parameters) that parse the rows they get back; a
-method here drives one over a pooled connection, as queue/async_store.py does
+method here drives one over a pooled connection, as store/async_store.py does
 over an async one. The worker's own paths (claim, leases, commit) and the
 operator's reads are written here: only this sync store runs them.
 """
@@ -30,9 +30,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
-from shardq.queue import listing, statements
-from shardq.queue.errors import StoreRejected
-from shardq.queue.models import (
+from shardq.core.errors import StoreRejected
+from shardq.core.models import (
     BufferedSignal,
     Claim,
     CommitOutcome,
@@ -52,8 +51,11 @@ from shardq.queue.models import (
     TurnCommit,
     WaitInfo,
 )
-from shardq.queue.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
-from shardq.queue.statements import (
+from shardq.shards.config import Shard, ShardMap
+from shardq.shards.pools import DictConnection, ShardPools
+from shardq.store import listing, statements
+from shardq.store.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
+from shardq.store.statements import (
     CANCEL_ATTEMPTS,
     MAX_PENDING_SIGNALS,
     MAX_PENDING_SIGNALS_TOTAL,
@@ -61,8 +63,6 @@ from shardq.queue.statements import (
     _TaskAppeared,
     buckets_of,
 )
-from shardq.shards.config import Shard, ShardMap
-from shardq.shards.pools import DictConnection, ShardPools
 
 log = logging.getLogger(__name__)
 
@@ -495,7 +495,7 @@ def _folded(event: NewEvent | None) -> list[Any] | None:
 
 
 def _names(names: list[str]) -> str:
-    """Names joined by commas; a name holds none (queue/names.py), checked anyway."""
+    """Names joined by commas; a name holds none (core/rules.py), checked anyway."""
     joined = ",".join(names)
     if names and joined.count(",") != len(names) - 1:
         raise StoreRejected(f"a name holds a comma: {names!r}")

@@ -30,9 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from shardq.queue.errors import InvalidArgument
-from shardq.queue.names import check_name, check_signal_name
-from shardq.queue.schemas import check_schema
+from shardq.core.errors import InvalidArgument
+from shardq.core.rules import check_name, check_schema, check_signal_name
 
 UPDATE_PREFIX = "shardq:update:"
 """Signals that carry updates: a reserved name, so no sender can forge one."""

@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from shardq.queue.errors import ExternalSignalFailed, WorkflowError
+from shardq.core.errors import ExternalSignalFailed, WorkflowError
 
 
 class State(StrEnum):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from shardq.queue.control import ReplayEnd
-from shardq.queue.errors import LimitExceeded, NonDeterminismError, WorkflowError
-from shardq.queue.models import Event, HistoryEvent, PendingSignal
+from shardq.core.errors import LimitExceeded, NonDeterminismError, WorkflowError
+from shardq.core.models import Event, HistoryEvent, PendingSignal
+from shardq.workflow.control import ReplayEnd
 
 _NOTHING: tuple[HistoryEvent, ...] = ()
 _CONSUMING = frozenset({Event.SIGNAL_CONSUMED, Event.CONDITION_CONSUMED, Event.UPDATE_COMPLETED})

@@ -17,20 +17,20 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from shardq.queue.context import WorkflowContext, error_payload
-from shardq.queue.control import Cancelled, Park, TurnAborted
-from shardq.queue.errors import (
+from shardq.core.errors import (
     LimitExceeded,
     NotSerializable,
     StoreRejected,
     UnknownWorkflow,
     WorkflowTimedOut,
 )
-from shardq.queue.journal import Checkpoint, Journal
-from shardq.queue.limits import Limits
-from shardq.queue.models import Claim, State, TaskAction, TurnCommit
-from shardq.queue.registry import Registry, WorkflowDef
-from shardq.queue.replay import Replay
+from shardq.core.models import Claim, State, TaskAction, TurnCommit
+from shardq.core.rules import Limits
+from shardq.workflow.context import WorkflowContext, error_payload
+from shardq.workflow.control import Cancelled, Park, TurnAborted
+from shardq.workflow.journal import Checkpoint, Journal
+from shardq.workflow.registry import Registry, WorkflowDef
+from shardq.workflow.replay import Replay
 
 __all__ = ["UNKNOWN_VERSION_RETRY_S", "failing_commit", "run_turn"]
 

@@ -1,6 +1,6 @@
 """The store for asyncio callers: the sync Store's operations over psycopg's async pools.
 
-Each operation is queue/statements.py's (statement, parameters, parsing: one
+Each operation is store/statements.py's (statement, parameters, parsing: one
 definition, which the sync Store runs too), driven here over an
 `AsyncConnectionPool` per shard. Where a request goes follows the map as the
 sync pools do: `AsyncShardPools` keeps a sync `ShardPools` in probe mode as its
@@ -31,8 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from shardq.queue import listing, statements
-from shardq.queue.models import (
+from shardq.core.models import (
     BufferedSignal,
     Execution,
     HistoryEvent,
@@ -43,8 +42,6 @@ from shardq.queue.models import (
     State,
     WaitInfo,
 )
-from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
-from shardq.queue.statements import CANCEL_ATTEMPTS, Op, Row, _TaskAppeared, buckets_of, run_async
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import NotOwner, SchemaBehind, ShardRetired, ShardUnavailable
 from shardq.shards.fanout import Reached, by_shard, settle
@@ -67,6 +64,9 @@ from shardq.shards.pools import (
     server_options,
     tcp_settings,
 )
+from shardq.store import listing, statements
+from shardq.store.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
+from shardq.store.statements import CANCEL_ATTEMPTS, Op, Row, _TaskAppeared, buckets_of, run_async
 
 if TYPE_CHECKING:
     import uuid

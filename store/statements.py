@@ -6,9 +6,9 @@ rows (dicts; none for a statement that returns none); what it returns is the
 operation's answer, what it raises its refusal. `run` drives one over a psycopg
 connection (the sync `Store`), `run_async` over an async one (`AsyncStore`): the
 SQL, the parameters and the parsing have one definition whichever client asked.
-The statements are queue/queries.sql's (`SQL`), and the row parsers and bounds
+The statements are store/queries.sql's (`SQL`), and the row parsers and bounds
 every driver shares are here too. The hot paths only the worker takes (claim,
-commit, heartbeats) stay in queue/store.py, which only a sync driver runs.
+commit, heartbeats) stay in store/store.py, which only a sync driver runs.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from shardq.queue import listing
-from shardq.queue.errors import (
+from shardq.core.errors import (
     ExecutionNotFound,
     ShardUnavailable,
     SignalRefused,
     StoreConflict,
     StoreRejected,
 )
-from shardq.queue.models import (
+from shardq.core.models import (
     BufferedSignal,
     Execution,
     HistoryEvent,
@@ -40,12 +39,13 @@ from shardq.queue.models import (
     State,
     WaitInfo,
 )
-from shardq.queue.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import refusal
 from shardq.shards.pools import connection_lost
 from shardq.shards.routing import BUCKETS, bucket_for, new_execution_id
 from shardq.shards.sqlfile import load_queries
+from shardq.store import listing
+from shardq.store.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
 
 R = TypeVar("R")
 Row = dict[str, Any]
@@ -53,7 +53,7 @@ Step = tuple[str, Mapping[str, Any]]
 Op = Generator[Step, list[Row], R]
 """An operation: yields (statement, parameters), is sent the rows, returns its answer."""
 
-SQL = load_queries("shardq.queue", "queries.sql")
+SQL = load_queries("shardq.store", "queries.sql")
 _STATES = {s.value: s for s in State}  # State(value) costs ~3 us: felt in a 20k-run start
 MAX_PENDING_SIGNALS = 1000
 """Unconsumed signals of one name one execution may buffer; beyond it a sender is refused.

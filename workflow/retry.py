@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from shardq.queue.errors import InvalidArgument
+from shardq.core.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardq.queue.context import WorkflowContext, check_interrupt
-from shardq.queue.errors import InvalidArgument, StepFailed, WorkflowError, WorkflowTimedOut
-from shardq.queue.models import INTERRUPT_ACTIONS, Decision
-from shardq.queue.names import check_name, check_signal_name
-from shardq.queue.registry import WorkflowDef
-from shardq.queue.retry import RetryPolicy
+from shardq.core.errors import InvalidArgument, StepFailed, WorkflowError, WorkflowTimedOut
+from shardq.core.models import INTERRUPT_ACTIONS, Decision
+from shardq.core.rules import check_name, check_signal_name
+from shardq.workflow.context import WorkflowContext, check_interrupt
+from shardq.workflow.registry import WorkflowDef
+from shardq.workflow.retry import RetryPolicy
 
 COMPENSATION_PREFIX = "compensate:"
 

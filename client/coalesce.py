@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shardq.queue.async_client import AsyncClient
-from shardq.queue.client import DEFAULT_TENANT
-from shardq.queue.models import SignalRequest, SignalResult
+from shardq.client.async_client import AsyncClient
+from shardq.client.client import DEFAULT_TENANT
+from shardq.core.models import SignalRequest, SignalResult
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 

@@ -14,9 +14,9 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from shardq.queue.registry import DEFAULT_RETENTION_S, Registry
-from shardq.queue.store import Store
 from shardq.shards.config import Shard
+from shardq.store.store import Store
+from shardq.workflow.registry import DEFAULT_RETENTION_S, Registry
 
 log = logging.getLogger(__name__)
 

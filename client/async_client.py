@@ -1,16 +1,16 @@
 """The Python API for asyncio applications: `Client`'s calls as coroutines.
 
 Every call checks, routes, refuses and answers as `Client`'s does, from the
-same definitions: the input rules are queue/rules.py's, what a call decides
+same definitions: the input rules are core/rules.py's, what a call decides
 outside I/O (its parameter objects, how it reads the answers, its errors) is
-queue/client.py's shared part, the statements queue/statements.py's, and a
+client/client.py's shared part, the statements store/statements.py's, and a
 request a moved bucket refused follows the map by shards.follow.Rerouting.
 Only the waiting differs: psycopg's async connections, `asyncio.sleep`.
 
 A task cancelled mid-call leaves no half-written operation and no connection
 lent out: each write is one statement (or one transaction) that the server
 either commits whole or, cancelled, rolls back, and the connection goes back
-to its pool (see queue/async_store.py).
+to its pool (see store/async_store.py).
 """
 
 from __future__ import annotations
@@ -23,14 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from shardq.queue.async_store import (
-    AsyncShardPools,
-    AsyncStore,
-    each_shard,
-    fan_out,
-    rerouted,
-)
-from shardq.queue.client import (
+from shardq.client.client import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
     PARALLEL_START_MIN,
@@ -56,9 +49,7 @@ from shardq.queue.client import (
     update_with_start_request,
     validate_update,
 )
-from shardq.queue.contracts import UpdateSpec
-from shardq.queue.listing import DEFAULT_PAGE, PartialInterruptPage, PartialPage
-from shardq.queue.models import (
+from shardq.core.models import (
     BufferedSignal,
     DecisionResult,
     Execution,
@@ -74,12 +65,21 @@ from shardq.queue.models import (
     UpdateResult,
     WaitInfo,
 )
-from shardq.queue.params import NewRun, SignalDelivery
-from shardq.queue.rebuild import rebuild_state
-from shardq.queue.registry import Registry, WorkflowDef
-from shardq.queue.rules import Limits, check_name
+from shardq.core.rules import Limits, check_name
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_of, parse_execution_id
+from shardq.store.async_store import (
+    AsyncShardPools,
+    AsyncStore,
+    each_shard,
+    fan_out,
+    rerouted,
+)
+from shardq.store.listing import DEFAULT_PAGE, PartialInterruptPage, PartialPage
+from shardq.store.params import NewRun, SignalDelivery
+from shardq.workflow.contracts import UpdateSpec
+from shardq.workflow.rebuild import rebuild_state
+from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 

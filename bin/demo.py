@@ -37,7 +37,8 @@ from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 from shardq.store.store import Store
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 
 NewServer = Callable[[str], str]
 """Starts one more throw-away server and returns the URL of a new database on it."""

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from shardq.client.client import (
+from shardq.client.requests import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
     PARALLEL_START_MIN,
@@ -66,15 +66,11 @@ from shardq.core.models import (
     WaitInfo,
 )
 from shardq.core.rules import Limits, check_name
+from shardq.shards.async_fanout import each_shard, fan_out, rerouted
+from shardq.shards.async_pools import AsyncShardPools
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_of, parse_execution_id
-from shardq.store.async_store import (
-    AsyncShardPools,
-    AsyncStore,
-    each_shard,
-    fan_out,
-    rerouted,
-)
+from shardq.store.async_store import AsyncStore
 from shardq.store.listing import DEFAULT_PAGE, PartialInterruptPage, PartialPage
 from shardq.store.params import NewRun, SignalDelivery
 from shardq.workflow.contracts import UpdateSpec
@@ -236,7 +232,7 @@ class AsyncClient:
                            limit)
 
     async def iter_all(self, **filters: Any) -> AsyncIterator[Execution]:
-        """Every run matching `filters`, page by page (queue.client.iter_all)."""
+        """Client.iter_all: every run matching `filters`, page by page."""
         cursor: str | None = None
         while True:
             page = await self.list_runs(cursor=cursor, **filters)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardq.client.async_client import AsyncClient
-from shardq.client.client import DEFAULT_TENANT
+from shardq.client.requests import DEFAULT_TENANT
 from shardq.core.models import SignalRequest, SignalResult
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id

@@ -2,7 +2,7 @@
 
 `Client`, `AsyncClient`, the CLI, the HTTP API and a workflow's
 `ctx.signal_external` call these functions, so a name, a key, a payload or a
-bound is checked by one definition whoever sends it (issue 28). What each
+bound is checked by one definition whoever sends it. What each
 checks:
 
 - names (workflows, steps, timers, signals, tenants): one character set,

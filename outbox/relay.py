@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import psycopg
 from tenacity import RetryCallState, wait_exponential_jitter
 
+from shardq.core.daemons import MAP_CHECK_S, MIN_POLL_S
 from shardq.core.errors import (
     ExecutionNotFound,
     ShardUnavailable,
@@ -69,10 +70,9 @@ from shardq.outbox.store import OutboxStore, listen_for_outbox
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import Fenced, NotOwner, ShardqError, ShardRetired
 from shardq.shards.fanout import by_shard
+from shardq.store.listener import WakeSource
 from shardq.store.params import SignalDelivery
 from shardq.store.store import Store
-from shardq.worker.listener import WakeSource
-from shardq.worker.worker import MAP_CHECK_S, MIN_POLL_S
 
 log = logging.getLogger(__name__)
 

@@ -155,7 +155,7 @@ def round_trip_cap(statement_timeout_s: float | None) -> float | None:
 class Outages:
     """The shards whose last use failed for want of the shard itself, each with its error
     and the time a call may next probe it (DOWN_PROBE_INTERVAL_S): one policy for the
-    sync pools and the async ones (store/async_store.py). Callers serialize each shard's
+    sync pools and the async ones (shards/async_pools.py). Callers serialize each shard's
     probe themselves."""
 
     def __init__(self) -> None:
@@ -280,11 +280,6 @@ class ShardPools:
     def map(self) -> ShardMap:
         """The current map version: what requests route by now."""
         return self._map
-
-    @property
-    def seeds(self) -> ShardMap:
-        """The configured map the process started from."""
-        return self._map.seeds
 
     def _new_pool(self, shard: Shard) -> ConnectionPool[GuardedConnection]:
         return ConnectionPool(

@@ -43,7 +43,8 @@ from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import LOCAL_DSN, answers, database_url
 from shardq.store.store import Store
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 from shardq.workflow.registry import Registry
 
 from .support import Daemon, TcpProxy

@@ -11,7 +11,9 @@ for long; live runs are never touched (only a finished run qualifies).
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardq.shards.config import Shard
@@ -75,3 +77,18 @@ def purgeable(store: Store, shard: Shard, plan: RetentionPlan) -> int:
     """How many of `shard`'s runs a purge would delete now (a dry run)."""
     return sum(store.purge_count(shard, retention_s=s, workflows=w, listed=listed)
                for s, w, listed in plan.parts())
+
+
+def purge_served(  # noqa: PLR0917 - the worker's housekeeping thread, spawned once
+    store: Store, served: Callable[[], list[Shard]], plan: RetentionPlan, interval_s: float,
+    drained: threading.Event, stopping: threading.Event,
+) -> None:
+    """A worker's housekeeping: purge each served shard every `interval_s`."""
+    while not drained.wait(interval_s):
+        for shard in served():
+            if stopping.is_set():
+                return
+            try:
+                purge(store, shard, plan)
+            except Exception as exc:  # housekeeping must never take the worker down
+                log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})

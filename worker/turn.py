@@ -26,11 +26,12 @@ from shardq.core.errors import (
 )
 from shardq.core.models import Claim, State, TaskAction, TurnCommit
 from shardq.core.rules import Limits
-from shardq.workflow.context import WorkflowContext, error_payload
+from shardq.workflow.context import WorkflowContext
 from shardq.workflow.control import Cancelled, Park, TurnAborted
 from shardq.workflow.journal import Checkpoint, Journal
 from shardq.workflow.registry import Registry, WorkflowDef
 from shardq.workflow.replay import Replay
+from shardq.workflow.steps import error_payload
 
 __all__ = ["UNKNOWN_VERSION_RETRY_S", "failing_commit", "run_turn"]
 

@@ -10,21 +10,17 @@ left is handed back at once rather than at lease expiry.
 
 from __future__ import annotations
 
-import collections
 import functools
-import gc
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
 
 import psycopg
 from prometheus_client import Counter, Histogram
 
+from shardq.core.daemons import MAP_CHECK_S
 from shardq.core.errors import StoreRejected
 from shardq.core.instruments import (
     CLAIM_BATCH,
@@ -35,19 +31,21 @@ from shardq.core.instruments import (
     WAKEUPS,
 )
 from shardq.core.models import Claim, CommitOutcome, State, TaskAction, TurnCommit
-from shardq.core.rules import Limits
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.shards.routing import bucket_of
+from shardq.store.listener import WakeSource
 from shardq.store.params import Lease
 from shardq.store.store import Store
 from shardq.worker.completer import Completer, Result
-from shardq.worker.listener import WakeSource
+from shardq.worker.config import WorkerConfig
+from shardq.worker.leases import beat, line
 from shardq.worker.logcontext import about_run
-from shardq.worker.retention import RetentionPlan, purge
+from shardq.worker.retention import RetentionPlan, purge_served
+from shardq.worker.slots import InFlight, Reservation, TurnItem, TurnQueue
 from shardq.worker.turn import failing_commit, run_turn
 from shardq.workflow.control import CommitRejected
-from shardq.workflow.registry import DEFAULT_RETENTION_S, Registry
+from shardq.workflow.registry import Registry
 
 log = logging.getLogger(__name__)
 _TURN_OUTCOMES = {name: TURNS.labels(name)
@@ -56,104 +54,12 @@ _TURN_OUTCOMES = {name: TURNS.labels(name)
 stays running), or why nothing landed."""
 
 
-MIN_POLL_S = 0.1
-"""The shortest safety poll a worker or a relay accepts."""
 COALESCE_S = 0.001
 """How long a claim loop with a few free turn threads waits for more to free up: a
 partial batch is claimed once a wait this long freed none."""
-MAP_CHECK_S = 1.0
-"""How often a worker (and a relay) compares the shards it serves with the current map
-version; the version itself is kept current by the pools (shards/follow.py)."""
 CLAIM_STALL_S = 0.5
 """A claim unanswered this long lends its reserved slots back to the other shards' loops
 (a healthy claim answers in milliseconds; one to a hung server waits for its probe)."""
-GC_YOUNG_THRESHOLD = 20_000
-"""Allocations between young collections in a worker daemon (CPython's default: 700)."""
-
-
-def tune_gc_for_worker() -> None:
-    """Collector settings for a process that is above all a shardq worker (the CLI daemon).
-
-    A turn allocates a few hundred short-lived containers. At CPython's defaults
-    (a young collection every 700 allocations, a full one every 70,000) a
-    draining worker spent about a third of its CPU in the collector, most of it
-    walking the long-lived objects of its imports on each full collection.
-    Those are frozen out of collection here, and collections come ~30 times
-    less often; cyclic garbage is still collected. Call once, after imports.
-    """
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    concurrency: int = 10
-    """Turns running at once, over all shards (the turn threads)."""
-    batch_size: int = 10
-    """Most tasks one claim statement leases."""
-    lease_s: float = 30.0
-    poll_interval_s: float = 10.0
-    """Safety poll: the longest a claim loop sleeps without a notification or a due timer."""
-    drain_timeout_s: float = 30.0
-    housekeeping_interval_s: float = 300.0
-    """How often the worker purges finished runs past retention (worker/retention.py), one
-    worker at a time per shard; 0 turns it off (run `shardq purge` instead)."""
-    default_retention_s: float = DEFAULT_RETENTION_S
-    """Retention of runs whose definition sets none."""
-    commit_batch: int = 500
-    """Most commits one transaction groups; also how many finished turns may wait for
-    their last commit before the worker stops claiming."""
-    limits: Limits = field(default_factory=Limits)
-    """Bounds on what runs send (`ctx.signal_external` payloads and keys), as a Client's
-    `limits` bound what its callers send: give both the same."""
-    owner: str = field(
-        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    )
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.batch_size < 1 or self.commit_batch < 1:
-            raise ValueError("concurrency, batch size and commit batch must be >= 1")
-        if self.lease_s <= 0 or self.drain_timeout_s < 0:
-            raise ValueError("lease must be > 0 and drain timeout >= 0")
-        if not self.poll_interval_s >= MIN_POLL_S:
-            # NOTIFY and timers wake a claim loop; a shorter safety poll only
-            # turns idle workers into a steady load on every shard.
-            raise ValueError(f"poll interval must be at least {MIN_POLL_S} s, got "
-                             f"{self.poll_interval_s}")
-
-
-@dataclass
-class _Reservation:
-    """The turn slots a claim in flight holds, from `_reserve` until `_claimed`."""
-
-    slots: int
-    since: float
-    lent: bool = False
-    """Given back to the free slots because the claim stalled (CLAIM_STALL_S): what it
-    claims is then counted when it answers, whatever is free by then."""
-
-
-@dataclass
-class _InFlight:
-    """A lease this worker holds, from the claim until the turn's last commit is settled.
-
-    `token` is rewritten by the run's turn thread when a checkpoint lands, and
-    read without the lock by the heartbeat and by stop(). A token one
-    checkpoint old costs the heartbeat one extension of that lease (a lease
-    spans three heartbeats, and outlives a failed one just the same) and
-    stop() the hand-back of that lease (it expires instead). A lock would
-    prevent neither, as a checkpoint can land between a reader's read and its
-    statement anyway, and it would cost every checkpoint.
-    """
-
-    shard: Shard
-    execution_id: uuid.UUID
-    token: uuid.UUID
-    workflow: str
-
-
 class Worker:
     """Runs the turns of due runs on the served shards: `start()`, then `stop()` to drain.
 
@@ -177,10 +83,10 @@ class Worker:
 
     `_inflight`, `_turning`, `_settling` and `_starved` change only under
     `_lock` (`_idle` is a condition on it). A claim is queued with its own
-    `_InFlight` entry, and the end of its turn removes that entry only: the
+    `InFlight` entry, and the end of its turn removes that entry only: the
     run may be claimed again (a signal woke it) between its last commit
     landing and the completer's callback, and the new claim's entry must stay.
-    `_InFlight.token` is written outside the lock; see there why that holds.
+    `InFlight.token` is written outside the lock; see there why that holds.
     """
 
     def __init__(
@@ -208,18 +114,18 @@ class Worker:
         self._drained = threading.Event()
         self._wakes = {s.name: WakeSource(s) for s in self.shards}
         # Leases held: from the claim until the turn's last commit is settled.
-        self._inflight: dict[uuid.UUID, _InFlight] = {}
+        self._inflight: dict[uuid.UUID, InFlight] = {}
         # Of those, claimed runs whose turn has not returned (queued or running),
         # and finished turns whose last commit is still in flight. Claims fill
         # free turn threads, while a backlog of unsettled commits holds them back.
         self._turning = 0
         self._settling = 0
         self._starved: set[str] = set()  # claim loops that last found no free slot
-        self._claiming: dict[str, _Reservation] = {}  # by shard: the claims in flight
+        self._claiming: dict[str, Reservation] = {}  # by shard: the claims in flight
         self._lend_at: float | None = None  # when a stalled claim's slots may be lent next
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._turns: _TurnQueue = _TurnQueue()
+        self._turns: TurnQueue = TurnQueue()
         self._completers = {
             s.name: Completer(self.store, s, lease_s=self.config.lease_s,
                               max_batch=self.config.commit_batch)
@@ -254,7 +160,9 @@ class Worker:
         gone = self._gone[shard.name] = threading.Event()
         claim_loop = functools.partial(self._claim_loop, shard)
         self._claimers[shard.name] = self._spawn(f"shardq-claim-{shard.name}", claim_loop)
-        heartbeat = functools.partial(self._heartbeat_loop, shard, gone)
+        heartbeat = functools.partial(
+            beat, self.store, shard, functools.partial(self._held_on, shard),
+            self.config.lease_s, self._drained, gone)
         self._spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
 
     def _map_loop(self) -> None:
@@ -375,7 +283,7 @@ class Worker:
                 failures += 1
                 if failures == 1 and isinstance(error, (ShardqError, psycopg.Error)):
                     log.error("shard unavailable; retrying", extra={
-                        "shard": shard.name, "error": _line(error)})
+                        "shard": shard.name, "error": line(error)})
                 sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if failures:
@@ -447,10 +355,8 @@ class Worker:
         Under a backlog of short turns, slots free up many per millisecond, and
         waiting for a full batch of them keeps claims large (a claim statement
         costs the server about as much as several jobs), so while slots keep
-        freeing the loop keeps waiting. (Waiting for half a batch left two
-        shards' loops claiming 57 runs on average at batch size 100;
-        full batches take about two fifths fewer claims and context switches
-        per job: CHANGELOG.md, "Performance work".) Turns that hold their threads
+        freeing the loop keeps waiting (full batches took about two fifths fewer
+        claims and context switches per job than half batches). Turns that hold their threads
         (a long step) free nothing, and a due run must not wait behind them
         while a thread is idle: a partial batch is claimed as soon as a wait of
         COALESCE_S freed no slot. Slots are reserved before the claim, so the
@@ -469,7 +375,7 @@ class Worker:
                 return 0, free
             limit = min(self.config.batch_size, free)
             self._turning += limit
-            self._claiming[shard.name] = _Reservation(limit, time.monotonic())
+            self._claiming[shard.name] = Reservation(limit, time.monotonic())
             self._starved.discard(shard.name)
             return limit, None
 
@@ -520,9 +426,9 @@ class Worker:
                 self._turning += len(claims)
             else:
                 self._turning -= reserved - len(claims)
-            turns: list[_Item] = []
+            turns: list[TurnItem] = []
             for claim in claims:
-                entry = _InFlight(shard, claim.execution_id, claim.lease_token,
+                entry = InFlight(shard, claim.execution_id, claim.lease_token,
                                   claim.workflow_name)
                 self._inflight[claim.execution_id] = entry
                 turns.append((entry, claim))
@@ -570,7 +476,7 @@ class Worker:
             else:
                 self._turn_ended(entry, final, refused)
 
-    def _turn_returned(self, entry: _InFlight, final: TurnCommit | None) -> None:
+    def _turn_returned(self, entry: InFlight, final: TurnCommit | None) -> None:
         """A turn thread is free again: wake the claim loops that concerns.
 
         A turn that left nothing to commit (its lease lost, or it crashed) also
@@ -586,14 +492,14 @@ class Worker:
         if final is None:
             self._release(entry, settled=False)
 
-    def _run_one(self, entry: _InFlight, claim: Claim) -> TurnCommit | None:
+    def _run_one(self, entry: InFlight, claim: Claim) -> TurnCommit | None:
         shard = entry.shard
         completer = self._completers[shard.name]
 
         def checkpoint(commit: TurnCommit) -> CommitOutcome:
             outcome = completer.submit(commit)
             if outcome.landed:
-                entry.token = commit.next_token  # read unlocked: see _InFlight
+                entry.token = commit.next_token  # read unlocked: see InFlight
             return outcome
 
         def on_this_shard(target: uuid.UUID) -> bool:
@@ -609,7 +515,7 @@ class Worker:
             TURN_SECONDS.observe(time.perf_counter() - started)
 
     def _turn_ended(
-        self, entry: _InFlight, commit: TurnCommit, result: Result, *, replaced: bool = False
+        self, entry: InFlight, commit: TurnCommit, result: Result, *, replaced: bool = False
     ) -> None:
         """The outcome of a turn's last commit: its ending, or a checkpoint the database refused.
 
@@ -631,12 +537,12 @@ class Worker:
             # its last durable commit.
             _TURN_OUTCOMES["abandoned"].inc()
             log.warning("commit failed; turn abandoned",
-                        extra={**self._about(entry), "error": str(result)})
+                        extra={**entry.log_fields(), "error": str(result)})
             self._release(entry, settled=True)
             return
         if not result.landed:
             _TURN_OUTCOMES["lease_lost"].inc()
-            log.warning("lease lost at commit", extra=self._about(entry))
+            log.warning("lease lost at commit", extra=entry.log_fields())
             self._release(entry, settled=True)
             return
         _TURN_OUTCOMES[commit.state or "running"].inc()
@@ -646,13 +552,7 @@ class Worker:
             self._wakes[shard.name].set()
         self._release(entry, settled=True)
 
-    @staticmethod
-    def _about(entry: _InFlight) -> dict[str, str]:
-        """The log fields of a run whose commit this thread (the completer's) settles."""
-        return {"execution_id": str(entry.execution_id), "shard": entry.shard.name,
-                "workflow": entry.workflow}
-
-    def _release(self, entry: _InFlight, *, settled: bool) -> None:
+    def _release(self, entry: InFlight, *, settled: bool) -> None:
         """The end of one claim's turn: its lease is no longer this worker's to keep.
         Only its own entry goes; a newer claim of the same run keeps its own."""
         with self._idle:
@@ -689,92 +589,11 @@ class Worker:
     # -- leases ----------------------------------------------------------------
 
     def _housekeeping_loop(self) -> None:
-        plan = RetentionPlan.of(self.registry, self.config.default_retention_s)
-        while not self._drained.wait(self.config.housekeeping_interval_s):
-            for shard in self.shards:
-                if self._stopping.is_set():
-                    return
-                try:
-                    purge(self.store, shard, plan)
-                except Exception as exc:  # housekeeping must never take the worker down
-                    log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})
+        purge_served(self.store, lambda: list(self.shards),
+                     RetentionPlan.of(self.registry, self.config.default_retention_s),
+                     self.config.housekeeping_interval_s, self._drained, self._stopping)
 
-    def _heartbeat_loop(self, shard: Shard, gone: threading.Event) -> None:
-        # A thread per shard: an extension to a shard that hangs blocks until the
-        # store finds out (shards/liveness.py), and must not hold back the leases
-        # of the healthy ones. A third of the lease: two heartbeats may fail
-        # before another worker could take a healthy turn over.
-        interval = self.config.lease_s / 3
-        while not self._drained.wait(interval) and not gone.is_set():
-            with self._lock:
-                leases = [Lease(e.execution_id, e.token) for e in self._inflight.values()
-                          if e.shard.name == shard.name]
-            if not leases:
-                continue
-            try:
-                kept = self.store.extend_leases(shard, leases, self.config.lease_s)
-            except ShardRetired:
-                continue  # removed from the map: its claim loop lets it go
-            except (ShardqError, psycopg.Error) as exc:
-                log.warning("heartbeat failed", extra={"shard": shard.name, "error": _line(exc)})
-                continue
-            except Exception:
-                # A heartbeat thread that died would leave the worker claiming
-                # while every lease it holds expires under its turns (which
-                # then run again elsewhere): log it and beat again next time.
-                log.exception("heartbeat failed; retrying", extra={"shard": shard.name})
-                continue
-            for lease in leases:
-                if lease.execution_id not in kept:
-                    log.debug("lease not extended (finished or lost)",
-                              extra={"execution_id": str(lease.execution_id)})
-
-
-def _line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
-_Item = tuple[_InFlight, Claim] | None
-
-
-class _TurnQueue:
-    """Claimed runs waiting for a turn thread, waking idle threads one at a time.
-
-    A queue that wakes a waiting thread per item woke the whole pool for every
-    claimed batch, though a few threads finish no-op turns faster than the rest
-    wake up. Here at most one idle thread is being woken at any moment: each
-    one, once running, wakes the next if work is left. Busy threads take work
-    without sleeping, so fast turns stay on the threads already running, while
-    slow ones still fan out to every idle thread (one wake-up latency apart).
-    """
-
-    def __init__(self) -> None:
-        self._items: collections.deque[_Item] = collections.deque()
-        self._ready = threading.Condition(threading.Lock())
-        self._idle = 0  # threads waiting in get()
-        self._waking = 0  # of those, notified and not yet running
-
-    def put_many(self, items: list[_Item]) -> None:
-        with self._ready:
-            self._items.extend(items)
-            self._wake_one()
-
-    def get(self) -> _Item:
-        with self._ready:
-            while not self._items:
-                self._idle += 1
-                self._ready.wait()
-                self._idle -= 1
-                self._waking -= 1
-            item = self._items.popleft()
-            if self._items:
-                self._wake_one()
-            return item
-
-    def _wake_one(self) -> None:
-        # Holds the lock. Condition.wait() only returns after a notify (no
-        # timeout here), so `_waking` counts exactly the notified sleepers.
-        if self._idle and not self._waking:
-            self._waking += 1
-            self._ready.notify(1)
+    def _held_on(self, shard: Shard) -> list[Lease]:
+        with self._lock:
+            return [Lease(e.execution_id, e.token) for e in self._inflight.values()
+                    if e.shard.name == shard.name]

@@ -46,7 +46,8 @@ from typing import Any
 from shardq.core.errors import InvalidArgument, StepFailed, WorkflowError, WorkflowTimedOut
 from shardq.core.models import INTERRUPT_ACTIONS, Decision
 from shardq.core.rules import check_name, check_signal_name
-from shardq.workflow.context import WorkflowContext, check_interrupt
+from shardq.workflow.arguments import check_interrupt
+from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import WorkflowDef
 from shardq.workflow.retry import RetryPolicy
 

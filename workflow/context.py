@@ -8,38 +8,32 @@ completion and failure end the turn (shardq.worker.turn) with the rest.
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 from uuid import UUID
 
 from shardq.core.errors import (
-    ExternalSignalFailed,
     InvalidArgument,
     NonDeterminismError,
     NotSerializable,
     SignalTimedOut,
     StepFailed,
 )
-from shardq.core.instruments import STEP_ATTEMPTS, STEP_SECONDS
+from shardq.core.instruments import STEP_SECONDS
 from shardq.core.models import (
     INTERRUPT_ACTIONS,
     Claim,
     Decision,
     Event,
-    ExternalRequest,
     ExternalSignal,
     HistoryEvent,
     NewEvent,
     OpenWait,
-    OutboxRequest,
     PendingSignal,
     Signal,
     SignalRequest,
@@ -49,42 +43,31 @@ from shardq.core.models import (
 from shardq.core.rules import (
     Limits,
     check_name,
-    check_schema,
-    check_signal,
     check_signal_name,
-    check_text,
-    payload_json,
-    validate,
 )
-from shardq.shards.routing import bucket_of, parse_execution_id
+from shardq.workflow.arguments import (
+    check_condition,
+    check_interrupt,
+    check_interrupt_value,
+    check_timeout,
+)
 from shardq.workflow.contracts import UPDATE_PREFIX, UpdateSpec
 from shardq.workflow.control import Cancelled, Park
+from shardq.workflow.externals import record_externals
+from shardq.workflow.handlers import StateHandlers
 from shardq.workflow.journal import Journal
+from shardq.workflow.recorded import (
+    external_result,
+    json_round_trip,
+    received_at,
+    signal_of,
+)
 from shardq.workflow.replay import Replay
 from shardq.workflow.retry import RetryPolicy
+from shardq.workflow.steps import STEP_COMPLETED, fail_attempt, run_attempt
 
 T = TypeVar("T")
-MAX_ERROR_TEXT = 8000
-_STEP_COMPLETED, _STEP_RETRIED, _STEP_FAILED = (
-    STEP_ATTEMPTS.labels(o) for o in ("completed", "retried", "failed"))
-MAX_PROMPT = 4000
-MAX_EXTERNAL_BATCH = 10_000
-"""Signals one `signal_external_many` call may send: its targets are locked in one commit."""
-"""Characters of an interrupt's prompt: what a reviewer reads, not a document store."""
 
-
-class StepTimeout(Exception):
-    """A step attempt ran longer than its `timeout`."""
-
-
-def error_payload(exc: BaseException) -> dict[str, Any]:
-    """How a run's or a step's failure is recorded: type, message, the traceback's end."""
-    text = "".join(traceback.format_exception(exc))
-    return {
-        "type": type(exc).__qualname__,
-        "message": str(exc),
-        "traceback": text[-MAX_ERROR_TEXT:],
-    }
 
 
 class WorkflowContext:
@@ -102,8 +85,7 @@ class WorkflowContext:
     ) -> None:
         self._claim = claim
         self._limits = limits or Limits()
-        self._state = state
-        self._updates = {u.name: u for u in updates}
+        self._handlers = StateHandlers(state, updates)
         self._on_this_shard = on_this_shard
         self._replay = replay
         self._journal = journal
@@ -111,7 +93,6 @@ class WorkflowContext:
         self._pending = replay.pending
         self._cancel = claim.cancel_requested
         self._random: random.Random | None = None
-        self._in_condition = False
 
     # -- identity --------------------------------------------------------------
 
@@ -134,7 +115,7 @@ class WorkflowContext:
     @property
     def state(self) -> Any:
         """A class-based workflow's instance (its `self`); None for a function workflow."""
-        return self._state
+        return self._handlers.state
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -192,42 +173,25 @@ class WorkflowContext:
         try:
             started = time.perf_counter()
             try:
-                result = _run_attempt(fn, args, kwargs, timeout)
+                result = run_attempt(fn, args, kwargs, timeout)
             finally:
                 STEP_SECONDS.observe(time.perf_counter() - started)
         except Exception as exc:
-            self._step_failed(position, name, attempt, exc, policy)
+            fail_attempt(self._journal, position, name, attempt, exc, policy)
         try:
-            encoded = _json_round_trip(result)
+            encoded = json_round_trip(result)
         except (TypeError, ValueError) as exc:
             problem = NotSerializable(
                 f"step {name!r} returned {type(result).__name__}, which is not "
                 f"JSON-serialisable: {exc}"
             )
-            self._step_failed(position, name, attempt, problem, RetryPolicy(max_attempts=1))
+            fail_attempt(self._journal, position, name, attempt, problem,
+                         RetryPolicy(max_attempts=1))
         self._journal.events.append(
             NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded})
         )
-        _STEP_COMPLETED.inc()
+        STEP_COMPLETED.inc()
         return encoded  # type: ignore[no-any-return]
-
-    def _step_failed(
-        self, position: int, name: str, attempt: int, exc: Exception, policy: RetryPolicy
-    ) -> NoReturn:
-        error = error_payload(exc)
-        if policy.should_retry(exc, attempt):
-            delay = policy.backoff(attempt)
-            self._journal.events.append(NewEvent(
-                position, Event.STEP_FAILED, name,
-                {"attempt": attempt, "error": error, "retry_in": delay}, wake_in=delay,
-            ))
-            _STEP_RETRIED.inc()
-            raise Park(state=State.PENDING, task=TaskAction.SCHEDULE, delay=delay) from exc
-        self._journal.events.append(NewEvent(
-            position, Event.STEP_FAILED, name, {"attempt": attempt, "error": error, "final": True}
-        ))
-        _STEP_FAILED.inc()
-        raise StepFailed(name, error["type"], error["message"], attempt) from exc
 
     def sleep(self, name: str, seconds: float) -> None:
         """Wait `seconds` on a durable timer whose wake time the database's clock sets."""
@@ -276,13 +240,13 @@ class WorkflowContext:
         stays buffered for a later receive).
         """
         check_signal_name(name)
-        _check_timeout(timeout, f"receive {name!r}")
+        check_timeout(timeout, f"receive {name!r}")
         self._guard()
         position, recorded = self._replay.next("signal", name)
         kinds = {e.kind: e for e in recorded}
         self._replay_updates(recorded)
         if Event.SIGNAL_CONSUMED in kinds:
-            return _signal(name, kinds[Event.SIGNAL_CONSUMED].payload)
+            return signal_of(name, kinds[Event.SIGNAL_CONSUMED].payload)
         if Event.SIGNAL_TIMED_OUT in kinds:
             return None
         self._take_updates(position)
@@ -290,13 +254,13 @@ class WorkflowContext:
         deadline = waiting.payload.get("wake_at") if waiting is not None else None
         cutoff = datetime.fromisoformat(deadline) if deadline else None
         arrived = next((s for s in self._pending if s.name == name
-                        and (cutoff is None or _received(s) <= cutoff)), None)
+                        and (cutoff is None or received_at(s) <= cutoff)), None)
         if arrived is not None:
             journal = self._journal
             payload = self._consume(arrived, position)
             journal.events.append(NewEvent(position, Event.SIGNAL_CONSUMED, name, payload))
             journal.close_wait = journal.close_wait or waiting is not None
-            return _signal(name, payload)
+            return signal_of(name, payload)
         if waiting is None:
             self._journal.events.append(NewEvent(
                 position, Event.SIGNAL_WAITING, name, {"timeout": timeout}, wake_in=timeout
@@ -429,7 +393,7 @@ class WorkflowContext:
         refused; a predicate that answers differently on replay fails the run
         with a non-determinism error).
         """
-        _check_condition(name, on, timeout)
+        check_condition(name, on, timeout)
         self._guard()
         position, recorded = self._replay.next("condition", name)
         waiting = next((e for e in recorded if e.kind == Event.CONDITION_WAITING), None)
@@ -439,7 +403,7 @@ class WorkflowContext:
         deadline = waiting.payload.get("wake_at") if waiting is not None else None
         journal = self._journal
         if self._take_updates(position):
-            met = self._holds(predicate)
+            met = self._handlers.holds(predicate)
         if not met:
             met = self._feed_condition(position, name, predicate, on, deadline)
         if met:
@@ -480,18 +444,18 @@ class WorkflowContext:
     ) -> tuple[bool, Event | None]:
         """Feed the handlers what history recorded: (whether the predicate holds, the
         recorded outcome if any). Raises NonDeterminismError where replay disagrees."""
-        met = self._holds(predicate)
+        met = self._handlers.holds(predicate)
         outcome = None
         for event in recorded:
             if event.kind == Event.UPDATE_COMPLETED:
-                self._apply_update(event.name, event.payload["payload"])
-                met = self._holds(predicate)
+                self._handlers.apply_update(event.name, event.payload["payload"])
+                met = self._handlers.holds(predicate)
             elif event.kind == Event.CONDITION_CONSUMED:
-                signal = _signal(event.payload["signal"], event.payload)
+                signal = signal_of(event.payload["signal"], event.payload)
                 if met or signal.name not in on:
                     raise self._diverged(position, name)
-                self._handle(on[signal.name], signal)
-                met = self._holds(predicate)
+                self._handlers.handle(on[signal.name], signal)
+                met = self._handlers.holds(predicate)
             elif event.kind in (Event.CONDITION_MET, Event.CONDITION_TIMED_OUT):
                 outcome = Event(event.kind)
         if outcome is not None and met != (outcome == Event.CONDITION_MET):
@@ -507,7 +471,7 @@ class WorkflowContext:
         while True:
             arrived = next((
                 s for s in self._pending if s.name in on
-                and (cutoff is None or _received(s) <= cutoff)
+                and (cutoff is None or received_at(s) <= cutoff)
             ), None)
             if arrived is None:
                 return False
@@ -515,8 +479,8 @@ class WorkflowContext:
             self._journal.events.append(NewEvent(
                 position, Event.CONDITION_CONSUMED, name, {**payload, "signal": arrived.name}
             ))
-            self._handle(on[arrived.name], _signal(arrived.name, payload))
-            if self._holds(predicate):
+            self._handlers.handle(on[arrived.name], signal_of(arrived.name, payload))
+            if self._handlers.holds(predicate):
                 return True
 
     # -- updates (shardq.workflow.contracts) ----------------------------------------
@@ -525,7 +489,7 @@ class WorkflowContext:
         """Apply the updates recorded at this wait again, in their order (replay)."""
         for event in recorded:
             if event.kind == Event.UPDATE_COMPLETED:
-                self._apply_update(event.name, event.payload["payload"])
+                self._handlers.apply_update(event.name, event.payload["payload"])
 
     def _take_updates(self, position: int) -> bool:
         """Handle the updates that arrived, oldest first, at the wait at `position`:
@@ -534,24 +498,10 @@ class WorkflowContext:
         for update in arrived:
             name = update.name[len(UPDATE_PREFIX):]
             recorded = self._consume(update, position)
-            outcome = self._apply_update(name, update.payload)
+            outcome = self._handlers.apply_update(name, update.payload)
             self._journal.events.append(NewEvent(
                 position, Event.UPDATE_COMPLETED, name, {**recorded, **outcome}))
         return bool(arrived)
-
-    def _apply_update(self, name: str, argument: Any) -> dict[str, Any]:
-        """Run update `name`'s handler on the state: {"response": ...} or {"error": ...}."""
-        spec = self._updates.get(name)
-        if spec is None:
-            return {"error": {"type": "UnknownHandler", "message":
-                              f"this version of the workflow has no update named {name!r}"}}
-        self._in_condition = True
-        try:
-            return {"response": _json_round_trip(spec.handler(self._state, argument))}
-        except Exception as exc:  # the handler's failure is its caller's answer
-            return {"error": error_payload(exc)}
-        finally:
-            self._in_condition = False
 
     def _consume(self, arrived: PendingSignal, position: int) -> dict[str, Any]:
         """Take a buffered signal for the call at `position`: what its event records."""
@@ -559,20 +509,6 @@ class WorkflowContext:
         self._journal.consumed.append((arrived.id, position))
         return {"signal_id": arrived.id, "payload": arrived.payload,
                 "idempotency_key": arrived.idempotency_key, "received_at": arrived.received_at}
-
-    def _holds(self, predicate: Callable[[], object]) -> bool:
-        self._in_condition = True
-        try:
-            return bool(predicate())
-        finally:
-            self._in_condition = False
-
-    def _handle(self, handler: Callable[[Signal], object], signal: Signal) -> None:
-        self._in_condition = True
-        try:
-            handler(signal)
-        finally:
-            self._in_condition = False
 
     def _diverged(self, position: int, name: str) -> NonDeterminismError:
         return NonDeterminismError(
@@ -583,7 +519,7 @@ class WorkflowContext:
 
     def _guard(self) -> None:
         """Every call first: refused inside a condition, unwinds a cancelled run."""
-        if self._in_condition:
+        if self._handlers.running:
             raise InvalidArgument("a wait_until predicate, its handlers and update handlers "
                                   "must not call ctx: they run again on replay and must "
                                   "depend only on workflow state")
@@ -626,43 +562,15 @@ class WorkflowContext:
         ExternalSignalFailed with its `reason_code`) instead of raising, so the
         others stand. A bad name, key or payload raises before anything is sent.
         """
-        if len(signals) > MAX_EXTERNAL_BATCH:
-            raise InvalidArgument(f"at most {MAX_EXTERNAL_BATCH} signals in one call, "
-                                  f"got {len(signals)}")
-        targets = [parse_execution_id(s.execution_id) for s in signals]
-        for s in signals:
-            check_signal_name(s.name)
-        self._guard()
-        calls = [self._replay.next("external", s.name) for s in signals]
-        # Checked only when sent: a replay returns what was recorded, whatever the
-        # code computes now.
-        checked = {i: check_signal(s.name, s.payload, s.idempotency_key, self._limits)
-                   for i, (s, (_, recorded)) in enumerate(zip(signals, calls, strict=True))
-                   if not recorded}
         journal = self._journal
-        results: list[ExternalSignal | None] = [None] * len(signals)
-        here: list[int] = []
-        for index, (ident, (position, recorded)) in enumerate(zip(targets, calls, strict=True)):
-            if recorded:
-                results[index] = _external_result(recorded[0].payload)
-                continue
-            name, encoded, key = checked[index]
-            if self._on_this_shard is not None and self._on_this_shard(ident):
-                journal.externals.append(ExternalRequest(position, ident, name, encoded, key))
-                here.append(index)
-            else:
-                queued = {"target": str(ident), "name": name, "idempotency_key": key,
-                          "queued": True}
-                journal.outbox.append(
-                    OutboxRequest(position, ident, bucket_of(ident), name, encoded, key))
-                journal.events.append(NewEvent(position, Event.EXTERNAL_QUEUED, name, queued))
-                results[index] = _external_result(queued)
+        results, here = record_externals(signals, self._replay, journal, limits=self._limits,
+                                         on_this_shard=self._on_this_shard, guard=self._guard)
         if journal.externals or journal.outbox:
             self._cancel = journal.flush() or self._cancel
             # journal.sent answers this flush's externals; with none it is an earlier one's.
             if here:
                 for index, outcome in zip(here, journal.sent, strict=True):
-                    results[index] = _external_result(outcome)
+                    results[index] = external_result(outcome)
         return [r for r in results if r is not None]
 
     def now(self) -> datetime:
@@ -684,123 +592,3 @@ class WorkflowContext:
 
     def _until(self, iso: str) -> float:
         return (datetime.fromisoformat(iso) - self._db_now()).total_seconds()
-
-
-def _external_result(recorded: Mapping[str, Any]) -> ExternalSignal:
-    """What a signal_external call returns from its recorded outcome (a refusal in `error`)."""
-    target, name, key = uuid.UUID(recorded["target"]), recorded["name"], recorded.get(
-        "idempotency_key")
-    if "reason_code" in recorded:
-        detail = recorded.get("detail") or f"execution {recorded['target']} not found"
-        return ExternalSignal(target, name, None, delivered=False, idempotency_key=key,
-                              error=ExternalSignalFailed(recorded["reason_code"], detail))
-    if recorded.get("queued"):
-        return ExternalSignal(target, name, None, delivered=False, idempotency_key=key,
-                              queued=True)
-    return ExternalSignal(target, name, int(recorded["signal_id"]), bool(recorded["delivered"]),
-                          key)
-
-
-def check_interrupt(
-    name: str, prompt: str, actions: Sequence[str], schema: Mapping[str, Any] | None,
-    timeout: float | None,
-) -> tuple[str, ...]:
-    """The accepted actions of a well-formed interrupt request; else InvalidArgument."""
-    check_name(name, "interrupt")
-    if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT:
-        raise InvalidArgument(f"interrupt {name!r}: the prompt must be 1..{MAX_PROMPT} "
-                              "characters")
-    check_text(prompt, f"interrupt {name!r} prompt")
-    accepted = tuple(actions)
-    if not accepted or len(set(accepted)) != len(accepted) or not set(accepted) <= set(
-        INTERRUPT_ACTIONS
-    ):
-        raise InvalidArgument(f"interrupt {name!r}: actions must be distinct, from "
-                              f"{', '.join(INTERRUPT_ACTIONS)}; got {list(accepted)}")
-    if schema is not None:
-        check_schema(dict(schema), f"interrupt {name!r}")
-    _check_timeout(timeout, f"interrupt {name!r}")
-    return accepted
-
-
-def check_interrupt_value(
-    name: str, value: Any, schema: Mapping[str, Any] | None, limits: Limits
-) -> Any:
-    """The value under review, as JSON will store it; else InvalidArgument or PayloadInvalid."""
-    what = f"value of interrupt {name!r}"
-    stored = json.loads(payload_json(value, what, limits))
-    validate(stored, dict(schema) if schema is not None else None, what)
-    return stored
-
-
-def _check_timeout(timeout: float | None, what: str) -> None:
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout) or timeout <= 0
-    ):
-        raise InvalidArgument(f"{what}: timeout must be > 0 seconds, got {timeout!r}")
-
-
-_LONG_AGO = datetime.min.replace(tzinfo=UTC)
-
-
-def _check_condition(
-    name: str, on: Mapping[str, Callable[[Signal], object]], timeout: float | None
-) -> None:
-    check_name(name, "condition")
-    _check_timeout(timeout, f"wait_until {name!r}")
-    if not on:
-        raise InvalidArgument(f"wait_until {name!r}: `on` must name at least one signal")
-    for signal_name, handler in on.items():
-        check_signal_name(signal_name)
-        if not callable(handler):
-            raise InvalidArgument(f"wait_until {name!r}: the handler of {signal_name!r} "
-                                  "is not callable")
-
-
-def _received(signal: PendingSignal) -> datetime:
-    return datetime.fromisoformat(signal.received_at) if signal.received_at else _LONG_AGO
-
-
-def _signal(name: str, recorded: Mapping[str, Any]) -> Signal:
-    """A received signal from what its consumption event records."""
-    at = recorded.get("received_at")
-    return Signal(name, recorded["payload"], int(recorded["signal_id"]),
-                  recorded.get("idempotency_key"),
-                  datetime.fromisoformat(at) if at else _LONG_AGO)
-
-
-def _json_round_trip(value: Any) -> Any:
-    """`value` as JSON gives it back; scalars that JSON keeps as they are skip the trip."""
-    kind = type(value)
-    if value is None or kind is str or kind is bool or kind is int:
-        return value
-    if kind is float and math.isfinite(value):
-        return value
-    return json.loads(json.dumps(value, allow_nan=False))
-
-
-def _run_attempt(
-    fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
-) -> T:
-    if timeout is None:
-        return fn(*args, **kwargs)
-    # The attempt runs on a thread of its own (`shardq-step`) that touches nothing
-    # but `box`; past the timeout the turn stops waiting for it and never reads
-    # `box` again, so its late result or error goes nowhere.
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn(*args, **kwargs)
-        except BaseException as exc:  # handed back to the waiting thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="shardq-step", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise StepTimeout(f"attempt did not finish within {timeout} s")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]  # type: ignore[no-any-return]

@@ -50,10 +50,12 @@ def worker(
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
 
+    from shardq.core.daemons import tune_gc_for_worker
     from shardq.shards.migrations import verify_shards
     from shardq.shards.pools import ShardPools
     from shardq.store.store import Store
-    from shardq.worker.worker import Worker, WorkerConfig, tune_gc_for_worker
+    from shardq.worker.config import WorkerConfig
+    from shardq.worker.worker import Worker
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()

@@ -28,7 +28,7 @@ from shardq.bin.web.openapi import BODY_KEYS, PREFIX
 from shardq.bin.web.refusals import refusal_body, status_of
 from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
-from shardq.client.client import DEFAULT_UPDATE_WAIT
+from shardq.client.requests import DEFAULT_UPDATE_WAIT
 from shardq.core.errors import SignalRefused
 from shardq.core.models import Event, Execution, State, UpdateResult
 from shardq.core.rules import MAX_WAIT, Limits

@@ -68,8 +68,9 @@ def build_app(config: ServeConfig) -> Starlette:
     starts and closed when it stops."""
     from shardq.bin.web.app import create_app
     from shardq.client.async_client import AsyncClient
+    from shardq.shards.async_pools import AsyncShardPools
     from shardq.shards.follow import map_poll_interval
-    from shardq.store.async_store import AsyncShardPools, AsyncStore
+    from shardq.store.async_store import AsyncStore
 
     registry, tokens, shard_map, statuses = checked(config)
     # A shard that refuses connections fails a request at once (the inbox and

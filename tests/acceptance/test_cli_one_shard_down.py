@@ -19,7 +19,8 @@ from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.store.store import Store
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 
 from ..conftest import Server
 from ..support import allow_connections, key_on, run_cli, wait_until

@@ -15,8 +15,9 @@ from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.store.store import Store
+from shardq.worker.config import WorkerConfig
 from shardq.worker.retention import RetentionPlan, purge, purgeable
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 

@@ -21,7 +21,8 @@ from shardq.shards.config import Shard
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 from shardq.store.store import Store
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 from shardq.workflow.retry import RetryPolicy

@@ -24,11 +24,12 @@ from shardq.client.async_client import AsyncClient
 from shardq.core.errors import ExecutionNotFound
 from shardq.core.models import StaleBounds, TurnCommit
 from shardq.outbox.store import OutboxStore
+from shardq.shards.async_pools import AsyncShardPools
 from shardq.shards.config import ShardMap
 from shardq.shards.liveness import HUNG_NOTICE_S
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
-from shardq.store.async_store import AsyncShardPools, AsyncStore
+from shardq.store.async_store import AsyncStore
 from shardq.store.params import Lease
 from shardq.store.store import Store
 from shardq.worker.completer import Completer

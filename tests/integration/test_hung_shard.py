@@ -23,10 +23,11 @@ from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.liveness import HUNG_NOTICE_S
 from shardq.shards.pools import ShardPools
+from shardq.store import listener
+from shardq.store.listener import WakeSource
 from shardq.store.store import Store
-from shardq.worker import listener
-from shardq.worker.listener import WakeSource
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 from shardq.workflow.registry import Registry
 
 from ..support import TcpProxy, keys_on, rows, wait_until

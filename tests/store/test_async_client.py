@@ -24,10 +24,11 @@ from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import SignalRequest
 from shardq.core.rules import Limits
+from shardq.shards.async_pools import AsyncShardPools
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import ShardPools
-from shardq.store.async_store import AsyncShardPools, AsyncStore
+from shardq.store.async_store import AsyncStore
 from shardq.store.store import Store
 
 from ..support import all_rows, key_on

@@ -10,13 +10,14 @@ from typing import Any
 
 import psycopg
 
-from shardq.client.client import Client, iter_all
+from shardq.client.client import Client
 from shardq.core.models import Event, NewEvent, OpenWait, State, TaskAction, TurnCommit
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.store.params import Lease
 from shardq.store.store import Store
-from shardq.worker.worker import Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
@@ -252,7 +253,7 @@ def test_list_pages_are_stable_under_concurrent_inserts(client: Client) -> None:
     assert len(ids) == len(set(ids)), "a page repeated an execution"
     assert ids == sorted(ids)
     assert {r.execution_id for r in first} <= set(ids)
-    assert len(list(iter_all(client, workflow="job"))) == 230 + 30 * pages
+    assert len(list(client.iter_all(workflow="job"))) == 230 + 30 * pages
     waiting = client.list_runs(state="waiting")
     assert waiting.items == [] and waiting.next_cursor is None
 
@@ -281,7 +282,7 @@ def test_a_run_read_by_id_is_the_run_its_page_lists_in_every_state(
     assert client.cancel(runs["asked"]) is State.RUNNING  # leased: cancel requested
     seen = 0
     for state in State:
-        for listed in iter_all(client, state=state):
+        for listed in client.iter_all(state=state):
             if listed.id in runs.values():
                 assert client.get(listed.id) == listed
                 seen += 1

@@ -18,7 +18,8 @@ from shardq.core.models import Claim, CommitOutcome, State, TaskAction, TurnComm
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.store.store import Store
-from shardq.worker.worker import CLAIM_STALL_S, Worker, WorkerConfig
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import CLAIM_STALL_S, Worker
 from shardq.workflow.registry import Registry
 
 URLS = ["postgresql://nobody@127.0.0.1:1/a", "postgresql://nobody@127.0.0.1:1/b"]

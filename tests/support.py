@@ -150,7 +150,8 @@ def start_api(
     tokens: dict[str, str], *extra: str,
 ) -> tuple[str, Daemon]:
     """A `shardq serve` process over `shard_map` for `tokens` ({token: tenant}), serving
-    the examples: its base URL (http://127.0.0.1:PORT) once it answers, and the process."""
+    the tests' app (tests/app.py): its base URL (http://127.0.0.1:PORT) once it answers,
+    and the process."""
     from shardq.bin.web.tokens import hash_token
 
     tokens_file = folder / "tokens"
@@ -158,7 +159,7 @@ def start_api(
                                    for token, tenant in tokens.items()))
     port = free_port()
     server = daemons(["--shards", ",".join(s.url for s in shard_map.shards), "serve", "--app",
-                      "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
+                      "shardq.tests.app:registry", "--port", str(port), "--tokens-file",
                       str(tokens_file), *extra])
     server.wait_for("shardq API on")
     base = f"http://127.0.0.1:{port}"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.workflow.registry import Registry, WorkflowDef
 
+from ..app import registry
 from ..support import Daemon, wait_until
 
 pytestmark = pytest.mark.slow
@@ -53,7 +53,7 @@ def workers(daemons: Callable[..., Daemon], shard_map: ShardMap) -> Callable[...
     """Start a serving worker process with `app`."""
     urls = ",".join(s.url for s in shard_map.shards)
 
-    def start(app: str = "shardq.bin.examples:registry", **env: str) -> Daemon:
+    def start(app: str = "shardq.tests.app:registry", **env: str) -> Daemon:
         worker = daemons(["--shards", urls, "worker", "--app", app, "--lease", "2",
                           "--poll-interval", "1"], env)
         worker.wait_for(" serving ")

@@ -5,9 +5,9 @@ Three shards: two databases on the session's shared server, and one on a server 
 behind a network path the test controls (tests/chaos.py: a network namespace and a veth
 pair; the daemons reach that shard over it, the test observes it by its Unix socket). Real
 `shardq worker`, `shardq outbox-relay`, `shardq metrics` and `shardq serve` processes run
-the example workflows under a steady paced load (`steps3` jobs, `onboarding` runs signalled
-across shards by `tenant_cancel` senders) while the fault happens. What a user needs, and
-each test asserts:
+the tests' workflows (tests/app.py) under a steady paced load (`steps3` jobs, `onboarding`
+runs signalled across shards by `tenant_cancel` senders) while the fault happens. What a
+user needs, and each test asserts:
 
 - the healthy shards keep working while one shard is silent or slow (completions per
   second on them during the fault against before it; the ratio is printed);
@@ -36,10 +36,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 
+from ..app import registry
 from ..chaos import (
     FaultableServer,
     Ledger,
@@ -61,7 +61,7 @@ pytestmark = pytest.mark.slow
 
 FAULTY = 2
 FAULTY_NAME = f"shard-{FAULTY}"
-APP = "shardq.bin.examples:registry"
+APP = "shardq.tests.app:registry"
 # Throughput while a shard is faulted must stay at least this share of what it was before.
 # Lenient: the load is paced below what a 2-core machine drains, so a healthy process
 # keeps ~1.0; a stalled one drops towards 0.

@@ -46,7 +46,7 @@ def test_a_line_about_a_run_names_its_execution_shard_and_workflow(
         run = client.start("not_in_this_app", "k").execution_id
     urls = ",".join(s.url for s in shard_map.shards)
     worker = Daemon("worker", ["--shards", urls, "--log-format", "json", "worker", "--app",
-                               "shardq.bin.examples:registry"], tmp_path)
+                               "shardq.tests.app:registry"], tmp_path)
     try:
         worker.wait_for("not registered")
         line = next(json.loads(x) for x in worker.stderr().splitlines()

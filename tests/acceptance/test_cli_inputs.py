@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 
+from ..app import registry
 from ..conftest import Server
 from ..support import all_rows, run_cli
 
-APP = "shardq.bin.examples:registry"
+APP = "shardq.tests.app:registry"
 DEEP = "[" * 2500 + "]" * 2500
 COUNTED = ("executions", "signals", "history", "tasks", "waits", "outbox")
 

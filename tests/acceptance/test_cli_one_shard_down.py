@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
@@ -22,6 +21,7 @@ from shardq.store.store import Store
 from shardq.worker.config import WorkerConfig
 from shardq.worker.worker import Worker
 
+from ..app import registry
 from ..conftest import Server
 from ..support import allow_connections, key_on, run_cli, wait_until
 
@@ -98,7 +98,7 @@ READS: list[tuple[str, tuple[str, ...], Callable[[Deployment], set[str]],
      lambda d: d.up(d.reviewed),
      lambda out: {line.split()[0] for line in out.splitlines() if not line.startswith(" ")},
      lambda shown: {p["execution_id"] for p in shown["items"]}),  # type: ignore[attr-defined]
-    ("purge --dry-run", ("purge", "--app", "shardq.bin.examples:registry", "--dry-run"),
+    ("purge --dry-run", ("purge", "--app", "shardq.tests.app:registry", "--dry-run"),
      lambda d: d.up_names, _first_words,
      lambda shown: {f"{name}:" for name in shown["runs"]}),  # type: ignore[attr-defined]
 ]

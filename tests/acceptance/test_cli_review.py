@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
@@ -13,9 +12,10 @@ from shardq.shards.pools import ShardPools
 from shardq.store.store import Store
 from shardq.worker.worker import Worker
 
+from ..app import registry
 from ..support import run_cli, wait_until
 
-APP = "shardq.bin.examples:registry"
+APP = "shardq.tests.app:registry"
 
 
 def test_a_reviewer_lists_decides_and_repeats_a_decision_from_the_command_line(

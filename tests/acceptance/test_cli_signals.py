@@ -14,7 +14,7 @@ from shardq.worker.worker import Worker
 
 from ..support import all_rows, run_cli, wait_until
 
-APP = "shardq.bin.examples:registry"
+APP = "shardq.tests.app:registry"
 
 
 def _env(shard_map: ShardMap) -> dict[str, str]:
@@ -24,7 +24,7 @@ def _env(shard_map: ShardMap) -> dict[str, str]:
 def test_signal_with_start_show_and_signal_from_the_command_line(
     shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
 ) -> None:
-    from shardq.bin.examples import registry
+    from ..app import registry
 
     env = _env(shard_map)
     started = run_cli("--json", "workflow", "signal-with-start", "park", "wh-1", "early",
@@ -66,7 +66,7 @@ def test_signal_with_start_show_and_signal_from_the_command_line(
 def test_interface_query_and_updates_from_the_command_line(
     shard_map: ShardMap, pools: ShardPools, start_worker: Callable[..., Worker]
 ) -> None:
-    from shardq.bin.examples import registry
+    from ..app import registry
 
     env = _env(shard_map)
     shown = run_cli("workflow", "interface", "cart", "--json", env=env)

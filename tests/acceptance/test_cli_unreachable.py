@@ -26,7 +26,7 @@ from ..support import run_cli
 
 RUN = "01a23b00-a581-8495-a55e-808a42654d6c"
 COMMANDS = [
-    ("workflow", "start", "checkout", "k1", "--app", "shardq.bin.examples:registry"),
+    ("workflow", "start", "checkout", "k1", "--app", "shardq.tests.app:registry"),
     ("workflow", "show", RUN),
     ("workflow", "signal", RUN, "payment_captured"),
     ("workflow", "list"),
@@ -35,7 +35,7 @@ COMMANDS = [
     # serve when none is reachable: they fail as the others do.
     ("workflow", "pending"),
     ("stale",),
-    ("purge", "--app", "shardq.bin.examples:registry", "--dry-run"),
+    ("purge", "--app", "shardq.tests.app:registry", "--dry-run"),
     ("outbox",),
 ]
 POOL_TIMEOUT_S = 10.0  # ShardPools' default: what these commands used to wait
@@ -95,7 +95,7 @@ def _on_shard(client: Client, shard: Shard, workflow: str, input_: Any, key: str
 def test_outbox_shows_what_the_reachable_shards_owe_the_one_that_is_down(
     shard_map: ShardMap, start_worker: Callable[..., Worker]
 ) -> None:
-    from shardq.bin.examples import registry
+    from ..app import registry
 
     source, target = shard_map.shards
     with Client.connect(shard_map, registry) as client:

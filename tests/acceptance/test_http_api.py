@@ -53,7 +53,7 @@ def start_park(api: Api, key: str) -> str:
 
 
 def test_start_signal_show_and_the_status_codes(api: Api, start_worker: StartWorker) -> None:
-    from shardq.bin.examples import registry
+    from ..app import registry
 
     start_worker(registry)
     run = start_park(api, "h-1")
@@ -115,7 +115,7 @@ def test_concurrent_identical_keyed_deliveries_store_one_signal(
 
 
 def test_a_decision_over_http(api: Api, start_worker: StartWorker) -> None:
-    from shardq.bin.examples import registry
+    from ..app import registry
 
     start_worker(registry)
     made = api.http.post("/workflows/proposal_review/start",
@@ -294,7 +294,7 @@ REPEATED_KEYS: list[tuple[str, str, bytes, str]] = [
 def test_a_key_twice_in_one_object_is_refused_on_every_json_route_and_stores_nothing(
     api: Api, shard_map: ShardMap, start_worker: StartWorker,
 ) -> None:
-    from shardq.bin.examples import registry
+    from ..app import registry
 
     start_worker(registry)
     run = start_park(api, "dup-1")
@@ -362,7 +362,7 @@ def test_an_unknown_body_key_is_named_and_nothing_starts(api: Api) -> None:
 
 
 def test_published_contracts_over_http(api: Api, start_worker: StartWorker) -> None:
-    from shardq.bin.examples import CART_ITEM, registry
+    from ..app import CART_ITEM, registry
 
     interface = api.http.get("/workflows/registered/cart/interface").json()
     assert [u["name"] for u in interface["updates"]] == ["add_item"]

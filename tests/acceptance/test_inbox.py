@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.worker.worker import Worker
 
+from ..app import registry
 from ..support import Daemon, start_api, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -9,12 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.worker.worker import Worker
 
+from ..app import registry
 from ..conftest import TABLES
 from ..support import Daemon, all_rows, start_api, wait_until
 

@@ -46,7 +46,7 @@ def test_a_server_and_an_exporter_started_on_refusing_shards_never_use_a_wrong_m
     base = f"{root}/api/shardq"
     allow_connections(urls, allowed=False)
     try:
-        server = daemons(["--shards", wrong, "serve", "--app", "shardq.bin.examples:registry",
+        server = daemons(["--shards", wrong, "serve", "--app", "shardq.tests.app:registry",
                           "--port", str(api_port), "--tokens-file", str(tokens)])
         exporter = daemons(["--shards", wrong, "metrics", "--port", str(metrics_port),
                             "--cache-seconds", "0"])

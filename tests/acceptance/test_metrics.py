@@ -9,12 +9,12 @@ from collections.abc import Callable
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.servers import database_url
 
+from ..app import registry
 from ..support import Daemon, TcpProxy, age, free_port, run_cli, scrape, value, wait_until
 
 pytestmark = pytest.mark.slow
@@ -22,11 +22,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def spawn(daemons: Callable[..., Daemon]) -> Callable[..., Daemon]:
-    """Start `shardq --shards URLS ...` with the examples as its app."""
+    """Start `shardq --shards URLS ...` with the tests' app (tests/app.py)."""
 
     def start(urls: list[str], *args: str) -> Daemon:
         return daemons(["--shards", ",".join(urls), *args],
-                       {"SHARDQ_APP": "shardq.bin.examples:registry"})
+                       {"SHARDQ_APP": "shardq.tests.app:registry"})
 
     return start
 

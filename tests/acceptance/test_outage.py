@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.bin.web.tokens import hash_token
 from shardq.client.client import Client
 from shardq.core.models import State
@@ -23,6 +22,7 @@ from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for, new_execution_id
 from shardq.worker.worker import Worker
 
+from ..app import registry
 from ..support import Daemon, free_port, wait_for_health, wait_until
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def site(shard_map: ShardMap, daemons: Callable[..., Daemon], tmp_path: Path,
     tokens = tmp_path / "tokens"
     tokens.write_text(f"acme {hash_token(TOKEN)}\n")
     server = daemons(["--shards", f"{up.url},{down_url}", "serve", "--app",
-                      "shardq.bin.examples:registry", "--port", str(port), "--tokens-file",
+                      "shardq.tests.app:registry", "--port", str(port), "--tokens-file",
                       str(tokens)])
     server.wait_for("shardq API on")
     base = f"http://127.0.0.1:{port}"

@@ -272,6 +272,8 @@ def test_a_relay_refuses_unmigrated_shards_and_a_foreign_map_with_one_line(
 def test_the_tenant_cancel_example_fans_out_over_three_shards(
     shards: ShardMap, spawn: Callable[..., Daemon]
 ) -> None:
+    # The demo's own example (docs/workflows.md shows it), so the demo's registry and not
+    # tests/app.py: this test is what says that example still works.
     from shardq.bin.examples import registry as examples
 
     relay = spawn(urls(shards))
@@ -323,7 +325,7 @@ def test_daemons_started_while_shards_refuse_check_the_map_when_they_come_back(
     try:
         relay = daemons(["--shards", ",".join(wrong), "outbox-relay", "--poll-interval", "1"])
         running = daemons(["--shards", ",".join(wrong), "worker", "--app",
-                           "shardq.bin.examples:registry"])
+                           "shardq.tests.app:registry"])
         relay.wait_for("outbox relay serving")
         running.wait_for("serving")
         time.sleep(1)  # both have tried the shards, and been refused

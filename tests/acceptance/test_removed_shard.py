@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 
+from ..app import registry
 from ..support import (
     Daemon,
     allow_connections,
@@ -39,7 +39,7 @@ from ..support import (
 
 pytestmark = pytest.mark.slow
 
-APP = "shardq.bin.examples:registry"
+APP = "shardq.tests.app:registry"
 QUIET_FOR_S = 15.0
 """How long the daemons are watched after the removal: past the worker's and relay's map
 check (1 s), their backoffs' first steps, the LISTEN check (15 s) and a few scrapes."""

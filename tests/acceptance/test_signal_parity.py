@@ -19,14 +19,14 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.shards.config import ShardMap
 
+from ..app import registry
 from ..support import Daemon, all_rows, run_cli, start_api
 
 pytestmark = pytest.mark.slow
-APP = "shardq.bin.examples:registry"
+APP = "shardq.tests.app:registry"
 TOKEN = "sq_parity-token"
 TENANT = "acme"
 PAID = '{"amount": 5}'

@@ -5,7 +5,7 @@ Every test runs workers the way they are deployed, as separate processes
 SIGCONT, SIGTERM), drives runs through the Python API and checks what a user
 observes: run states and outputs, the rows in each shard's `shardq.events`,
 `shardq.tasks` and `shardq.executions`, exit codes, the side-effect trace the
-`slow_steps` example workflow writes, and the workers' logs.
+`slow_steps` workflow (tests/app.py) writes, and the workers' logs.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_for
 
+from ..app import registry
 from ..support import ROOT, run_cli
 
 Fresh = Callable[[int], list[str]]
@@ -51,7 +51,7 @@ class WorkerProcess:
         self.err_path = folder / f"worker-{name}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
         env.update({"SHARDQ_SHARDS": ",".join(urls), "PYTHONUNBUFFERED": "1",
-                    "SHARDQ_APP": "shardq.bin.examples:registry"})
+                    "SHARDQ_APP": "shardq.tests.app:registry"})
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shardq.bin.cli", "worker", *args],

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.errors import ExecutionNotFound, InvalidArgument, SignalRefused
 from shardq.core.models import State
@@ -18,6 +17,7 @@ from shardq.worker.worker import Worker
 from shardq.workflow.builder import Run, Workflow
 from shardq.workflow.registry import Registry
 
+from ..app import registry
 from ..support import wait_until
 
 StartWorker = Callable[..., Worker]

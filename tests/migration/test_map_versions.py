@@ -225,10 +225,11 @@ def _fencing_store() -> type:
 def test_a_client_holding_version_1_follows_version_2_after_a_refusal(
     fresh_databases: Fresh,
 ) -> None:
-    from shardq.bin.examples import registry
     from shardq.client.client import Client
     from shardq.shards.pools import ShardPools
     from shardq.shards.routing import bucket_for
+
+    from ..app import registry
 
     urls = fresh_databases(2)
     seeds = ShardMap.from_urls(urls)
@@ -251,9 +252,10 @@ def test_a_client_holding_version_1_follows_version_2_after_a_refusal(
 def test_a_process_started_from_version_1_seeds_routes_by_the_newest_version(
     fresh_databases: Fresh,
 ) -> None:
-    from shardq.bin.examples import registry
     from shardq.client.client import Client
     from shardq.shards.pools import ShardPools
+
+    from ..app import registry
 
     urls = fresh_databases(2)
     seeds = ShardMap.from_urls(urls)

@@ -18,7 +18,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.async_client import AsyncClient
 from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument
@@ -31,6 +30,7 @@ from shardq.shards.pools import ShardPools
 from shardq.store.async_store import AsyncStore
 from shardq.store.store import Store
 
+from ..app import registry
 from ..support import all_rows, key_on
 from .test_client_inputs import CALLS, _counts
 

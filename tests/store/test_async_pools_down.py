@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.async_client import AsyncClient
 from shardq.core.errors import ExecutionNotFound
 from shardq.shards.async_pools import AsyncShardPools
@@ -24,6 +23,7 @@ from shardq.shards.pools import CONNECT_TIMEOUT_S, DOWN_PROBE_INTERVAL_S
 from shardq.shards.routing import new_execution_id
 from shardq.store.async_store import AsyncStore
 
+from ..app import registry
 from ..support import TcpProxy
 
 

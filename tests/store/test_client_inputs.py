@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import SignalRequest
 from shardq.core.rules import Limits
 from shardq.shards.config import ShardMap
 
+from ..app import registry
 from ..support import all_rows
 
 

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.async_client import AsyncClient
 from shardq.client.coalesce import SignalCoalescer
 from shardq.core.errors import ExecutionNotFound, InvalidArgument, SignalRefused, StoreRejected
 from shardq.core.models import SignalRequest, SignalResult
 from shardq.shards.config import Shard, ShardMap
 
+from ..app import registry
 from ..support import all_rows
 
 UNKNOWN = uuid.UUID("018f0000-0000-8000-8000-000000000000")

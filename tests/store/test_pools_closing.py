@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from shardq.bin.examples import registry
 from shardq.client.async_client import AsyncClient
 from shardq.core.errors import ExecutionNotFound
 from shardq.shards.async_pools import AsyncShardPools
@@ -22,6 +21,7 @@ from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
 from shardq.store.async_store import AsyncStore
 
+from ..app import registry
 from ..support import all_rows
 
 REACH_S = 0.4

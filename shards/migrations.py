@@ -44,6 +44,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from shardq.shards.config import Shard, ShardMap, check_url, redact, without_password
+from shardq.shards.connections import DictConnection, connect
 from shardq.shards.errors import (
     ConfigError,
     MapMismatch,
@@ -54,7 +55,6 @@ from shardq.shards.errors import (
     ShardUnavailable,
 )
 from shardq.shards.new_shard import check_new_database, drop_new_schema
-from shardq.shards.pools import DictConnection, connect
 from shardq.shards.routing import BUCKETS
 from shardq.shards.sqlfile import load_queries
 

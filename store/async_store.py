@@ -43,6 +43,13 @@ from shardq.core.models import (
     WaitInfo,
 )
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.connections import (
+    CONNECT_TIMEOUT_S,
+    SILENT_PEER_TIMEOUT_S,
+    connection_lost,
+    describe_connect_error,
+    tcp_settings,
+)
 from shardq.shards.errors import NotOwner, SchemaBehind, ShardRetired, ShardUnavailable
 from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting, map_poll_interval
@@ -53,16 +60,11 @@ from shardq.shards.liveness import (
     waited_in_vain,
 )
 from shardq.shards.pools import (
-    CONNECT_TIMEOUT_S,
-    SILENT_PEER_TIMEOUT_S,
     Outages,
     ShardPools,
     closed_under,
-    connection_lost,
-    describe_connect_error,
     round_trip_cap,
     server_options,
-    tcp_settings,
 )
 from shardq.store import listing, statements
 from shardq.store.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled

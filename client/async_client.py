@@ -124,7 +124,7 @@ class AsyncClient:
         if self._owned is None:
             return self
         if self._verify:
-            from shardq.shards.migrations import verify_shards  # noqa: PLC0415
+            from shardq.shards.check import verify_shards  # noqa: PLC0415
 
             unchecked = self._owned
             checked = await asyncio.to_thread(verify_shards, unchecked.map)

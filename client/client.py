@@ -56,10 +56,10 @@ from shardq.core.rules import (
     to_json,
     validate,
 )
+from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.fanout import Reached, each_shard, fan_out
 from shardq.shards.follow import rerouted
-from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for, bucket_of, new_execution_id, parse_execution_id
 from shardq.store.listing import (

@@ -2,7 +2,9 @@
 
 A pooled connection is made as a direct one is (shards/connections.py): TCP
 keepalives and a TCP user timeout for a server that went silent, a liveness guard
-(shards/liveness.py) for one that is up but frozen.
+(shards/liveness.py) for one that is up but frozen. Each shard is checked against
+this process's map on first reach (shards/check.py), and the map follows newer
+versions (shards/follow.py).
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from shardq.shards.check import ShardStatus, verify_shard
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.connections import (
     CONNECT_TIMEOUT_S,
@@ -30,7 +32,7 @@ from shardq.shards.connections import (
     tcp_settings,
 )
 from shardq.shards.errors import SchemaBehind, ShardqError, ShardRetired, ShardUnavailable
-from shardq.shards.follow import map_poll_interval, newest_map
+from shardq.shards.follow import map_poll_interval, newest_map, read_newer_map
 from shardq.shards.liveness import (
     CAP_MARGIN_S,
     HUNG_NOTICE_S,
@@ -39,9 +41,6 @@ from shardq.shards.liveness import (
     no_connection,
     waited_in_vain,
 )
-
-if TYPE_CHECKING:
-    from shardq.shards.migrations import ShardStatus
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class ShardPools:
 
     A shard is verified the first time it is reached, before any connection of
     its pool is handed out: its recorded map and schema must agree with this
-    process's (`verify`, by default shards.migrations.verify_shard). A daemon started while
+    process's (`verify`, by default shards.check.verify_shard). A daemon started while
     a shard was unreachable, or out of connection slots, checks it when it comes
     back instead of routing by a map the shards do not share. A map mismatch
     raises MapMismatch on every use and is handed to `on_fatal` once: a process
@@ -181,10 +180,10 @@ class ShardPools:
         self._application_name = application_name
         self._options = server_options(options, statement_timeout_s)
         self._max_wait_s = round_trip_cap(statement_timeout_s)
-        self._verify = verify if verify is not None else _default_verifier()
+        self._verify = verify if verify is not None else verify_shard
         self._on_fatal = on_fatal
         self._fatal: ShardqError | None = None
-        # Shards the caller checked just before (shards.migrations.verify_shards at
+        # Shards the caller checked just before (shards.check.verify_shards at
         # a process's start): not checked a second time on first use.
         self._verified: set[str] = {
             v.name if isinstance(v, Shard) else v.shard.name
@@ -447,7 +446,7 @@ class ShardPools:
             for shard in sources:
                 try:
                     with self.connection(shard) as conn:
-                        found = _read_newer(conn, current.version)
+                        found = read_newer_map(conn, current.version)
                 except ShardUnavailable:
                     if via is not None:
                         raise
@@ -503,14 +502,3 @@ class ShardPools:
             if not self._stop.is_set():  # one closing under it failed for that alone
                 log.warning("could not re-read the shard map", extra={"error": str(exc)})
 
-
-def _read_newer(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:
-    from shardq.shards.migrations import read_newer_map  # noqa: PLC0415
-
-    return read_newer_map(conn, after)
-
-
-def _default_verifier() -> Verifier:
-    from shardq.shards.migrations import verify_shard  # noqa: PLC0415
-
-    return verify_shard

@@ -73,7 +73,7 @@ from shardq.store.statements import CANCEL_ATTEMPTS, Op, Row, _TaskAppeared, buc
 if TYPE_CHECKING:
     import uuid
 
-    from shardq.shards.migrations import ShardStatus
+    from shardq.shards.check import ShardStatus
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class AsyncShardPools:
             self._outages.came_back(shard.name)
 
     async def _verify(self, shard: Shard) -> None:
-        from shardq.shards.migrations import verify_shard  # noqa: PLC0415 - imports pools
+        from shardq.shards.check import verify_shard  # noqa: PLC0415
 
         newer = await asyncio.to_thread(verify_shard, self.map, shard)
         self._verified.add(shard.name)

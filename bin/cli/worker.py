@@ -50,7 +50,7 @@ def worker(
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
 
-    from shardq.shards.migrations import verify_shards
+    from shardq.shards.check import verify_shards
     from shardq.shards.pools import ShardPools
     from shardq.store.store import Store
     from shardq.worker.worker import Worker, WorkerConfig, tune_gc_for_worker

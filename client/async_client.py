@@ -68,6 +68,7 @@ from shardq.core.models import (
 from shardq.core.rules import Limits, check_name
 from shardq.shards.async_fanout import each_shard, fan_out, rerouted
 from shardq.shards.async_pools import AsyncShardPools
+from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_of, parse_execution_id
 from shardq.store.async_store import AsyncStore
@@ -120,8 +121,6 @@ class AsyncClient:
         if self._owned is None:
             return self
         if self._verify:
-            from shardq.shards.migrations import verify_shards  # noqa: PLC0415
-
             unchecked = self._owned
             checked = await asyncio.to_thread(verify_shards, unchecked.map)
             # The statuses carry the newest map version the seeds hold: routed by it.

@@ -55,10 +55,10 @@ from shardq.core.rules import (
     Limits,
     check_name,
 )
+from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.fanout import each_shard, fan_out
 from shardq.shards.follow import rerouted
-from shardq.shards.migrations import verify_shards
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_of, parse_execution_id
 from shardq.store.listing import (

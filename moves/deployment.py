@@ -17,10 +17,10 @@ import psycopg
 
 from shardq.moves.plan import Layout, check_layout, shard_names
 from shardq.shards.config import Shard, ShardMap, without_password
+from shardq.shards.connections import DictConnection, connect
 from shardq.shards.errors import ConfigError, MoveRunning, SchemaBehind, ShardUnavailable
-from shardq.shards.migrations import MOVER_LOCK_KEY
-from shardq.shards.pools import DictConnection, connect
 from shardq.shards.sqlfile import load_queries
+from shardq.shards.versions import MOVER_LOCK_KEY
 
 SQL = load_queries("shardq.moves", "queries.sql")
 

@@ -55,6 +55,7 @@ from shardq.moves.plan import (
     reassign,
 )
 from shardq.shards.config import ShardMap
+from shardq.shards.connections import DictConnection
 from shardq.shards.errors import (
     ConfigError,
     MoveRunning,
@@ -62,7 +63,6 @@ from shardq.shards.errors import (
     ShardqError,
     ShardUnavailable,
 )
-from shardq.shards.pools import DictConnection
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import psycopg
 from shardq.moves.deployment import SQL
 from shardq.moves.plan import Range, bit_ranges, describe
 from shardq.shards.config import ShardMap
+from shardq.shards.connections import connect
 from shardq.shards.errors import ShardqError
-from shardq.shards.migrations import MOVER_LOCK_KEY
-from shardq.shards.pools import connect
+from shardq.shards.versions import MOVER_LOCK_KEY
 
 RESUME = "shardq shards move --resume"
 ABORT = "shardq shards move --abort"

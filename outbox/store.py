@@ -15,7 +15,7 @@ from psycopg.rows import tuple_row
 
 from shardq.outbox.models import OutboxBacklog, OutboxFailure, OutboxRow, OutboxSettlement
 from shardq.shards.config import Shard
-from shardq.shards.pools import DictConnection
+from shardq.shards.connections import DictConnection
 from shardq.shards.sqlfile import load_queries
 from shardq.store.statements import SQL as QUEUE_SQL
 from shardq.store.store import Store, listen

@@ -20,7 +20,15 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from shardq.shards.check import verify_shard
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.connections import (
+    CONNECT_TIMEOUT_S,
+    SILENT_PEER_TIMEOUT_S,
+    connection_lost,
+    describe_connect_error,
+    tcp_settings,
+)
 from shardq.shards.errors import SchemaBehind, ShardRetired, ShardUnavailable
 from shardq.shards.follow import map_poll_interval
 from shardq.shards.liveness import (
@@ -30,21 +38,16 @@ from shardq.shards.liveness import (
     waited_in_vain,
 )
 from shardq.shards.pools import (
-    CONNECT_TIMEOUT_S,
-    SILENT_PEER_TIMEOUT_S,
     Outages,
     ShardPools,
     closed_under,
-    connection_lost,
-    describe_connect_error,
     round_trip_cap,
     server_options,
-    tcp_settings,
 )
 
 if TYPE_CHECKING:
 
-    from shardq.shards.migrations import ShardStatus
+    from shardq.shards.check import ShardStatus
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +208,6 @@ class AsyncShardPools:
             self._outages.came_back(shard.name)
 
     async def _verify(self, shard: Shard) -> None:
-        from shardq.shards.migrations import verify_shard  # noqa: PLC0415 - imports pools
-
         newer = await asyncio.to_thread(verify_shard, self.map, shard)
         self._verified.add(shard.name)
         if newer is not None and newer > self.map.version:

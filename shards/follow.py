@@ -18,20 +18,25 @@ Fenced while a move has frozen it. `Rerouting` decides what the caller does next
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ConfigError, Fenced, NotOwner, ShardUnavailable
+from shardq.shards.sqlfile import load_queries
 
 if TYPE_CHECKING:
-    from shardq.shards.migrations import ShardStatus
+    from shardq.shards.check import ShardStatus
+    from shardq.shards.connections import DictConnection
 
 log = logging.getLogger(__name__)
+
+SQL = load_queries("shardq.shards", "queries.sql")
 
 ENV_MOVE_RETRY = "SHARDQ_MOVE_RETRY_S"
 DEFAULT_MOVE_RETRY_S = 10.0
@@ -157,6 +162,15 @@ def rerouted(router: Router, call: Callable[[ShardMap], R], *,
 
 
 # -- reading versions --------------------------------------------------------------
+
+
+def read_newer_map(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:
+    """(version, layout, deployment) of the newest map version newer than `after` that
+    the connected shard holds, or None."""
+    row = conn.execute(SQL["read_newer_map"], {"after": after}).fetchone()
+    if row is None:
+        return None
+    return int(row["version"]), json.loads(row["layout"]), row["deployment"]
 
 
 def newest_map(seeds: ShardMap, statuses: Iterable[ShardStatus]) -> ShardMap:

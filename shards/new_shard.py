@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.connections import DictConnection, connect
 from shardq.shards.errors import ConfigError, MapMismatch, ShardqError
-from shardq.shards.pools import DictConnection, connect
 from shardq.shards.sqlfile import load_queries
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,10 @@
-"""Connections to shards: one psycopg_pool per shard, and one-line errors when they fail.
+"""Pooled connections to shards: one psycopg_pool per shard of the current map version.
 
-Every connection, pooled or direct, carries TCP keepalives and a TCP user timeout
-(SILENT_PEER_TIMEOUT_S): a server that vanished without resetting its connections
-(a hard stop, a path that drops packets) would otherwise block a statement for
-the kernel's retransmission limit, about 15 minutes. statement_timeout cannot
-help there: it is enforced by the server, which a silent path never reaches.
-Every connection is also a GuardedConnection (shards/liveness.py): a server that
-is up but frozen keeps TCP alive, and a round trip to it fails within
-HUNG_NOTICE_S once a probe finds it does not answer.
+A pooled connection is made as a direct one is (shards/connections.py): TCP
+keepalives and a TCP user timeout for a server that went silent, a liveness guard
+(shards/liveness.py) for one that is up but frozen. Each shard is checked against
+this process's map on first reach (shards/check.py), and the map follows newer
+versions (shards/follow.py).
 """
 
 from __future__ import annotations
@@ -18,16 +15,24 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from shardq.shards.check import ShardStatus, verify_shard
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.connections import (
+    CONNECT_TIMEOUT_S,
+    SILENT_PEER_TIMEOUT_S,
+    DictConnection,
+    connect,
+    connection_lost,
+    describe_connect_error,
+    tcp_settings,
+)
 from shardq.shards.errors import SchemaBehind, ShardqError, ShardRetired, ShardUnavailable
-from shardq.shards.follow import map_poll_interval, newest_map
+from shardq.shards.follow import map_poll_interval, newest_map, read_newer_map
 from shardq.shards.liveness import (
     CAP_MARGIN_S,
     HUNG_NOTICE_S,
@@ -37,28 +42,8 @@ from shardq.shards.liveness import (
     waited_in_vain,
 )
 
-if TYPE_CHECKING:
-    from shardq.shards.migrations import ShardStatus
-
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 5
-DictConnection = psycopg.Connection[dict[str, Any]]
-
-TCP_SETTINGS = {
-    "keepalives": "1",
-    "keepalives_idle": "4",
-    "keepalives_interval": "2",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "8000",
-}
-"""libpq's settings for a silent peer, added to every shard URL that sets none of its own.
-A statement whose bytes the peer never acknowledges fails after tcp_user_timeout
-(8 s); one sent whole, waiting on a peer that went silent afterwards, fails once
-keepalive probes go unanswered (idle 4 s, then probes every 2 s, cut off by the
-same 8 s): about 12 s at most. Ignored on Unix sockets."""
-SILENT_PEER_TIMEOUT_S = 12.0
-"""The longest a statement to a silent shard blocks before it fails (see TCP_SETTINGS)."""
 DOWN_PROBE_INTERVAL_S = 1.0
 """While a shard is down, calls fail at once with its last error, and one call a second
 tries a direct connection: a refused shard costs nothing, and one that is back is used
@@ -68,64 +53,10 @@ Verifier = Callable[[ShardMap, Shard], int | None]
 """Checks a shard on first reach; returns the newest map version it holds (or None)."""
 
 
-def tcp_settings(url: str) -> dict[str, Any]:
-    """TCP_SETTINGS, less those the URL sets itself (an operator's choice wins)."""
-    given = conninfo_to_dict(url)
-    return {k: v for k, v in TCP_SETTINGS.items() if k not in given}
-
-
 def closed_under(shard: Shard, *, closing: bool) -> ShardUnavailable:
     """The error of a call whose pool was closed while it waited: said, never logged."""
     return ShardUnavailable(f"{shard.label}: the process's pools are closed" if closing
                             else f"{shard.label}: its pool was renewed meanwhile; try again")
-
-
-def describe_connect_error(shard: Shard, exc: BaseException) -> ShardUnavailable:
-    """Turn libpq's multi-line text into a one-line cause that names the shard."""
-    text = str(exc).strip()
-    lowered = text.lower()
-    if "password authentication failed" in lowered or "no password supplied" in lowered:
-        cause = "wrong password or user"
-    elif "does not exist" in lowered and "database" in lowered:
-        cause = "database does not exist"
-    elif "connection refused" in lowered or "no such file or directory" in lowered:
-        cause = "unreachable (connection refused)"
-    elif "timeout" in lowered or "timed out" in lowered or isinstance(exc, PoolTimeout):
-        cause = "unreachable (timed out)"
-    elif "could not translate host name" in lowered:
-        cause = "unreachable (unknown host)"
-    elif "too many clients" in lowered or "remaining connection slots" in lowered:
-        cause = "out of connection slots (too many clients)"
-    elif "starting up" in lowered or "shutting down" in lowered or "recovery" in lowered:
-        cause = "restarting (" + text.splitlines()[0].removeprefix("FATAL:  ") + ")"
-    elif text.splitlines() and "server closed the connection unexpectedly" in (
-            text.splitlines()[0].lower()):
-        # libpq's lines after it are its guess ("... before or while processing the
-        # request."), which alone says nothing of what happened.
-        cause = "connection lost (the server closed it unexpectedly)"
-    else:
-        # The first line is the cause (a FATAL the server sent, the statement
-        # abandoned); libpq's later lines are hints.
-        cause = text.splitlines()[0] if text else type(exc).__name__
-    return ShardUnavailable(f"{shard.label}: {cause}")
-
-
-def connect(shard: Shard, *, autocommit: bool = False) -> GuardedConnection:
-    """A direct connection outside any pool (migrations, LISTEN, one-off CLI checks),
-    its round trips bounded like a pooled one's."""
-    try:
-        conn = GuardedConnection.connect(
-            shard.url,
-            autocommit=autocommit,
-            row_factory=dict_row,
-            connect_timeout=CONNECT_TIMEOUT_S,
-            application_name="shardq",
-            **tcp_settings(shard.url),
-        )
-    except psycopg.OperationalError as exc:
-        raise describe_connect_error(shard, exc) from exc
-    conn.guard(liveness_of(shard.url))
-    return conn
 
 
 def guarding(url: str, max_wait_s: float | None) -> Callable[[GuardedConnection], None]:
@@ -198,7 +129,7 @@ class ShardPools:
 
     A shard is verified the first time it is reached, before any connection of
     its pool is handed out: its recorded map and schema must agree with this
-    process's (`verify`, by default shards.migrations.verify_shard). A daemon started while
+    process's (`verify`, by default shards.check.verify_shard). A daemon started while
     a shard was unreachable, or out of connection slots, checks it when it comes
     back instead of routing by a map the shards do not share. A map mismatch
     raises MapMismatch on every use and is handed to `on_fatal` once: a process
@@ -249,10 +180,10 @@ class ShardPools:
         self._application_name = application_name
         self._options = server_options(options, statement_timeout_s)
         self._max_wait_s = round_trip_cap(statement_timeout_s)
-        self._verify = verify if verify is not None else _default_verifier()
+        self._verify = verify if verify is not None else verify_shard
         self._on_fatal = on_fatal
         self._fatal: ShardqError | None = None
-        # Shards the caller checked just before (shards.migrations.verify_shards at
+        # Shards the caller checked just before (shards.check.verify_shards at
         # a process's start): not checked a second time on first use.
         self._verified: set[str] = {
             v.name if isinstance(v, Shard) else v.shard.name
@@ -510,7 +441,7 @@ class ShardPools:
             for shard in sources:
                 try:
                     with self.connection(shard) as conn:
-                        found = _read_newer(conn, current.version)
+                        found = read_newer_map(conn, current.version)
                 except ShardUnavailable:
                     if via is not None:
                         raise
@@ -566,24 +497,3 @@ class ShardPools:
             if not self._stop.is_set():  # one closing under it failed for that alone
                 log.warning("could not re-read the shard map", extra={"error": str(exc)})
 
-
-def _read_newer(conn: DictConnection, after: int) -> tuple[int, dict[str, Any], Any] | None:
-    from shardq.shards.migrations import read_newer_map  # noqa: PLC0415
-
-    return read_newer_map(conn, after)
-
-
-def _default_verifier() -> Verifier:
-    # Imported here: migrations connects through this module.
-    from shardq.shards.migrations import verify_shard  # noqa: PLC0415
-
-    return verify_shard
-
-
-def connection_lost(exc: psycopg.Error) -> bool:
-    """True when the error means the connection itself broke, not the statement."""
-    state = exc.sqlstate
-    return state is None or state.startswith("08") or state in _SERVER_GONE
-
-
-_SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})  # admin/crash shutdown, cannot connect now

@@ -30,9 +30,9 @@ from collections.abc import Callable
 import psycopg
 
 from shardq.shards.config import Shard
+from shardq.shards.connections import DictConnection, connect
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.liveness import GuardedConnection
-from shardq.shards.pools import DictConnection, connect
 from shardq.store.store import listen_for_wakes, ping
 
 log = logging.getLogger(__name__)

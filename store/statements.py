@@ -40,8 +40,8 @@ from shardq.core.models import (
     WaitInfo,
 )
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.connections import connection_lost
 from shardq.shards.errors import refusal
-from shardq.shards.pools import connection_lost
 from shardq.shards.routing import BUCKETS, bucket_for, new_execution_id
 from shardq.shards.sqlfile import load_queries
 from shardq.store import listing

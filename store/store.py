@@ -52,7 +52,8 @@ from shardq.core.models import (
     WaitInfo,
 )
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.pools import DictConnection, ShardPools
+from shardq.shards.connections import DictConnection
+from shardq.shards.pools import ShardPools
 from shardq.store import listing, statements
 from shardq.store.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
 from shardq.store.statements import (

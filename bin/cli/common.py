@@ -303,7 +303,7 @@ def open_client(settings: Settings, registry: Registry | None = None) -> Iterato
     """A client whose pools probe each shard on first use: a one-shot command fails at once
     with the shard's cause (refused, no database, bad password), not after a pool timeout."""
     from shardq.client.client import Client
-    from shardq.shards.migrations import verify_shards
+    from shardq.shards.check import verify_shards
     from shardq.shards.pools import ShardPools
     from shardq.store.store import Store
     from shardq.workflow.registry import Registry

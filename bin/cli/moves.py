@@ -13,9 +13,6 @@ for one grace period after its last move, not one per move.
 Exit codes: those of common.py (2 usage or configuration, 3 a shard unavailable,
 4 map, 5 schema) and EXIT_MOVE_RUNNING, 9: another move holds the mover's lock,
 or an unfinished move must be resumed (`--resume`) or aborted (`--abort`) first.
-
-`python -m shardq.bin.cli.moves shards move ...` runs the `shardq` command with
-these commands in its `shards` group, whatever shape bin/cli/shards.py has.
 """
 
 from __future__ import annotations
@@ -243,18 +240,3 @@ def register(group: click.Group) -> None:
     group.add_command(move_command)
     group.add_command(rebalance_command)
 
-
-def _standalone() -> None:
-    from shardq.bin.cli.main import cli, main
-
-    group = cli.commands.get("shards")
-    if not isinstance(group, click.Group):
-        group = click.Group("shards", help="The shard map and moves between shards.")
-        cli.add_command(group)
-    if "move" not in group.commands:
-        register(group)
-    main()
-
-
-if __name__ == "__main__":
-    _standalone()

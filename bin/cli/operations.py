@@ -43,8 +43,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 @pass_settings
 def migrate(settings: Settings, only: tuple[str, ...], schema_dir: Path | None) -> None:
     """Apply schema/ to every shard (idempotent, safe to race)."""
-    from shardq.shards.migrations import load_schema
     from shardq.shards.migrations import migrate as run_migrations
+    from shardq.shards.schema_files import load_schema
 
     with errors_as_exit_codes():
         shard_map = settings.shard_map()

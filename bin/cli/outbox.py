@@ -60,7 +60,7 @@ def outbox_relay(
     """Deliver signals sent to runs of other shards, until SIGTERM."""
 
     from shardq.outbox.relay import Relay, RelayConfig
-    from shardq.shards.migrations import verify_shards
+    from shardq.shards.check import verify_shards
     from shardq.shards.pools import ShardPools
     from shardq.store.store import Store
 

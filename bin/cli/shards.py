@@ -20,8 +20,8 @@ from shardq.bin.cli import moves
 from shardq.bin.cli.common import Settings, emit, errors_as_exit_codes, json_option, pass_settings
 
 if TYPE_CHECKING:
+    from shardq.shards.check import ShardStatus
     from shardq.shards.config import ShardMap
-    from shardq.shards.migrations import ShardStatus
 
 
 @click.group("shards", invoke_without_command=True)
@@ -41,7 +41,8 @@ def status_command(settings: Settings) -> None:
     (of the buckets it owns), and what moves left to do, with the command to run."""
     from shardq.moves.status import move_status
     from shardq.shards.fanout import each_shard
-    from shardq.shards.migrations import count_runs, load_schema, read_map
+    from shardq.shards.schema_files import load_schema
+    from shardq.shards.versions import count_runs, read_map
 
     with errors_as_exit_codes():
         seeds = settings.shard_map()
@@ -124,7 +125,7 @@ def add_command(settings: Settings, name: str, url: str, allow_nonempty: bool) -
     database holding anything but an empty public schema (unless --allow-nonempty),
     or a shardq schema this deployment did not make.
     """
-    from shardq.shards.migrations import add_shard
+    from shardq.shards.versions import add_shard
 
     with errors_as_exit_codes():
         grown = add_shard(settings.shard_map(), name, url, allow_nonempty=allow_nonempty)
@@ -137,7 +138,7 @@ def add_command(settings: Settings, name: str, url: str, allow_nonempty: bool) -
 @pass_settings
 def remove_command(settings: Settings, name: str) -> None:
     """Remove shard NAME from the map (refused while it owns buckets, or is home)."""
-    from shardq.shards.migrations import remove_shard
+    from shardq.shards.versions import remove_shard
 
     with errors_as_exit_codes():
         shrunk = remove_shard(settings.shard_map(), name)

@@ -51,7 +51,7 @@ def worker(
     """Run workflows: claim due runs on the served shards until SIGTERM."""
 
     from shardq.core.daemons import tune_gc_for_worker
-    from shardq.shards.migrations import verify_shards
+    from shardq.shards.check import verify_shards
     from shardq.shards.pools import ShardPools
     from shardq.store.store import Store
     from shardq.worker.config import WorkerConfig

@@ -361,7 +361,7 @@ async def interrupts(request: Request, tenant: str) -> Response:
 
 async def healthz(request: Request) -> Response:
     """Per-shard reachability; no token needed (a load balancer asks)."""
-    from shardq.shards.migrations import check_shard
+    from shardq.shards.check import check_shard
 
     shard_map = shared(request).map
     statuses = await asyncio.to_thread(

@@ -25,7 +25,7 @@ from shardq.bin.web.tokens import load_tokens
 from shardq.shards.config import ShardMap
 
 if TYPE_CHECKING:
-    from shardq.shards.migrations import ShardStatus
+    from shardq.shards.check import ShardStatus
 
 ENV_CONFIG = "SHARDQ_SERVE_CONFIG"
 
@@ -55,7 +55,7 @@ def checked(config: ServeConfig) -> tuple[Any, list[tuple[str, str]], ShardMap,
     """(registry, tokens, shard map, each shard's status) of `config`, every shard
     verified; raises the errors the command reports in one line (ConfigError,
     MapMismatch, ...)."""
-    from shardq.shards.migrations import verify_shards
+    from shardq.shards.check import verify_shards
 
     registry = load_registry(config.app)
     tokens = load_tokens(Path(config.tokens_file))

@@ -1,6 +1,6 @@
 """`shards move` killed with SIGKILL at every phase, then resumed or aborted.
 
-The mover runs as a real process (`python -m shardq.bin.cli.moves shards move`)
+The mover runs as a real process (`python -m shardq.bin.cli shards move`)
 against two PostgreSQL servers, with SHARDQ_MOVE_CRASH_AT naming where it kills
 itself (moves/mover.py, CRASH_POINTS). Runs are parked (timers, signal waits,
 interrupts), running (leased tasks) and receiving signals: a thread signals
@@ -65,7 +65,7 @@ def mover(dep: Deployment, *args: str, crash_at: str | None = None
     # Batches keep their planned size (no --max-pause lowering on a slow machine): the
     # tests name batches by number.
     return subprocess.run(
-        [sys.executable, "-m", "shardq.bin.cli.moves", "shards", "move", *args,
+        [sys.executable, "-m", "shardq.bin.cli", "shards", "move", *args,
          "--max-pause", "0"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
 

@@ -16,8 +16,9 @@ from psycopg.types.json import Jsonb
 
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import MapMismatch, ShardUnavailable
-from shardq.shards.migrations import load_schema, migrate
+from shardq.shards.migrations import migrate
 from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
+from shardq.shards.schema_files import load_schema
 
 from ..schema_picture import describe
 from ..support import ROOT, rows, schema_before, wait_until
@@ -279,8 +280,8 @@ def test_a_process_started_from_version_1_seeds_routes_by_the_newest_version(
 def test_pools_open_a_shard_a_version_adds_and_close_one_it_drops(
     fresh_databases: Fresh,
 ) -> None:
-    from shardq.shards.migrations import add_shard, remove_shard
     from shardq.shards.pools import ShardPools
+    from shardq.shards.versions import add_shard, remove_shard
 
     urls = fresh_databases(3)
     seeds = ShardMap.from_urls(urls[:2])

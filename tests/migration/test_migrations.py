@@ -18,10 +18,12 @@ import psycopg
 import pytest
 
 from shardq.client.client import Client
+from shardq.shards.check import check_shard
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import MigrationError
-from shardq.shards.migrations import CURRENT_SCHEMA_FILE, check_shard, load_schema, migrate
+from shardq.shards.migrations import migrate
 from shardq.shards.routing import new_execution_id
+from shardq.shards.schema_files import CURRENT_SCHEMA_FILE, load_schema
 from shardq.workflow.registry import Registry
 
 from ..schema_picture import describe

@@ -17,9 +17,10 @@ from shardq.client.async_client import AsyncClient
 from shardq.core.errors import ExecutionNotFound
 from shardq.shards.async_pools import AsyncShardPools
 from shardq.shards.config import ShardMap
+from shardq.shards.connections import CONNECT_TIMEOUT_S
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.liveness import HUNG_NOTICE_S
-from shardq.shards.pools import CONNECT_TIMEOUT_S, DOWN_PROBE_INTERVAL_S
+from shardq.shards.pools import DOWN_PROBE_INTERVAL_S
 from shardq.shards.routing import new_execution_id
 from shardq.store.async_store import AsyncStore
 

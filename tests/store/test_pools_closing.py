@@ -14,9 +14,9 @@ import pytest
 from shardq.client.async_client import AsyncClient
 from shardq.core.errors import ExecutionNotFound
 from shardq.shards.async_pools import AsyncShardPools
+from shardq.shards.check import verify_shard
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
-from shardq.shards.migrations import verify_shard
 from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
 from shardq.store.async_store import AsyncStore

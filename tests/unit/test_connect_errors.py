@@ -7,7 +7,7 @@ import psycopg
 import pytest
 
 from shardq.shards.config import ShardMap
-from shardq.shards.pools import describe_connect_error
+from shardq.shards.connections import describe_connect_error
 
 SHARD = ShardMap.from_urls(["postgresql://app@db.example:5432/orders"]).shards[0]
 HINT = ("\n\tThis probably means the server terminated abnormally\n"

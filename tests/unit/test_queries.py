@@ -58,7 +58,7 @@ def _callee(call: ast.Call) -> str:
     [
         ("shardq.store", "queries.sql", ["store/store.py", "store/statements.py"], {}),
         ("shardq.shards", "queries.sql",
-         ["shards/migrations.py", "shards/new_shard.py", "shards/liveness.py"], {}),
+         ["shards/*.py"], {}),
         ("shardq.outbox", "queries.sql", ["outbox/store.py"], {}),
         ("shardq.benchmarks", "queries.sql", ["benchmarks/*.py"], BENCHMARK_RUNNERS),
     ],

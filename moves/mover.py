@@ -23,16 +23,14 @@ re-entrant and a re-run decides from the shards' own state: `applied_batches`
 on B, the bits on A. Only one mover runs per deployment: it holds a session
 advisory lock on home for its whole run.
 
-Crash hooks for tests: SHARDQ_MOVE_CRASH_AT=<point>[@<batch>] SIGKILLs the
-process at that point (of batch 0 unless a batch is named); see CRASH_POINTS.
+For the crash tests, failpoints `move.<point>@<batch>` (shards/failpoints.py) kill
+the process at each step.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,25 +60,11 @@ from shardq.shards.errors import (
     ShardqError,
     ShardUnavailable,
 )
+from shardq.shards.failpoints import failpoint
 from shardq.shards.pools import DictConnection
 
 log = logging.getLogger(__name__)
 
-CRASH_ENV = "SHARDQ_MOVE_CRASH_AT"
-CRASH_POINTS = {
-    "plan": "the move and its batches journaled, nothing frozen",
-    "freeze": "F1 committed on the source (the journal said fenced before it); writers "
-              "not yet waited out",
-    "fenced": "F2 over; nothing copied",
-    "copy": "S1 in flight: executions and history copied, the target's transaction open",
-    "switch": "S1 complete but not committed",
-    "switched": "S1 committed on the target, the journal still says fenced",
-    "release": "R committed on the source; home and the other shards lack the version",
-    "released": "R journaled; cleanup not started",
-    "clean": "C in flight: one chunk of the source's rows deleted",
-    "cleaned": "C journaled for the batch; other batches' copies not yet deleted",
-}
-"""Where SHARDQ_MOVE_CRASH_AT can kill the mover, and the state it leaves."""
 TABLES = ("executions", "history", "signals", "waits", "tasks", "outbox")
 ANALYZE_AFTER_ROWS = 1000
 """A table the move changed by fewer rows than this is left to autovacuum."""
@@ -181,17 +165,6 @@ class MoveResult:
         }
 
 
-def crash_point(point: str, batch: int) -> None:
-    """SIGKILL this process if SHARDQ_MOVE_CRASH_AT names this point (and batch)."""
-    wanted = os.environ.get(CRASH_ENV)
-    if not wanted:
-        return
-    name, _, at = wanted.partition("@")
-    if name == point and int(at or 0) == batch:
-        log.warning("crash hook: killing the mover at %s of batch %d", point, batch)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 # -- the mover ------------------------------------------------------------------------
 
 
@@ -282,7 +255,7 @@ class Mover:
                     "runs": b.runs, "rows": b.rows})
         self.progress(f"move {move}: buckets {first}-{last} from {source} to {target}, "
                       f"{len(batches)} batch(es), {sum(b.runs for b in batches)} runs")
-        crash_point("plan", 0)
+        failpoint("move.plan", 0)
         return move
 
     # -- carrying a move out ------------------------------------------------------
@@ -415,7 +388,7 @@ class Mover:
             sources.add(source)
             log.info("cleaned batch %d of move %d: %d runs deleted on %s", row["batch"],
                      row["move_id"], deleted, source)
-            crash_point("cleaned", row["batch"])
+            failpoint("move.cleaned", row["batch"])
         for source in sorted(sources):
             self._keep_statistics(source)
             self.conn(source).execute(SQL["mark_clean"])
@@ -449,7 +422,7 @@ class Mover:
             except ShardUnavailable:
                 self._journal(move, item.batch, "planned")  # gave up, nothing frozen
                 raise
-            crash_point("fenced", item.batch)
+            failpoint("move.fenced", item.batch)
             version = self._switch(move, item, batch, frozen_at)
             self.home.execute(SQL["batch_switched"], {
                 "move": move, "batch": item.batch, "runs": item.runs, "rows": item.rows,
@@ -490,7 +463,7 @@ class Mover:
                                   f"but {target} has no switch of batch {number} of move "
                                   f"{move}: resolve by hand")
             frozen_at = time.monotonic()
-            crash_point("freeze", number)
+            failpoint("move.freeze", number)
             blocking = self._wait_for_writers(src)
             if not blocking:
                 return frozen_at
@@ -579,7 +552,7 @@ class Mover:
                     for table in TABLES:
                         copied[table] = _copy(src, dst, table, ids)
                         if table == "history":
-                            crash_point("copy", item.batch)
+                            failpoint("move.copy", item.batch)
                     rows = sum(copied.values())
                 if maxima["history_seq"] is not None:
                     dst.execute(SQL["advance_history_seq"], {"max": maxima["history_seq"]})
@@ -590,12 +563,12 @@ class Mover:
                 dst.execute(SQL["take_ownership"], {"bits": mask, "version": version})
                 dst.execute(SQL["record_applied"], {**key, "version": version})
                 dst.execute(SQL["notify_map"], {"version": version})
-                crash_point("switch", item.batch)
+                failpoint("move.switch", item.batch)
             item.paused_ms = round((time.monotonic() - frozen_at) * 1000)
             item.runs, item.rows = len(ids), rows
             for table, count in copied.items():
                 self._changed[target, table] = self._changed.get((target, table), 0) + count
-            crash_point("switched", item.batch)
+            failpoint("move.switched", item.batch)
         finally:
             dst.close()
             src.close()
@@ -650,7 +623,7 @@ class Mover:
                 began = time.monotonic()
                 with conn.transaction():
                     conn.execute(SQL["delete_runs"], {"ids": ids})
-                crash_point("clean", number)
+                failpoint("move.clean", number)
                 self.options.pace(began)
             else:
                 conn.execute(SQL["delete_runs"], {"ids": ids})
@@ -669,7 +642,7 @@ class Mover:
             src.execute(SQL["release"], {"bits": bits(batch.first, batch.last),
                                          "version": version})
             src.execute(SQL["notify_map"], {"version": version})
-        crash_point("release", item.batch)
+        failpoint("move.release", item.batch)
         self.home.execute(SQL["add_map"], {"version": version, "layout": layout})
         self.home.execute(SQL["batch_released"], {"move": move, "batch": item.batch,
                                                   "version": version})
@@ -684,7 +657,7 @@ class Mover:
                 # corrected by the first refusal of the shard it then writes to.
                 log.warning("map version %d not written to %s: %s", version, name, exc)
                 self._conns.pop(name, None)
-        crash_point("released", item.batch)
+        failpoint("move.released", item.batch)
 
 
 def _pending(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ lock on home for its whole run, and the move journal lives there too.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -16,43 +15,44 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from shardq.moves.plan import Layout, check_layout, shard_names
+from shardq.moves.store import MoveStore
 from shardq.shards.config import Shard, ShardMap, without_password
 from shardq.shards.connections import DictConnection, connect
 from shardq.shards.errors import ConfigError, MoveRunning, SchemaBehind, ShardUnavailable
-from shardq.shards.sqlfile import load_queries
-from shardq.shards.versions import MOVER_LOCK_KEY
-
-SQL = load_queries("shardq.moves", "queries.sql")
 
 
 class Deployment:
-    """The newest map the seeds hold, and a way to reach each shard it names."""
+    """The newest map the seeds hold, a way to reach each shard it names, and the store
+    every statement of a move goes through."""
 
-    def __init__(self, seeds: ShardMap, version: int, layout: Layout) -> None:
+    def __init__(self, seeds: ShardMap, version: int, layout: Layout,
+                 store: MoveStore | None = None) -> None:
         self.seeds = seeds
         self.version = version
         self.layout = layout
+        self.store = store or MoveStore()
 
     @classmethod
-    def load(cls, seeds: ShardMap) -> Deployment:
+    def load(cls, seeds: ShardMap, store: MoveStore | None = None) -> Deployment:
+        store = store or MoveStore()
         best: tuple[int, Layout] | None = None
         errors = []
         for seed in seeds.shards:
             try:
                 with connect(seed, autocommit=True) as conn:
-                    row = conn.execute(SQL["newest_map"]).fetchone()
+                    found = store.newest_map(conn)
             except ShardUnavailable as exc:
                 errors.append(str(exc))
                 continue
             except psycopg.errors.UndefinedTable:
                 raise SchemaBehind(f"{seed.label}: no map versions: run `shardq migrate`") from None
-            if row is not None and (best is None or row["version"] > best[0]):
-                best = (int(row["version"]), json.loads(row["layout"]))
+            if found is not None and (best is None or found[0] > best[0]):
+                best = found
         if best is None:
             raise ShardUnavailable("no seed shard answered with a map: " + "; ".join(errors)
                                    if errors else "no seed shard holds a map version")
         check_layout(best[1])
-        return cls(seeds, *best)
+        return cls(seeds, *best, store=store)
 
     @property
     def home(self) -> str:
@@ -83,9 +83,9 @@ class Deployment:
     def refresh(self, conns: dict[str, DictConnection]) -> None:
         """Take the newest version any of these shards holds."""
         for conn in conns.values():
-            row = conn.execute(SQL["newest_map"]).fetchone()
-            if row is not None and row["version"] > self.version:
-                self.version, self.layout = int(row["version"]), json.loads(row["layout"])
+            found = self.store.newest_map(conn)
+            if found is not None and found[0] > self.version:
+                self.version, self.layout = found
 
 
 def _with_credentials(url: str, seeds: ShardMap) -> str:
@@ -106,18 +106,15 @@ def mover_lock(dep: Deployment) -> Iterator[DictConnection]:
     """A connection to home holding the mover's lock; MoveRunning when another has it."""
     conn = dep.connect(dep.home)
     try:
-        conn.execute(SQL["set_name"], {"name": "shardq-mover"})
-        taken = conn.execute(SQL["take_mover_lock"], {"key": MOVER_LOCK_KEY}).fetchone()
-        if not (taken and taken["taken"]):
-            holder = conn.execute(SQL["mover_lock_holder"], {
-                "high": MOVER_LOCK_KEY >> 32, "low": MOVER_LOCK_KEY & 0xFFFF_FFFF,
-            }).fetchone()
-            running = conn.execute(SQL["unfinished_move"]).fetchone()
-            what = (f"move {running['id']} (buckets {running['first_bucket']}-"
-                    f"{running['last_bucket']} from {running['source']} to {running['target']}, "
-                    f"{running['phase']})" if running else "a mover")
-            who = (f" by pid {holder['pid']} on {holder['host']} since "
-                   f"{holder['backend_start']:%Y-%m-%d %H:%M:%S}" if holder else "")
+        dep.store.set_application_name(conn, "shardq-mover")
+        if not dep.store.try_mover_lock(conn):
+            holder = dep.store.mover_lock_holder(conn)
+            running = dep.store.unfinished_move(conn)
+            what = (f"move {running.id} (buckets {running.first_bucket}-"
+                    f"{running.last_bucket} from {running.source} to {running.target}, "
+                    f"{running.phase})" if running else "a mover")
+            who = (f" by pid {holder.pid} on {holder.host} since "
+                   f"{holder.backend_start:%Y-%m-%d %H:%M:%S}" if holder else "")
             raise MoveRunning(f"another move is running: {what}{who}")
         yield conn
     finally:

@@ -1,7 +1,6 @@
 """The mover: moves a bucket range from the shard that owns it to another, online.
 
-Per batch of whole buckets (docs/design/growing.md, section 4; decision 4 of
-the session's brief):
+Per batch of whole buckets (docs/design/growing.md, section 4):
 
 - F1 freeze, on the source A: clear the batch's `writable` bits (it stays
   `owned`), `unclean`, `fence_move`, `fence_target`. From here on a write to
@@ -23,29 +22,32 @@ re-entrant and a re-run decides from the shards' own state: `applied_batches`
 on B, the bits on A. Only one mover runs per deployment: it holds a session
 advisory lock on home for its whole run.
 
-Crash hooks for tests: SHARDQ_MOVE_CRASH_AT=<point>[@<batch>] SIGKILLs the
-process at that point (of batch 0 unless a batch is named); see CRASH_POINTS.
+Every statement goes through the deployment's MoveStore (moves/store.py). For the
+crash tests, failpoints `move.<point>@<batch>` (shards/failpoints.py) kill the
+process at each step.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
-import psycopg.sql
 from psycopg import IsolationLevel
 
-from shardq.moves.deployment import SQL, Deployment, mover_lock
+from shardq.moves.deployment import Deployment, mover_lock
+from shardq.moves.models import (
+    BatchRecord,
+    BatchResult,
+    Cleanup,
+    LateWriter,
+    MoveOptions,
+    MoveResult,
+    PendingCleanup,
+)
 from shardq.moves.plan import (
     Batch,
-    Layout,
     PlannedMove,
     bits,
     describe_ranges,
@@ -54,6 +56,7 @@ from shardq.moves.plan import (
     plan_rebalance,
     reassign,
 )
+from shardq.moves.store import TABLES
 from shardq.shards.config import ShardMap
 from shardq.shards.connections import DictConnection
 from shardq.shards.errors import (
@@ -63,133 +66,14 @@ from shardq.shards.errors import (
     ShardqError,
     ShardUnavailable,
 )
+from shardq.shards.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
-CRASH_ENV = "SHARDQ_MOVE_CRASH_AT"
-CRASH_POINTS = {
-    "plan": "the move and its batches journaled, nothing frozen",
-    "freeze": "F1 committed on the source (the journal said fenced before it); writers "
-              "not yet waited out",
-    "fenced": "F2 over; nothing copied",
-    "copy": "S1 in flight: executions and history copied, the target's transaction open",
-    "switch": "S1 complete but not committed",
-    "switched": "S1 committed on the target, the journal still says fenced",
-    "release": "R committed on the source; home and the other shards lack the version",
-    "released": "R journaled; cleanup not started",
-    "clean": "C in flight: one chunk of the source's rows deleted",
-    "cleaned": "C journaled for the batch; other batches' copies not yet deleted",
-}
-"""Where SHARDQ_MOVE_CRASH_AT can kill the mover, and the state it leaves."""
-TABLES = ("executions", "history", "signals", "waits", "tasks", "outbox")
 ANALYZE_AFTER_ROWS = 1000
 """A table the move changed by fewer rows than this is left to autovacuum."""
 CLEAN_CHUNK = 500
 ORPHAN_WAIT_S = 5.0
-
-
-@dataclass(frozen=True)
-class MoveOptions:
-    max_batch_runs: int = 1000
-    max_batch_rows: int = 50_000
-    fence_wait_s: float = 1.0
-    fence_retries: int = 10
-    grace_s: float = 60.0
-    max_pause_s: float = 1.0
-    """A batch whose pause (freeze to switch) took longer halves the batch size of the
-    batches not started yet, down to one run. 0: never."""
-    rest: float = 1.0
-    """After each batch (and each chunk of cleanup), rest this many times as long as it
-    took: a move is background work, and on a busy server the copy's CPU and I/O are
-    taken from the shard's own traffic. 0 moves at full speed."""
-
-    def __post_init__(self) -> None:
-        if self.max_batch_runs <= 0 or self.max_batch_rows <= 0:
-            raise ConfigError("batch sizes must be positive (--batch-runs, --batch-rows)")
-        if not 0 <= self.grace_s <= 1e9 or not 0 < self.fence_wait_s <= 3600:
-            raise ConfigError("--grace must be >= 0 and --fence-wait > 0 seconds")
-        if not 0 <= self.max_pause_s <= 3600:  # nan fails too
-            raise ConfigError("--max-pause must be within 0..3600 seconds")
-        if not 0 <= self.rest <= 100:  # nan fails too
-            raise ConfigError("--rest must be within 0..100 (times a batch's own time)")
-
-    def pace(self, since: float) -> None:
-        """Rest in proportion to the work done since `since` (time.monotonic())."""
-        if self.rest > 0:
-            time.sleep(self.rest * (time.monotonic() - since))
-
-
-@dataclass
-class BatchResult:
-    batch: int
-    first: int
-    last: int
-    phase: str
-    runs: int | None = None
-    rows: int | None = None
-    paused_ms: int | None = None
-    map_version: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "buckets": [self.first, self.last], "phase": self.phase,
-                "runs": self.runs, "rows": self.rows, "paused_ms": self.paused_ms,
-                "map_version": self.map_version}
-
-
-@dataclass
-class Cleanup:
-    """What a mover's run did about the copies sources keep of switched batches (of
-    its own move and of earlier ones): deleted, or left for their grace period."""
-
-    deleted_runs: int = 0
-    cleaned: list[tuple[int, int]] = field(default_factory=list)
-    """(move, batch) of each batch whose copy was deleted."""
-    pending: list[dict[str, Any]] = field(default_factory=list)
-    """Copies left: move, batch, buckets, source, due_at (when the grace period ends)."""
-    waited_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"deleted_runs": self.deleted_runs, "batches_cleaned": len(self.cleaned),
-                "waited_s": round(self.waited_s, 3),
-                "pending": [{**p, "due_at": p["due_at"].isoformat()} for p in self.pending]}
-
-
-@dataclass
-class MoveResult:
-    move: int
-    first: int
-    last: int
-    source: str
-    target: str
-    phase: str
-    batches: list[BatchResult] = field(default_factory=list)
-    seconds: float = 0.0
-    map_version: int = 0
-    cleanup: Cleanup = field(default_factory=Cleanup)
-
-    def as_dict(self) -> dict[str, Any]:
-        runs = sum(b.runs or 0 for b in self.batches)
-        pauses = [b.paused_ms for b in self.batches if b.paused_ms is not None]
-        return {
-            "move": self.move, "buckets": [self.first, self.last], "source": self.source,
-            "target": self.target, "phase": self.phase, "map_version": self.map_version,
-            "runs_moved": runs, "seconds": round(self.seconds, 3),
-            "runs_per_second": round(runs / self.seconds, 1) if self.seconds > 0 else None,
-            "max_pause_ms": max(pauses, default=None),
-            "batches": [b.as_dict() for b in self.batches],
-            "cleanup": self.cleanup.as_dict(),
-        }
-
-
-def crash_point(point: str, batch: int) -> None:
-    """SIGKILL this process if SHARDQ_MOVE_CRASH_AT names this point (and batch)."""
-    wanted = os.environ.get(CRASH_ENV)
-    if not wanted:
-        return
-    name, _, at = wanted.partition("@")
-    if name == point and int(at or 0) == batch:
-        log.warning("crash hook: killing the mover at %s of batch %d", point, batch)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # -- the mover ------------------------------------------------------------------------
@@ -201,6 +85,7 @@ class Mover:
     def __init__(self, dep: Deployment, home: DictConnection, options: MoveOptions,
                  progress: Callable[[str], None] | None = None) -> None:
         self.dep = dep
+        self.store = dep.store
         self.home = home
         self.options = options
         self.progress = progress or (lambda _line: None)
@@ -229,16 +114,15 @@ class Mover:
     def start(self, first: int, last: int, target: str) -> int:
         """Check and journal a new move; return its id."""
         dep = self.dep
-        unfinished = self.home.execute(SQL["unfinished_move"]).fetchone()
+        unfinished = self.store.unfinished_move(self.home)
         if unfinished is not None:
-            same = (unfinished["first_bucket"], unfinished["last_bucket"],
-                    unfinished["target"]) == (first, last, target)
-            if same:
-                return int(unfinished["id"])
+            if (unfinished.first_bucket, unfinished.last_bucket,
+                    unfinished.target) == (first, last, target):
+                return unfinished.id
             raise MoveRunning(
-                f"move {unfinished['id']} (buckets {unfinished['first_bucket']}-"
-                f"{unfinished['last_bucket']} from {unfinished['source']} to "
-                f"{unfinished['target']}) is unfinished: run `shardq shards move --resume` "
+                f"move {unfinished.id} (buckets {unfinished.first_bucket}-"
+                f"{unfinished.last_bucket} from {unfinished.source} to "
+                f"{unfinished.target}) is unfinished: run `shardq shards move --resume` "
                 "or `--abort` first")
         dep.refresh({"home": self.home})
         if target not in dep.names:
@@ -254,35 +138,24 @@ class Mover:
             raise ConfigError(f"{target} already owns buckets {first}-{last} "
                               f"(it owns {describe_ranges(dep.layout, target)})")
         src, dst = self.conn(source), self.conn(target)
-        own = src.execute(SQL["ownership"]).fetchone()
-        if own is None or own["owned"][first:last + 1] != "1" * (last - first + 1):
+        own = self.store.ownership(src)
+        if own is None or own.owned[first:last + 1] != "1" * (last - first + 1):
             raise ConfigError(f"{source} does not own all of buckets {first}-{last} by its "
                               "own record: its ownership disagrees with the map")
-        versions = {n: c.execute(SQL["schema_version"]).fetchone() for n, c in
-                    ((source, src), (target, dst))}
-        have = {n: int(v["version"]) if v else 0 for n, v in versions.items()}
+        have = {n: self.store.schema_version(c) for n, c in ((source, src), (target, dst))}
         if have[source] != have[target]:
             raise SchemaBehind(f"schema versions differ ({source} {have[source]}, {target} "
                                f"{have[target]}): run `shardq migrate` on both first")
-        counts = {int(r["bucket"]): (int(r["runs"]), int(r["rows"])) for r in src.execute(
-            SQL["bucket_counts"], {"first": first, "last": last})}
-        batches = plan_batches(counts, first, last, self.options.max_batch_runs,
-                               self.options.max_batch_rows)
-        with self.home.transaction():
-            row = self.home.execute(SQL["insert_move"], {
-                "first": first, "last": last, "source": source, "target": target,
-                "from_version": dep.version, "max_runs": self.options.max_batch_runs,
-                "max_rows": self.options.max_batch_rows, "grace_s": self.options.grace_s,
-            }).fetchone()
-            assert row is not None
-            move = int(row["id"])
-            for i, b in enumerate(batches):
-                self.home.execute(SQL["insert_batch"], {
-                    "move": move, "batch": i, "first": b.first, "last": b.last,
-                    "runs": b.runs, "rows": b.rows})
+        batches = plan_batches(self.store.bucket_counts(src, first, last), first, last,
+                               self.options.max_batch_runs, self.options.max_batch_rows)
+        move = self.store.journal_move(
+            self.home, first=first, last=last, source=source, target=target,
+            from_version=dep.version, max_runs=self.options.max_batch_runs,
+            max_rows=self.options.max_batch_rows, grace_s=self.options.grace_s,
+            batches=batches)
         self.progress(f"move {move}: buckets {first}-{last} from {source} to {target}, "
                       f"{len(batches)} batch(es), {sum(b.runs for b in batches)} runs")
-        crash_point("plan", 0)
+        failpoint("move.plan", 0)
         return move
 
     # -- carrying a move out ------------------------------------------------------
@@ -292,21 +165,21 @@ class Mover:
         copies its source keeps (and those earlier moves left) once their grace period
         is over: waiting for it when `wait`, else leaving what is not due yet."""
         started = time.monotonic()
-        row = self.home.execute(SQL["move_by_id"], {"id": move}).fetchone()
+        row = self.store.move(self.home, move)
         assert row is not None
-        result = MoveResult(move, row["first_bucket"], row["last_bucket"], row["source"],
-                            row["target"], "moving")
-        self.source, self.target = str(row["source"]), str(row["target"])
-        limits = (int(row["max_batch_runs"]), int(row["max_batch_rows"]))
+        result = MoveResult(move, row.first_bucket, row.last_bucket, row.source, row.target,
+                            "moving")
+        self.source, self.target = row.source, row.target
+        limits = (row.max_batch_runs, row.max_batch_rows)
         # The journal is read again after each batch: a slow one re-plans those after it.
         while (b := self._batch_after(move, result.batches[-1].batch if result.batches
                                       else -1)) is not None:
-            item = BatchResult(b["batch"], b["first_bucket"], b["last_bucket"], b["phase"],
-                               b["runs"], b["rows_copied"], b["paused_ms"], b["map_version"])
+            item = BatchResult(b.batch, b.first_bucket, b.last_bucket, b.phase, b.runs,
+                               b.rows_copied, b.paused_ms, b.map_version)
             result.batches.append(item)
-            if b["phase"] in ("released", "cleaned", "rolled_back"):
+            if b.phase in ("released", "cleaned", "rolled_back"):
                 continue
-            batch = Batch(item.first, item.last, b["planned_runs"], b["planned_rows"])
+            batch = Batch(item.first, item.last, b.planned_runs, b.planned_rows)
             if abort:
                 self._roll_back(move, item, batch)
             else:
@@ -320,8 +193,8 @@ class Mover:
         # An abort that found every batch switched rolled nothing back: the move is done.
         rolled_back = any(item.phase == "rolled_back" for item in result.batches)
         result.phase = "aborted" if rolled_back else "done"
-        if row["phase"] != result.phase:
-            self._set_move(move, result.phase)
+        if row.phase != result.phase:
+            self.store.set_move_phase(self.home, move, result.phase)
         self.dep.refresh({"home": self.home})
         result.map_version = self.dep.version
         result.cleanup = self.clean_up(wait=wait, current=move)
@@ -344,25 +217,18 @@ class Mover:
         bound = self.options.max_pause_s
         if not bound or item.paused_ms is None or item.paused_ms <= bound * 1000:
             return limits
-        later = [b for b in self._batches(move) if b["batch"] > item.batch]
-        if not later or any(b["phase"] != "planned" for b in later):
+        later = [b for b in self.store.batches(self.home, move) if b.batch > item.batch]
+        if not later or any(b.phase != "planned" for b in later):
             return limits
         runs = max(1, min(limits[0], item.runs or limits[0]) // 2)
         rows = max(1, min(limits[1], item.rows or limits[1]) // 2)
-        first, last = later[0]["first_bucket"], later[-1]["last_bucket"]
-        counts = {int(r["bucket"]): (int(r["runs"]), int(r["rows"])) for r in self.conn(
-            self.source).execute(SQL["bucket_counts"], {"first": first, "last": last})}
+        first, last = later[0].first_bucket, later[-1].last_bucket
+        counts = self.store.bucket_counts(self.conn(self.source), first, last)
         batches = plan_batches(counts, first, last, runs, rows)
         if len(batches) <= len(later):
             return limits  # single buckets already, or nothing gained
-        with self.home.transaction():
-            self.home.execute(SQL["drop_planned_batches"], {"move": move, "after": item.batch})
-            for i, b in enumerate(batches, start=item.batch + 1):
-                self.home.execute(SQL["insert_batch"], {
-                    "move": move, "batch": i, "first": b.first, "last": b.last,
-                    "runs": b.runs, "rows": b.rows})
-            self.home.execute(SQL["set_batch_limits"], {"move": move, "runs": runs,
-                                                        "rows": rows})
+        self.store.replan_batches(self.home, move, item.batch, batches, max_runs=runs,
+                                  max_rows=rows)
         self.progress(f"batch {item.batch} paused {item.paused_ms} ms, above --max-pause "
                       f"{bound:g} s: the {len(later)} batch(es) after it re-planned as "
                       f"{len(batches)} of at most {runs} runs and {rows} rows")
@@ -377,64 +243,58 @@ class Mover:
         in turn (a killed 11-batch move took 9 minutes to resume that way).
         """
         done = Cleanup()
-        rows = list(self.home.execute(SQL["pending_cleanups"]))
+        rows = self.store.pending_cleanups(self.home)
         read_at = time.monotonic()
         sources = {self.source} if current is not None else set()
         if rows and wait:
-            longest = max(float(r["due_in_s"]) for r in rows)
+            longest = max(r.due_in_s for r in rows)
             if longest > 0:
                 self.progress(_waiting(rows, longest))
         for row in rows:
-            left = read_at + float(row["due_in_s"]) - time.monotonic()
+            left = read_at + row.due_in_s - time.monotonic()
             if left > 0 and not wait:
-                done.pending.append(_pending(row))
+                done.pending.append(row.as_dict())
                 continue
             if left > 0:
                 time.sleep(left)
                 done.waited_s += left
-            source = str(row["source"])
+            source = row.source
             try:
                 deleted = self._delete_range(
-                    self.conn(source), Batch(row["first_bucket"], row["last_bucket"], 0, 0),
-                    chunked=True, number=row["batch"])
+                    self.conn(source), Batch(row.first_bucket, row.last_bucket, 0, 0),
+                    chunked=True, number=row.batch)
             except (ShardUnavailable, psycopg.OperationalError) as exc:
-                if row["move_id"] == current:
+                if row.move_id == current:
                     raise
                 # An earlier move's source that is down keeps its copy until a later run.
                 log.warning("copy of batch %d of move %d on %s left for later: %s",
-                            row["batch"], row["move_id"], source, exc)
+                            row.batch, row.move_id, source, exc)
                 self._conns.pop(source, None)
-                done.pending.append(_pending(row))
+                done.pending.append(row.as_dict())
                 continue
             # Runs, not rows: every table lost about as many of its rows as it has per run.
             for table in TABLES:
                 self._changed[source, table] = self._changed.get((source, table), 0) + deleted
-            self._journal(row["move_id"], row["batch"], "cleaned")
-            done.cleaned.append((row["move_id"], row["batch"]))
+            self._journal(row.move_id, row.batch, "cleaned")
+            done.cleaned.append((row.move_id, row.batch))
             done.deleted_runs += deleted
             sources.add(source)
-            log.info("cleaned batch %d of move %d: %d runs deleted on %s", row["batch"],
-                     row["move_id"], deleted, source)
-            crash_point("cleaned", row["batch"])
+            log.info("cleaned batch %d of move %d: %d runs deleted on %s", row.batch,
+                     row.move_id, deleted, source)
+            failpoint("move.cleaned", row.batch)
         for source in sorted(sources):
             self._keep_statistics(source)
-            self.conn(source).execute(SQL["mark_clean"])
+            self.store.mark_clean(self.conn(source))
         if done.cleaned:
             self.progress(f"deleted the sources' copies of {len(done.cleaned)} switched "
                           f"batch(es): {done.deleted_runs} runs")
         return done
 
-    def _batches(self, move: int) -> list[dict[str, Any]]:
-        return list(self.home.execute(SQL["batches"], {"move": move}))
-
-    def _batch_after(self, move: int, after: int) -> dict[str, Any] | None:
-        return next((b for b in self._batches(move) if b["batch"] > after), None)
-
-    def _set_move(self, move: int, phase: str) -> None:
-        self.home.execute(SQL["set_move_phase"], {"move": move, "phase": phase})
+    def _batch_after(self, move: int, after: int) -> BatchRecord | None:
+        return next((b for b in self.store.batches(self.home, move) if b.batch > after), None)
 
     def _journal(self, move: int, batch: int, phase: str) -> None:
-        self.home.execute(SQL["set_batch_phase"], {"move": move, "batch": batch, "phase": phase})
+        self.store.set_batch_phase(self.home, move, batch, phase)
 
     def _move_batch(self, move: int, item: BatchResult, batch: Batch) -> None:
         target = self.target
@@ -449,14 +309,13 @@ class Mover:
             except ShardUnavailable:
                 self._journal(move, item.batch, "planned")  # gave up, nothing frozen
                 raise
-            crash_point("fenced", item.batch)
+            failpoint("move.fenced", item.batch)
             version = self._switch(move, item, batch, frozen_at)
-            self.home.execute(SQL["batch_switched"], {
-                "move": move, "batch": item.batch, "runs": item.runs, "rows": item.rows,
-                "paused_ms": item.paused_ms, "version": version})
+            self.store.batch_switched(self.home, move, item.batch, version=version,
+                                      runs=item.runs, rows=item.rows,
+                                      paused_ms=item.paused_ms)
         else:
-            self.home.execute(SQL["batch_switched_found"], {
-                "move": move, "batch": item.batch, "version": version})
+            self.store.batch_switched_found(self.home, move, item.batch, version)
         item.phase, item.map_version = "switched", version
         self._release(move, item, batch, version)
 
@@ -468,7 +327,7 @@ class Mover:
             item.map_version = version
             self._release(move, item, batch, version)
             return
-        self.conn(source).execute(SQL["unfreeze"], {"bits": bits(batch.first, batch.last)})
+        self.store.unfreeze(self.conn(source), bits(batch.first, batch.last))
         self._journal(move, item.batch, "rolled_back")
         item.phase = "rolled_back"
         self.progress(f"batch {item.batch} ({batch.first}-{batch.last}) rolled back: "
@@ -483,21 +342,19 @@ class Mover:
         mask = bits(batch.first, batch.last)
         backoff = 0.05
         for attempt in range(self.options.fence_retries + 1):
-            row = src.execute(SQL["freeze"], {"bits": mask, "move": move,
-                                              "target": target}).fetchone()
-            if row is None:
+            if not self.store.freeze(src, mask, move, target):
                 raise ShardqError(f"{source} no longer owns buckets {batch.first}-{batch.last} "
                                   f"but {target} has no switch of batch {number} of move "
                                   f"{move}: resolve by hand")
             frozen_at = time.monotonic()
-            crash_point("freeze", number)
+            failpoint("move.freeze", number)
             blocking = self._wait_for_writers(src)
             if not blocking:
                 return frozen_at
-            src.execute(SQL["unfreeze"], {"bits": mask})
+            self.store.unfreeze(src, mask)
             log.warning("writers outlived the fence wait on %s, unfrozen to retry: %s",
-                        source, ", ".join(f"pid {b['pid']} ({b['application_name']}, "
-                                          f"{b['age_s']:.1f} s)" for b in blocking))
+                        source, ", ".join(f"pid {b.pid} ({b.application_name}, "
+                                          f"{b.age_s:.1f} s)" for b in blocking))
             if attempt < self.options.fence_retries:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -505,15 +362,14 @@ class Mover:
                                f"({self.options.fence_wait_s:g} s, {self.options.fence_retries}"
                                " retries): the move stopped with nothing frozen; resume later")
 
-    def _wait_for_writers(self, src: DictConnection) -> list[dict[str, Any]]:
+    def _wait_for_writers(self, src: DictConnection) -> list[LateWriter]:
         """Wait until every transaction holding an xid now has ended; those left at the bound."""
-        writers = list(src.execute(SQL["writers"]))
+        writers = self.store.writers(src)
         if not writers:
             return []
-        params = {"pids": [w["pid"] for w in writers], "xids": [w["xid"] for w in writers]}
         deadline = time.monotonic() + self.options.fence_wait_s
         while True:
-            left = list(src.execute(SQL["writers_left"], params))
+            left = self.store.writers_left(src, writers)
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.005)
@@ -528,74 +384,56 @@ class Mover:
         """
         dst = self.dep.connect(target, autocommit=False)
         try:
-            key = {"move": move, "batch": batch}
             deadline = time.monotonic() + ORPHAN_WAIT_S
             with dst.transaction():
-                while True:
-                    got = dst.execute(SQL["try_switch_lock"], key).fetchone()
-                    if got and got["taken"]:
-                        break
+                while not self.store.try_switch_lock(dst, move, batch):
                     if time.monotonic() > deadline:
                         with dst.transaction():
-                            dst.execute(SQL["orphans"], {"name": _switch_name(move, batch)})
-                        dst.execute(SQL["switch_lock"], key)
+                            self.store.end_orphaned_switch(dst, _switch_name(move, batch))
+                        self.store.switch_lock(dst, move, batch)
                         break
                     time.sleep(0.05)
-                row = dst.execute(SQL["applied"], key).fetchone()
-            return int(row["map_version"]) if row else None
+                return self.store.applied_batch(dst, move, batch)
         finally:
             dst.close()
 
-    def _next_version(self, *names: str) -> tuple[int, Layout]:
-        conns = {n: self.conn(n) for n in (self.dep.home, *names)}
-        self.dep.refresh(conns)
-        return self.dep.version + 1, self.dep.layout
-
     def _switch(self, move: int, item: BatchResult, batch: Batch, frozen_at: float) -> int:
         source, target = self.source, self.target
-        version, layout = self._next_version(source, target)
-        new_layout = reassign(layout, batch.first, batch.last, target)
+        # The next version after the newest that home, source or target holds.
+        self.dep.refresh({n: self.conn(n) for n in (self.dep.home, source, target)})
+        version = self.dep.version + 1
+        new_layout = reassign(self.dep.layout, batch.first, batch.last, target)
         mask = bits(batch.first, batch.last)
         dst = self.dep.connect(target, autocommit=False)
         src = self.dep.connect(source, autocommit=False)
         src.isolation_level = IsolationLevel.REPEATABLE_READ
         src.read_only = True
-        key = {"move": move, "batch": item.batch}
         try:
             with dst.transaction():
-                dst.execute(SQL["set_name"], {"name": _switch_name(move, item.batch)})
-                dst.execute(SQL["switch_lock"], key)
-                if dst.execute(SQL["applied"], key).fetchone() is not None:
+                self.store.set_application_name(dst, _switch_name(move, item.batch))
+                self.store.switch_lock(dst, move, item.batch)
+                if self.store.applied_batch(dst, move, item.batch) is not None:
                     raise ShardqError(f"batch {item.batch} of move {move} switched under us")
-                own = dst.execute(SQL["ownership"]).fetchone()
-                if own is not None and own["unclean"]:
+                own = self.store.ownership(dst)
+                if own is not None and own.unclean:
                     self._delete_range(dst, batch, chunked=False)
                 with src.transaction():
-                    ids = [r["id"] for r in src.execute(SQL["batch_runs"], {
-                        "first": batch.first, "last": batch.last})]
-                    maxima = src.execute(SQL["batch_maxima"], {"ids": ids}).fetchone()
-                    assert maxima is not None
+                    ids = self.store.batch_runs(src, batch.first, batch.last)
+                    maxima = self.store.batch_maxima(src, ids)
                     copied: dict[str, int] = {}
                     for table in TABLES:
-                        copied[table] = _copy(src, dst, table, ids)
+                        copied[table] = self.store.copy(src, dst, table, ids)
                         if table == "history":
-                            crash_point("copy", item.batch)
+                            failpoint("move.copy", item.batch)
                     rows = sum(copied.values())
-                if maxima["history_seq"] is not None:
-                    dst.execute(SQL["advance_history_seq"], {"max": maxima["history_seq"]})
-                if maxima["signal_id"] is not None:
-                    dst.execute(SQL["advance_signal_id"], {"max": maxima["signal_id"]})
-                dst.execute(SQL["add_map"], {"version": version,
-                                             "layout": json.dumps(new_layout)})
-                dst.execute(SQL["take_ownership"], {"bits": mask, "version": version})
-                dst.execute(SQL["record_applied"], {**key, "version": version})
-                dst.execute(SQL["notify_map"], {"version": version})
-                crash_point("switch", item.batch)
+                self.store.take_batch(dst, move, item.batch, bits=mask, version=version,
+                                      layout=new_layout, maxima=maxima)
+                failpoint("move.switch", item.batch)
             item.paused_ms = round((time.monotonic() - frozen_at) * 1000)
             item.runs, item.rows = len(ids), rows
             for table, count in copied.items():
                 self._changed[target, table] = self._changed.get((target, table), 0) + count
-            crash_point("switched", item.batch)
+            failpoint("move.switched", item.batch)
         finally:
             dst.close()
             src.close()
@@ -619,19 +457,13 @@ class Mover:
         if not changed:
             return
         conn = self.conn(name)
-        described = {r["relname"]: float(r["reltuples"]) for r in conn.execute(
-            SQL["table_rows"], {"tables": list(changed)})}
+        described = self.store.table_rows(conn, list(changed))
         for table, count in changed.items():
             if count < max(ANALYZE_AFTER_ROWS, described.get(table, -1.0)):
                 continue
             # Never queued behind an operator's VACUUM of the table: skipped, it is
             # tried again after the next batch.
-            try:
-                with conn.transaction():
-                    conn.execute(SQL["analyze_lock_timeout"])
-                    conn.execute(psycopg.sql.SQL("ANALYZE shardq.{}").format(
-                        psycopg.sql.Identifier(table)))
-            except psycopg.errors.LockNotAvailable:
+            if not self.store.analyze(conn, table):
                 log.info("%s on %s is being vacuumed: analyzed later", table, name)
                 continue
             self._changed[name, table] = 0
@@ -642,59 +474,46 @@ class Mover:
         """Delete the rows of the batch's buckets `conn`'s shard does not own."""
         deleted = 0
         while True:
-            ids = [r["id"] for r in conn.execute(SQL["leftover_runs"], {
-                "first": batch.first, "last": batch.last, "limit": CLEAN_CHUNK})]
+            ids = self.store.leftover_runs(conn, batch.first, batch.last, CLEAN_CHUNK)
             if not ids:
                 return deleted
             if chunked:
                 began = time.monotonic()
                 with conn.transaction():
-                    conn.execute(SQL["delete_runs"], {"ids": ids})
-                crash_point("clean", number)
+                    self.store.delete_runs(conn, ids)
+                failpoint("move.clean", number)
                 self.options.pace(began)
             else:
-                conn.execute(SQL["delete_runs"], {"ids": ids})
+                self.store.delete_runs(conn, ids)
             deleted += len(ids)
 
     # -- R, C ---------------------------------------------------------------------
 
     def _release(self, move: int, item: BatchResult, batch: Batch, version: int) -> None:
         source, target = self.source, self.target
-        found = self.conn(target).execute(SQL["map_at"], {"version": version}).fetchone()
-        assert found is not None, f"{target} lacks map version {version} it switched to"
-        layout = found["layout"]
-        src = self.conn(source)
-        with src.transaction():
-            src.execute(SQL["add_map"], {"version": version, "layout": layout})
-            src.execute(SQL["release"], {"bits": bits(batch.first, batch.last),
-                                         "version": version})
-            src.execute(SQL["notify_map"], {"version": version})
-        crash_point("release", item.batch)
-        self.home.execute(SQL["add_map"], {"version": version, "layout": layout})
-        self.home.execute(SQL["batch_released"], {"move": move, "batch": item.batch,
-                                                  "version": version})
+        layout = self.store.map_layout(self.conn(target), version)
+        assert layout is not None, f"{target} lacks map version {version} it switched to"
+        self.store.release(self.conn(source), bits=bits(batch.first, batch.last),
+                           version=version, layout=layout)
+        failpoint("move.release", item.batch)
+        self.store.add_map(self.home, version, layout)
+        self.store.batch_released(self.home, move, item.batch, version)
         item.phase, item.map_version = "released", version
         for name in self.dep.names:
             if name in (source, target, self.dep.home):
                 continue
             try:
-                self.conn(name).execute(SQL["add_map"], {"version": version, "layout": layout})
+                self.store.add_map(self.conn(name), version, layout)
             except (ShardUnavailable, psycopg.Error) as exc:
                 # Best effort: a process reading an older version from it is
                 # corrected by the first refusal of the shard it then writes to.
                 log.warning("map version %d not written to %s: %s", version, name, exc)
                 self._conns.pop(name, None)
-        crash_point("released", item.batch)
+        failpoint("move.released", item.batch)
 
 
-def _pending(row: dict[str, Any]) -> dict[str, Any]:
-    return {"move": row["move_id"], "batch": row["batch"],
-            "buckets": [row["first_bucket"], row["last_bucket"]], "source": row["source"],
-            "due_at": row["due_at"]}
-
-
-def _waiting(rows: list[dict[str, Any]], longest: float) -> str:
-    sources = ", ".join(sorted({str(r["source"]) for r in rows}))
+def _waiting(rows: list[PendingCleanup], longest: float) -> str:
+    sources = ", ".join(sorted({r.source for r in rows}))
     return (f"every batch has switched: the map change is complete. Waiting {longest:.0f} s "
             f"more before deleting {sources}'s copy of {len(rows)} switched batch(es): the "
             "grace period (--grace) lets reads planned on the previous map version finish "
@@ -704,16 +523,6 @@ def _waiting(rows: list[dict[str, Any]], longest: float) -> str:
 
 def _switch_name(move: int, batch: int) -> str:
     return f"shardq-mover/{move}/{batch}"
-
-
-def _copy(src: DictConnection, dst: DictConnection, table: str, ids: list[Any]) -> int:
-    """Stream one table's rows of `ids` from src to dst in binary COPY; the rows copied."""
-    with src.cursor() as out_cur, dst.cursor() as in_cur:
-        with out_cur.copy(SQL[f"copy_out_{table}"], {"ids": ids}) as out, \
-                in_cur.copy(SQL[f"copy_in_{table}"]) as into:
-            for chunk in out:
-                into.write(chunk)
-        return max(in_cur.rowcount, 0)
 
 
 # -- entry points -----------------------------------------------------------------------
@@ -734,18 +543,17 @@ def move(seeds: ShardMap, first: int | None, last: int | None, target: str | Non
         mover = Mover(dep, home, options, progress)
         try:
             if resume or abort:
-                unfinished = home.execute(SQL["unfinished_move"]).fetchone()
-                uncleaned = home.execute(SQL["latest_uncleaned_move"]).fetchone()
+                unfinished = dep.store.unfinished_move(home)
+                uncleaned = dep.store.latest_uncleaned_move(home)
                 if unfinished is None and uncleaned is not None and abort:
                     raise ConfigError(
-                        f"no unfinished move to abort: move {uncleaned['id']} is done (every "
+                        f"no unfinished move to abort: move {uncleaned} is done (every "
                         "batch switched); its source keeps a copy of the moved runs until "
                         "`shardq shards move --resume` deletes it")
-                unfinished = unfinished or uncleaned
-                if unfinished is None:
+                number = unfinished.id if unfinished is not None else uncleaned
+                if number is None:
                     raise ConfigError("no unfinished move to " + ("abort" if abort else "resume")
                                       + (" and no copy left to clean up" if resume else ""))
-                number = int(unfinished["id"])
             else:
                 assert first is not None and last is not None and target is not None
                 number = mover.start(first, last, target)
@@ -773,8 +581,7 @@ def rebalance_plan(seeds: ShardMap) -> tuple[Deployment, list[PlannedMove], dict
     per_shard = {}
     for name in dep.names:
         with dep.connect(name) as conn:
-            counted = {int(r["bucket"]): int(r["runs"]) for r in conn.execute(
-                SQL["runs_per_bucket"])}
+            counted = dep.store.runs_per_bucket(conn)
         runs.update(counted)
         per_shard[name] = sum(counted.values())
     return dep, plan_rebalance(dep.layout, runs), per_shard

@@ -1,21 +1,14 @@
--- Every statement of the mover (moves/mover.py). Three kinds of shard take
--- part: home (the journal and the mover's lock), the source A and the
--- target B of a move; the other shards only receive new map versions.
+-- The move store's statements (moves/store.py), for the mover and `shards status`.
+-- Three kinds of shard take part: home (the journal and the mover's lock), the
+-- source A and the target B of a move; the other shards only receive new map
+-- versions. What a map change does too (the mover's lock, writing and reading a
+-- map version, the schema version) is in shards/queries.sql, once.
 -- Bit strings are bit(4096), bucket 0 first (get_bit counts from the left).
 
 -- == the map and ownership, on any shard ==
 
 -- name: newest_map
 SELECT version, layout::text AS layout FROM shardq.shard_maps ORDER BY version DESC LIMIT 1
-
--- name: map_at
-SELECT version, layout::text AS layout FROM shardq.shard_maps WHERE version = %(version)s
-
--- name: add_map
--- A version is a pure function of the plan, so a second write of it (a
--- re-run) is the same document: keep the first.
-INSERT INTO shardq.shard_maps (version, layout) VALUES (%(version)s, %(layout)s::jsonb)
-ON CONFLICT (version) DO NOTHING
 
 -- name: notify_map
 -- A hint for processes that follow the map; the version itself is in shard_maps.
@@ -26,25 +19,16 @@ ON CONFLICT (version) DO NOTHING
 SELECT pg_notify('shardq_map', %(version)s::text), pg_notify(shardq.wake_channel(), ''),
        pg_notify(shardq.outbox_channel(), '')
 
--- name: ownership
+-- name: ownership_bits
 SELECT deployment, map_version, writable::text AS writable, owned::text AS owned, unclean,
        fence_move, fence_target
 FROM shardq.ownership
 
--- name: set_name
+-- name: set_application_name
 -- Names the mover's sessions in pg_stat_activity (a re-run finds an orphaned switch by it).
 SELECT set_config('application_name', %(name)s, false)
 
--- name: schema_version
-SELECT coalesce(max(version), 0) AS version FROM shardq.schema_migrations
-
 -- == the mover's lock and journal, on home ==
-
--- name: take_mover_lock
-SELECT pg_try_advisory_lock(%(key)s) AS taken
-
--- name: release_mover_lock
-SELECT pg_advisory_unlock(%(key)s)
 
 -- name: mover_lock_holder
 -- A bigint advisory key shows in pg_locks as its high and low 32 bits.
@@ -88,7 +72,7 @@ WHERE move_id = %(move)s AND batch > %(after)s AND phase = 'planned'
 UPDATE shardq.moves SET max_batch_runs = %(runs)s, max_batch_rows = %(rows)s, updated_at = now()
 WHERE id = %(move)s
 
--- name: batches
+-- name: move_batches
 SELECT batch, first_bucket, last_bucket, phase, planned_runs, planned_rows, runs, rows_copied,
        paused_ms, map_version, released_at
 FROM shardq.move_batches WHERE move_id = %(move)s ORDER BY batch
@@ -280,12 +264,12 @@ SELECT pg_advisory_xact_lock(%(move)s::int4, %(batch)s::int4)
 -- name: try_switch_lock
 SELECT pg_try_advisory_xact_lock(%(move)s::int4, %(batch)s::int4) AS taken
 
--- name: orphans
+-- name: end_orphaned_switch
 SELECT pg_terminate_backend(pid) AS ended
 FROM pg_stat_activity
 WHERE application_name = %(name)s AND pid <> pg_backend_pid()
 
--- name: applied
+-- name: applied_batch
 SELECT map_version FROM shardq.applied_batches WHERE move_id = %(move)s AND batch = %(batch)s
 
 -- name: leftover_runs
@@ -349,6 +333,25 @@ WHERE c.relnamespace = 'shardq'::regnamespace AND c.relname = ANY(%(tables)s::te
 
 -- name: analyze_lock_timeout
 SET LOCAL lock_timeout = '1s'
+
+-- One statement per table the move copies: ANALYZE takes no parameter for its table.
+-- name: analyze_executions
+ANALYZE shardq.executions
+
+-- name: analyze_history
+ANALYZE shardq.history
+
+-- name: analyze_signals
+ANALYZE shardq.signals
+
+-- name: analyze_waits
+ANALYZE shardq.waits
+
+-- name: analyze_tasks
+ANALYZE shardq.tasks
+
+-- name: analyze_outbox
+ANALYZE shardq.outbox
 
 -- == C: cleanup, on the source ==
 

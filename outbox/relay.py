@@ -43,8 +43,6 @@ the retry collapses on the target by its origin, as after a relay crash.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections import Counter, defaultdict
@@ -69,16 +67,13 @@ from shardq.outbox.models import OutboxRow, OutboxSettlement
 from shardq.outbox.store import OutboxStore, listen_for_outbox
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import Fenced, NotOwner, ShardqError, ShardRetired
+from shardq.shards.failpoints import failpoint
 from shardq.shards.fanout import by_shard
 from shardq.store.listener import WakeSource
 from shardq.store.params import SignalDelivery
 from shardq.store.store import Store
 
 log = logging.getLogger(__name__)
-
-FAILPOINT_ENV = "SHARDQ_RELAY_FAILPOINT"
-"""Test-only: `after_deliver` makes the relay SIGKILL itself after a batch reached its
-target shards and before its source rows are settled (the window exactly-once covers)."""
 
 BUSY_NAP_S = 0.1
 PROBE_INTERVAL_S = 1.0
@@ -384,7 +379,7 @@ class Relay:
             groups = by_shard(self.map, rows, lambda r: r.target_bucket)
             outcomes = self._deliver_all(source, {
                 target: [row for _, row in members] for target, members in groups.items()})
-            _failpoint("after_deliver")
+            failpoint("relay.after_deliver")
             for row, result in outcomes:
                 self._settle(source, row, result, settlement)
         return len(rows)
@@ -556,9 +551,3 @@ def _checked(row: OutboxRow) -> SignalDelivery:
 def _line(error: BaseException | None) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def _failpoint(name: str) -> None:
-    if os.environ.get(FAILPOINT_ENV) == name:
-        log.warning("failpoint reached: killing this process", extra={"failpoint": name})
-        os.kill(os.getpid(), signal.SIGKILL)

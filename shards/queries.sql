@@ -1,5 +1,7 @@
 -- The shard layer's own bookkeeping: which migrations ran, and which map the
--- shard belongs to. Every other table is the queue store's (store/queries.sql).
+-- shard belongs to. Every other table is the queue store's (store/queries.sql)
+-- or the mover's (moves/queries.sql); the mover also runs the statements here
+-- that read and write map versions, the schema version and the mover's lock.
 
 -- name: take_migration_lock
 SELECT pg_advisory_lock(%(key)s)
@@ -135,6 +137,8 @@ SELECT pg_postmaster_start_time()::text || ':' || current_setting('port') AS ser
        current_database() AS dbname
 
 -- name: try_mover_lock
+-- The mover's lock on home: a move holds it for its whole run (moves/store.py),
+-- a map change while it writes a version.
 SELECT pg_try_advisory_lock(%(key)s) AS locked
 
 -- name: release_mover_lock

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,19 @@ from shardq.shards.routing import bucket_for
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def product_folders() -> list[Path]:
+    """The folders the wheel ships (pyproject's [tool.hatch.build.targets.wheel]
+    only-include), as paths of this checkout."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["only-include"]
+    return [ROOT / name for name in listed if (ROOT / name).is_dir()]
+
+
+def query_files() -> list[Path]:
+    """Every `queries.sql` the wheel ships: a new one is found without being listed."""
+    return sorted(p for folder in product_folders() for p in folder.rglob("queries.sql"))
 
 
 def run_cli(

@@ -75,7 +75,7 @@ def _move_options(f: Any) -> Any:
 
 def _options(batch_runs: int, batch_rows: int, fence_wait: float, max_pause: float,
              grace: float, rest: float) -> Any:
-    from shardq.moves.mover import MoveOptions
+    from shardq.moves.models import MoveOptions
 
     return MoveOptions(max_batch_runs=batch_runs, max_batch_rows=batch_rows,
                        fence_wait_s=fence_wait, max_pause_s=max_pause, grace_s=grace,

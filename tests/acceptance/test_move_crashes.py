@@ -1,8 +1,8 @@
 """`shards move` killed with SIGKILL at every phase, then resumed or aborted.
 
 The mover runs as a real process (`python -m shardq.bin.cli shards move`)
-against two PostgreSQL servers, with SHARDQ_MOVE_CRASH_AT naming where it kills
-itself (moves/mover.py, CRASH_POINTS). Runs are parked (timers, signal waits,
+against two PostgreSQL servers, with SHARDQ_FAILPOINT naming where it kills
+itself (shards/failpoints.py, the `move.` points). Runs are parked (timers, signal waits,
 interrupts), running (leased tasks) and receiving signals: a thread signals
 moving runs the way a write path does (row lock, then shardq.fence, then the
 write; refused: retry, or go to the other shard) throughout. After the kill:
@@ -26,6 +26,8 @@ from typing import Any
 
 import psycopg
 import pytest
+
+from shardq.shards.failpoints import FAILPOINT_ENV
 
 from ..integration.test_move_basics import (
     MOVED,
@@ -58,10 +60,12 @@ def deployment(base: Deployment) -> Deployment:
 
 def mover(dep: Deployment, *args: str, crash_at: str | None = None
           ) -> subprocess.CompletedProcess[str]:
+    """`shards move` with `args`; killed at the move's failpoint `crash_at`
+    (`<point>[@<batch>]`, e.g. `copy@1` for `move.copy@1`) when given."""
     env = {**os.environ, **dep.env()}
-    env.pop("SHARDQ_MOVE_CRASH_AT", None)
+    env.pop(FAILPOINT_ENV, None)
     if crash_at:
-        env["SHARDQ_MOVE_CRASH_AT"] = crash_at
+        env[FAILPOINT_ENV] = f"move.{crash_at}"
     # Batches keep their planned size (no --max-pause lowering on a slow machine): the
     # tests name batches by number.
     return subprocess.run(

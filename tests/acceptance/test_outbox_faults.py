@@ -18,8 +18,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shardq.client.client import Client
 from shardq.core.models import State
-from shardq.outbox.relay import FAILPOINT_ENV
 from shardq.shards.config import ShardMap
+from shardq.shards.failpoints import FAILPOINT_ENV
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import database_url
@@ -147,7 +147,7 @@ def test_a_relay_killed_between_the_target_s_commit_and_its_mark_delivers_once(
     sender = client.start("spray", name, {"targets": targets, "count": 2})
     assert client.wait(sender.execution_id, timeout=20).state is State.COMPLETED
 
-    doomed = spawn(urls(shards), env={FAILPOINT_ENV: "after_deliver"})
+    doomed = spawn(urls(shards), env={FAILPOINT_ENV: "relay.after_deliver"})
     assert doomed.wait_exit(30) == -9
     # The target committed both (one keyed, one not); the source never marked them.
     assert len(received(shards)) == 2

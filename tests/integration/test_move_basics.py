@@ -27,7 +27,9 @@ from shardq.bin.cli import moves as move_cli
 from shardq.bin.cli.common import Settings
 from shardq.moves import deployment as move_deployment
 from shardq.moves import mover
+from shardq.moves.models import MoveOptions, MoveResult
 from shardq.moves.plan import parse_range, plan_batches, plan_rebalance, reassign
+from shardq.moves.store import COPIES
 from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.errors import MoveRunning
@@ -256,8 +258,8 @@ def fence_state(url: str, run: uuid.UUID) -> str | None:
     return None
 
 
-def options(**given: Any) -> mover.MoveOptions:
-    return mover.MoveOptions(**{"max_batch_runs": 10, "grace_s": 0.0, "rest": 0.0, **given})
+def options(**given: Any) -> MoveOptions:
+    return MoveOptions(**{"max_batch_runs": 10, "grace_s": 0.0, "rest": 0.0, **given})
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -361,7 +363,7 @@ def test_the_freeze_waits_for_a_writer_that_held_an_xid_and_copies_its_write(
     # A writer that checked the fence before the freeze: it holds a row lock (an xid)
     # and writes after the freeze commits.
     writer.execute("SELECT 1 FROM shardq.tasks WHERE execution_id = %s FOR UPDATE", (run,))
-    done: list[mover.MoveResult] = []
+    done: list[MoveResult] = []
     thread = threading.Thread(target=lambda: done.append(mover.move(
         deployment.seeds, *MOVED, "shard-1", options(fence_wait_s=20.0))))
     thread.start()
@@ -391,7 +393,7 @@ def test_copy_column_lists_name_every_column_of_each_table(deployment: Deploymen
             columns = [r[0] for r in conn.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema ="
                 " 'shardq' AND table_name = %s ORDER BY ordinal_position", (table,))]
-            into = move_deployment.SQL[f"copy_in_{table}"]
+            _out, into = COPIES[table]
             named = into[into.index("(") + 1:into.index(")")].replace("\n", " ")
             listed = [c.strip() for c in named.split(",")]
             expected = [c for c in columns if not (table == "outbox" and c == "id")]

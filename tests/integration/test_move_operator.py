@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from shardq.moves import mover
+from shardq.moves.models import MoveOptions
 from shardq.shards.routing import BUCKETS, new_execution_id
 
 from .test_move_basics import (
@@ -123,7 +124,7 @@ def test_a_batch_paused_past_max_pause_halves_the_batches_after_it(
     inside, outside = populate(deployment, moved=64, kept=2)  # one run per bucket
     before = {**dump(deployment.urls[0], inside), **dump(deployment.urls[0], outside)}
     lines: list[str] = []
-    result = mover.move(deployment.seeds, *MOVED, "shard-1", mover.MoveOptions(
+    result = mover.move(deployment.seeds, *MOVED, "shard-1", MoveOptions(
         max_batch_runs=32, grace_s=0.0, rest=0.0, max_pause_s=max_pause_s),
         progress=lines.append)
     assert result.phase == "done"

@@ -13,10 +13,12 @@ import re
 import shutil
 from pathlib import Path
 
-from ..support import ROOT
+from ..support import ROOT, query_files
 
 SCHEMA = ROOT / "schema"
-CALLERS = [ROOT / "store" / "queries.sql", ROOT / "shards" / "queries.sql"]
+CALLERS = query_files()
+"""Every statement file the product runs statements from: found by glob, so a new one
+is checked without being listed."""
 _CREATE = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+shardq\.(\w+)", re.IGNORECASE)
 _CALL = re.compile(r"\bshardq\.(\w+)\s*\(", re.IGNORECASE)
 _RETIRE = re.compile(r"^-- retire: (\d{4}_[a-z0-9_]+\.sql)\s*$", re.MULTILINE)

@@ -28,3 +28,9 @@ def tune_gc_for_worker() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
+def first_line(error: BaseException | None) -> str:
+    """An error's first line, for a log field: a daemon logs one line per failure."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import psycopg
 from tenacity import RetryCallState, wait_exponential_jitter
 
-from shardq.core.daemons import MAP_CHECK_S, MIN_POLL_S
+from shardq.core.daemons import MAP_CHECK_S, MIN_POLL_S, first_line
 from shardq.core.errors import (
     ExecutionNotFound,
     ShardUnavailable,
@@ -179,7 +179,7 @@ class TargetHealth:
                 return
             self._down.add(shard.name)
         log.warning("target shard unavailable; deferring its rows until it is back",
-                    extra={"shard": shard.name, "error": _line(error)})
+                    extra={"shard": shard.name, "error": first_line(error)})
         threading.Thread(target=self._probe, args=(shard,), name=f"shardq-probe-{shard.name}",
                          daemon=True).start()
 
@@ -194,7 +194,7 @@ class TargetHealth:
                     continue
             except Exception as exc:
                 log.debug("target shard still unavailable",
-                          extra={"shard": shard.name, "error": _line(exc)})
+                          extra={"shard": shard.name, "error": first_line(exc)})
                 continue
             with self._lock:
                 self._down.discard(shard.name)
@@ -332,7 +332,7 @@ class Relay:
                 failures += 1
                 sleep = self._backoff(failures)
                 log.warning("relay round failed", extra={
-                    "shard": source.name, "error": _line(exc), "retry_in_s": round(sleep, 3)})
+                    "shard": source.name, "error": first_line(exc), "retry_in_s": round(sleep, 3)})
             if sleep > 0:
                 wake.wait(sleep)
 
@@ -346,7 +346,7 @@ class Relay:
                 # Their retry times stand: they go out then, a little later.
                 log.warning("could not make the rows for a returning shard due",
                             extra={"shard": source.name, "target": target.name,
-                                   "error": _line(exc)})
+                                   "error": first_line(exc)})
             self._wakes[source.name].set()
 
     def _idle_for(self, source: Shard) -> float:
@@ -423,7 +423,7 @@ class Relay:
                 continue
             try:
                 delivered = self.store.deliver_signals(target, tenant,
-                                                       [_checked(r) for r in members])
+                                                       [_delivery(r) for r in members])
             except NotOwner as exc:
                 # Routed by a map older than a move: its rows go again soon, to
                 # the owner the newer map names (Fenced: once the move's batch
@@ -459,7 +459,7 @@ class Relay:
                 results.append((row, TargetDeferred(target)))
                 continue
             try:
-                (result,) = self.store.deliver_signals(target, tenant, [_checked(row)])
+                (result,) = self.store.deliver_signals(target, tenant, [_delivery(row)])
             except NotOwner as exc:
                 self._follow(target, exc)
                 results.append((row, exc))
@@ -490,18 +490,18 @@ class Relay:
                 # Made due again by the target's prober the moment it is back.
                 delay = max(delay, self.config.max_backoff_s)
             if row.queued_s + delay < self.config.max_age_s:
-                settlement.retry.append((row.id, delay, "transient", _line(error)))
+                settlement.retry.append((row.id, delay, "transient", first_line(error)))
                 self._count(source, "retried")
                 return
             reason = "expired"
-        settlement.failed.append((row.id, reason, _line(error)))
+        settlement.failed.append((row.id, reason, first_line(error)))
         self._count(source, f"failed:{reason}")
         # Info, not a warning: a target that finished is an answer, not a fault.
         # The sender's history, `shardq outbox failed` and the metrics keep it.
         log.info("outbox row failed for good", extra={
             "outbox_id": row.id, "source_execution_id": str(row.source_execution_id),
             "target_execution_id": str(row.target), "reason_code": reason,
-            "error": _line(error)})
+            "error": first_line(error)})
 
     def _follow(self, target: Shard, refused: NotOwner) -> None:
         """Read the map version a refusing target names, so the next round routes by it."""
@@ -511,7 +511,7 @@ class Relay:
             self.store.pools.refresh(at_least=refused.map_version, via=target)
         except ShardqError as exc:
             log.warning("could not read a newer shard map", extra={
-                "shard": target.name, "error": _line(exc)})
+                "shard": target.name, "error": first_line(exc)})
 
     def _count(self, source: Shard, outcome: str) -> None:
         with self._counts_lock:
@@ -543,11 +543,7 @@ def shard_level(error: BaseException) -> bool:
     return False
 
 
-def _checked(row: OutboxRow) -> SignalDelivery:
+def _delivery(row: OutboxRow) -> SignalDelivery:
+    """The signal an outbox row asks its target's shard to take."""
     return SignalDelivery(row.target, row.name, row.payload_json, row.idempotency_key,
                           row.origin)
-
-
-def _line(error: BaseException | None) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -1,6 +1,6 @@
 """Following the shard map: where a process learns newer versions, and the one retry
 policy for requests a shard refused because a bucket moved (docs/design/growing.md,
-sections 3.4 and 5.1; decision 5 of issue 27's brief).
+sections 3.4 and 5.1).
 
 A request routed by an older map is refused by the shard, in the writing
 transaction (shardq.fence): NotOwner when the bucket belongs to another shard now,

@@ -73,7 +73,7 @@ def _check_contents(new: Shard, contents: list[dict[str, Any]], *, ours: bool,
                     allow_nonempty: bool) -> None:
     """Refuse a database holding what shardq did not put there: a shard's tables are
     migrated, renamed, vacuumed and deleted from as shardq's, and a `shardq` schema
-    it did not make would be migrated over half-way (issue 35)."""
+    it did not make would be migrated over half-way."""
     def what(c: dict[str, Any]) -> str:
         counted = [f"{c[k]} {k[:-1]}(s)" for k in ("relations", "functions", "types") if c[k]]
         tables = f", tables {c['some_tables']}" if c["some_tables"] else ""

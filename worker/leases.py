@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from shardq.core.daemons import first_line
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.store.params import Lease
@@ -38,7 +39,7 @@ def beat(  # noqa: PLR0917 - partial-applied once per shard by the worker
         except ShardRetired:
             continue  # removed from the map: its claim loop lets it go
         except (ShardqError, psycopg.Error) as exc:
-            log.warning("heartbeat failed", extra={"shard": shard.name, "error": line(exc)})
+            log.warning("heartbeat failed", extra={"shard": shard.name, "error": first_line(exc)})
             continue
         except Exception:
             # A heartbeat thread that died would leave the worker claiming
@@ -50,9 +51,3 @@ def beat(  # noqa: PLR0917 - partial-applied once per shard by the worker
             if lease.execution_id not in kept:
                 log.debug("lease not extended (finished or lost)",
                           extra={"execution_id": str(lease.execution_id)})
-
-
-def line(error: BaseException) -> str:
-    """An error's first line, for a log field."""
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

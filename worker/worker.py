@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection
 import psycopg
 from prometheus_client import Counter, Histogram
 
-from shardq.core.daemons import MAP_CHECK_S
+from shardq.core.daemons import MAP_CHECK_S, first_line
 from shardq.core.errors import StoreRejected
 from shardq.core.instruments import (
     CLAIM_BATCH,
@@ -39,7 +39,7 @@ from shardq.store.params import Lease
 from shardq.store.store import Store
 from shardq.worker.completer import Completer, Result
 from shardq.worker.config import WorkerConfig
-from shardq.worker.leases import beat, line
+from shardq.worker.leases import beat
 from shardq.worker.logcontext import about_run
 from shardq.worker.retention import RetentionPlan, purge_served
 from shardq.worker.slots import InFlight, Reservation, TurnItem, TurnQueue
@@ -283,7 +283,7 @@ class Worker:
                 failures += 1
                 if failures == 1 and isinstance(error, (ShardqError, psycopg.Error)):
                     log.error("shard unavailable; retrying", extra={
-                        "shard": shard.name, "error": line(error)})
+                        "shard": shard.name, "error": first_line(error)})
                 sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             if failures:

@@ -167,7 +167,8 @@ class WorkflowContext:
                 raise StepFailed(name, error["type"], error["message"], event.payload["attempt"])
         # A new position (the common case) has no failed attempts to count.
         attempt = 1 + sum(1 for e in recorded if e.kind == Event.STEP_FAILED) if recorded else 1
-        self._cancel = self._journal.flush() or self._cancel
+        self._journal.flush()
+        self._cancel = self._cancel or self._journal.cancel_requested
         if self._cancel:  # learnt from the checkpoint just committed
             raise Cancelled()
         try:
@@ -566,7 +567,8 @@ class WorkflowContext:
         results, here = record_externals(signals, self._replay, journal, limits=self._limits,
                                          on_this_shard=self._on_this_shard, guard=self._guard)
         if journal.externals or journal.outbox:
-            self._cancel = journal.flush() or self._cancel
+            journal.flush()
+            self._cancel = self._cancel or journal.cancel_requested
             # journal.sent answers this flush's externals; with none it is an earlier one's.
             if here:
                 for index, outcome in zip(here, journal.sent, strict=True):

@@ -57,7 +57,7 @@ class Journal:
 
     __slots__ = (
         "_checkpoint", "_execution_id", "_stored_state", "_token",
-        "close_wait", "consumed", "events", "externals", "outbox", "sent",
+        "cancel_requested", "close_wait", "consumed", "events", "externals", "outbox", "sent",
     )
 
     def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
@@ -77,6 +77,8 @@ class Journal:
         """Signals to runs of other shards, to write to the outbox with the next commit."""
         self.sent: tuple[dict[str, Any], ...] = ()
         """The outcomes of the externals the last checkpoint delivered."""
+        self.cancel_requested = False
+        """A checkpoint that landed found the run's cancellation requested."""
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -120,11 +122,12 @@ class Journal:
         self.externals, self.outbox = [], []
         return commit
 
-    def flush(self) -> bool:
+    def flush(self) -> None:
         """Checkpoint before a side effect: commit what is buffered, blocking until durable.
 
-        Nothing to commit when a replay would buffer the same events again.
-        Returns whether the run's cancellation has been requested. Raises
+        Nothing to commit when a replay would buffer the same events again. A
+        landed commit also reads whether the run's cancellation has been
+        requested since (`cancel_requested`). Raises
         TurnAborted when the lease was lost or the store stayed unavailable, and
         CommitRejected when the database refused a value of the commit.
         """
@@ -132,7 +135,7 @@ class Journal:
         if not self.externals and not self.outbox and (
             not events or all(e.kind in REPLAYABLE for e in events)
         ):
-            return False
+            return
         commit = self.commit(state=State.RUNNING, task=TaskAction.KEEP)
         try:
             outcome = self._checkpoint(commit)
@@ -156,4 +159,4 @@ class Journal:
         self._token = commit.next_token
         if commit.state is not None:
             self._stored_state = commit.state
-        return outcome.cancel_requested
+        self.cancel_requested = self.cancel_requested or outcome.cancel_requested

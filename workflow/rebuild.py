@@ -42,7 +42,7 @@ class _ReadOnlyJournal(Journal):
         self.events, self.consumed = _Refusing(), _Refusing()
         self.externals, self.outbox = _Refusing(), _Refusing()
 
-    def flush(self) -> bool:
+    def flush(self) -> None:
         raise ReplayEnd()
 
 

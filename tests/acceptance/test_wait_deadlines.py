@@ -1,6 +1,6 @@
 """A wait's deadline, with its worker process killed (SIGKILL) across it.
 
-The trial of issue 25, as a user would run it: a run waits with
+As a user would run it: a run waits with
 `ctx.receive("docs", timeout=...)`, its `shardq worker` is killed, the deadline
 passes with no worker up, a signal is sent, and a new worker starts. The
 outcome is what the store's times say: a signal received after the deadline

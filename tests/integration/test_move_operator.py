@@ -120,7 +120,7 @@ def test_a_batch_paused_past_max_pause_halves_the_batches_after_it(
     deployment: Deployment, max_pause_s: float, runs: list[int], limit: int,
 ) -> None:
     """The pause of a batch is what its runs wait for; the design bounds it (1 s) by
-    lowering the batch size when a batch takes longer (issue 35: "not built")."""
+    lowering the batch size when a batch takes longer."""
     inside, outside = populate(deployment, moved=64, kept=2)  # one run per bucket
     before = {**dump(deployment.urls[0], inside), **dump(deployment.urls[0], outside)}
     lines: list[str] = []

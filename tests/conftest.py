@@ -22,6 +22,7 @@ session on the same machine drops those whose process is gone.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import secrets
@@ -67,12 +68,15 @@ class Server:
         self.admin_dsn = admin_dsn
         self.prefix = f"shardq_t{os.getpid()}_{secrets.token_hex(3)}"
         self.created: list[str] = []
+        # A counter, not a random suffix: two calls of one session drew the same two
+        # random bytes once (a 16-bit birthday collision over a few hundred databases).
+        self._made = itertools.count()
 
     def url(self, dbname: str) -> str:
         return database_url(self.admin_dsn, dbname)
 
     def create_databases(self, count: int, tag: str = "") -> list[str]:
-        names = [f"{self.prefix}{tag}_s{i}_{secrets.token_hex(2)}" for i in range(count)]
+        names = [f"{self.prefix}{tag}_s{i}_{next(self._made)}" for i in range(count)]
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             for name in names:
                 # Noted before it exists: a CREATE interrupted after the server ran it is

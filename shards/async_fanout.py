@@ -8,11 +8,8 @@ rather than slept, and the map refresh (a rare, blocking read) runs on a thread.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
-
-import psycopg
+from typing import TypeVar, cast
 
 from shardq.shards.async_pools import AsyncShardPools
 from shardq.shards.config import Shard, ShardMap
@@ -20,15 +17,8 @@ from shardq.shards.errors import NotOwner, ShardUnavailable
 from shardq.shards.fanout import Reached, by_shard, settle
 from shardq.shards.follow import Rerouting
 
-if TYPE_CHECKING:
-
-    pass
-
-log = logging.getLogger(__name__)
-
 T = TypeVar("T")
 R = TypeVar("R")
-AsyncDictConnection = psycopg.AsyncConnection[dict[str, Any]]
 
 
 class AsyncRerouting:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -46,13 +46,10 @@ from shardq.shards.pools import (
 )
 
 if TYPE_CHECKING:
-
     from shardq.shards.check import ShardStatus
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-R = TypeVar("R")
 AsyncDictConnection = psycopg.AsyncConnection[dict[str, Any]]
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "SignalTimedOut",
     "StepFailed",
     "StoreConflict",
+    "StoreFailed",
     "StoreRejected",
     "UnknownHandler",
     "UnknownWorkflow",
@@ -196,6 +197,16 @@ class StoreRejected(WorkflowError):
 
 class StoreConflict(WorkflowError):
     """A transaction lost a deadlock or serialization race; retrying it is safe."""
+
+
+class StoreFailed(WorkflowError):
+    """The database raised an error the store gives no other meaning (a constraint or a
+    statement it did not expect, a lock it could not take): the statement failed, the
+    shard did not. `sqlstate` keeps the server's code for logs and retry decisions."""
+
+    def __init__(self, message: str, sqlstate: str | None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class NonDeterminismError(WorkflowError):

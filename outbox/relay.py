@@ -50,7 +50,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-import psycopg
 from tenacity import RetryCallState, wait_exponential_jitter
 
 from shardq.core.daemons import MAP_CHECK_S, MIN_POLL_S, first_line
@@ -59,6 +58,7 @@ from shardq.core.errors import (
     ShardUnavailable,
     SignalRefused,
     StoreConflict,
+    StoreFailed,
     StoreRejected,
 )
 from shardq.core.models import SignalResult
@@ -84,14 +84,10 @@ MOVED_RETRY_S = 0.1
 moved to another shard), it goes again this soon: a move's batch pauses its runs well
 under a second, and a moved bucket's owner is known from the refusal."""
 
-TRANSIENT = (ShardUnavailable, StoreConflict, psycopg.Error, TimeoutError, OSError)
+TRANSIENT = (ShardUnavailable, StoreConflict, StoreFailed, TimeoutError, OSError)
 """Errors a later attempt may not meet: the target shard down, restarting, in recovery,
-a lost race, a timeout. Anything the target answers about the run itself is final."""
-
-_SHARD_LEVEL_CLASSES = ("08", "53", "57", "58")
-"""SQLSTATE classes that speak of the server, not of the statement: connection
-exceptions, insufficient resources (no connection slots, disk full), operator
-intervention (shutdown, crash recovery, a cancelled statement), system errors."""
+a lost race, a timeout, a statement that failed. Anything the target answers about the
+run itself is final."""
 
 
 @dataclass(frozen=True)
@@ -534,13 +530,10 @@ def shard_level(error: BaseException) -> bool:
     """True when `error` says the target shard cannot take writes now, whatever the rows."""
     if isinstance(error, StoreConflict):
         return False  # a deadlock or serialization failure: a race between statements
-    if isinstance(error, (ShardUnavailable, TimeoutError, OSError)):
-        return True
-    if isinstance(error, psycopg.Error):
-        state = error.sqlstate
-        return (state is None or state.startswith(_SHARD_LEVEL_CLASSES)
-                or state == "25006")  # read_only_sql_transaction
-    return False
+    # The store words a server's trouble (a lost connection, no slots, a shutdown, a
+    # cancelled statement, a read-only server) as ShardUnavailable; a StoreFailed is
+    # a statement's own failure.
+    return isinstance(error, (ShardUnavailable, TimeoutError, OSError))
 
 
 def _delivery(row: OutboxRow) -> SignalDelivery:

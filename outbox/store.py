@@ -17,7 +17,6 @@ from shardq.outbox.models import OutboxBacklog, OutboxFailure, OutboxRow, Outbox
 from shardq.shards.config import Shard
 from shardq.shards.connections import DictConnection
 from shardq.shards.sqlfile import load_queries
-from shardq.store.statements import SQL as QUEUE_SQL
 from shardq.store.store import Store, listen
 
 SQL = load_queries("shardq.outbox", "queries.sql")
@@ -72,10 +71,7 @@ class OutboxStore:
     def backlog(self, shard: Shard, *, timeout_s: float | None = None) -> list[OutboxBacklog]:
         """What `shard`'s outbox still owes, by target bucket; the statement stops after
         `timeout_s` when given (a scrape's bound)."""
-        with self.store.transaction(shard) as conn:
-            if timeout_s is not None:
-                conn.execute(QUEUE_SQL["local_statement_timeout"],
-                             {"ms": str(int(timeout_s * 1000))})
+        with self.store.transaction(shard, timeout_s=timeout_s) as conn:
             return [OutboxBacklog(**r) for r in conn.execute(SQL["outbox_backlog"])]
 
     def failures(

@@ -60,14 +60,17 @@ class AsyncStore:
     @asynccontextmanager
     async def connection(self, shard: Shard) -> AsyncIterator[AsyncDictConnection]:
         """An autocommit connection to `shard`; driver errors as the sync Store words them."""
-        async with self.pools.connection(shard) as conn:
-            try:
-                yield conn
-            except psycopg.Error as exc:
-                mapped = statements.translated(shard, exc)
-                if mapped is None:
-                    raise
-                raise mapped from exc
+        try:
+            async with self.pools.connection(shard) as conn:
+                try:
+                    yield conn
+                except psycopg.Error as exc:
+                    mapped = statements.translated(shard, exc)
+                    if mapped is None:
+                        raise
+                    raise mapped from exc
+        except psycopg.Error as exc:
+            raise statements.unmapped(shard, exc) from exc
 
     async def _run(self, shard: Shard, op: Op[R]) -> R:
         async with self.connection(shard) as conn:

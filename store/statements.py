@@ -26,6 +26,7 @@ from shardq.core.errors import (
     ShardUnavailable,
     SignalRefused,
     StoreConflict,
+    StoreFailed,
     StoreRejected,
 )
 from shardq.core.models import (
@@ -41,7 +42,7 @@ from shardq.core.models import (
 )
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.connections import connection_lost
-from shardq.shards.errors import refusal
+from shardq.shards.errors import ShardqError, refusal
 from shardq.shards.routing import BUCKETS, bucket_for, new_execution_id
 from shardq.shards.sqlfile import load_queries
 from shardq.store import listing
@@ -181,6 +182,18 @@ def translated(shard: Shard, exc: psycopg.Error) -> Exception | None:
         return None
     first = str(exc).strip().splitlines()
     return ShardUnavailable(f"{shard.label}: {first[0] if first else exc.sqlstate}")
+
+
+def unmapped(shard: Shard, exc: psycopg.Error) -> ShardqError:
+    """What a driver error that came out of the pool means to a store's caller: a
+    broken connection the pool did not report is the shard unavailable, anything else
+    a failed statement. With translated() this is why nothing above the store catches
+    psycopg's errors."""
+    first = str(exc).strip().splitlines()
+    said = first[0] if first else type(exc).__name__
+    if connection_lost(exc):
+        return ShardUnavailable(f"{shard.label}: connection lost: {said}")
+    return StoreFailed(f"{shard.name}: {exc.sqlstate}: {said}", exc.sqlstate)
 
 
 # -- starting and reading ----------------------------------------------------------------

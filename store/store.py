@@ -83,21 +83,30 @@ class Store:
     def connection(self, shard: Shard) -> Iterator[DictConnection]:
         """An autocommit connection to `shard`: a lone statement is one round trip.
 
-        Data errors become StoreRejected.
+        Every driver error leaves as a ShardqError (statements.translated, unmapped).
         """
-        with self.pools.connection(shard) as conn:
-            try:
-                yield conn
-            except psycopg.Error as exc:
-                mapped = statements.translated(shard, exc)
-                if mapped is None:
-                    raise  # a broken connection is the pool's to report (it marks the shard down)
-                raise mapped from exc
+        try:
+            with self.pools.connection(shard) as conn:
+                try:
+                    yield conn
+                except psycopg.Error as exc:
+                    mapped = statements.translated(shard, exc)
+                    if mapped is None:
+                        raise  # a lost connection: the pool reports it and marks the shard down
+                    raise mapped from exc
+        except psycopg.Error as exc:
+            raise statements.unmapped(shard, exc) from exc
 
     @contextmanager
-    def transaction(self, shard: Shard) -> Iterator[DictConnection]:
-        """One transaction on `shard`, for operations of several statements."""
+    def transaction(
+        self, shard: Shard, *, timeout_s: float | None = None,
+    ) -> Iterator[DictConnection]:
+        """One transaction on `shard`, for operations of several statements; with
+        `timeout_s`, the server stops each of its statements after that long (a
+        scrape's bound)."""
         with self.connection(shard) as conn, conn.transaction():
+            if timeout_s is not None:
+                conn.execute(SQL["local_statement_timeout"], {"ms": str(int(timeout_s * 1000))})
             yield conn
 
     # -- starting and reading ------------------------------------------------
@@ -255,8 +264,7 @@ class Store:
         in one read-only transaction whose statements stop after `timeout_s`; the runs of
         the buckets `shard_map` (by default the store's) gives it."""
         mine = {"mine": buckets_of(shard_map or self.map, shard)}
-        with self.transaction(shard) as conn:
-            conn.execute(SQL["local_statement_timeout"], {"ms": str(int(timeout_s * 1000))})
+        with self.transaction(shard, timeout_s=timeout_s) as conn:
             waits = [(r["kind"], r["workflow_name"], r["n"])
                      for r in conn.execute(SQL["open_waits_by_workflow"], mine)]
             stale = [(r["kind"], r["workflow_name"], r["n"], r["oldest_s"])

@@ -6,8 +6,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-import psycopg
-
 from shardq.core.daemons import first_line
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError, ShardRetired
@@ -38,7 +36,7 @@ def beat(  # noqa: PLR0917 - partial-applied once per shard by the worker
             kept = store.extend_leases(shard, leases, lease_s)
         except ShardRetired:
             continue  # removed from the map: its claim loop lets it go
-        except (ShardqError, psycopg.Error) as exc:
+        except ShardqError as exc:
             log.warning("heartbeat failed", extra={"shard": shard.name, "error": first_line(exc)})
             continue
         except Exception:

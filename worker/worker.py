@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 
-import psycopg
 from prometheus_client import Counter, Histogram
 
 from shardq.core.daemons import MAP_CHECK_S, first_line
@@ -281,7 +280,7 @@ class Worker:
                 continue
             if error is not None:
                 failures += 1
-                if failures == 1 and isinstance(error, (ShardqError, psycopg.Error)):
+                if failures == 1 and isinstance(error, ShardqError):
                     log.error("shard unavailable; retrying", extra={
                         "shard": shard.name, "error": first_line(error)})
                 sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
@@ -326,7 +325,7 @@ class Worker:
             claims, due_in = self.store.claim(
                 shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
             )
-        except (ShardqError, psycopg.Error) as exc:
+        except ShardqError as exc:
             # The shard is down, read-only, restarting, or holds another map
             # (the process is being stopped for that): one line, not a trace.
             return [], None, exc

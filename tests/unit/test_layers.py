@@ -41,9 +41,6 @@ MAX_LINES = 600
 PSYCOPG_AT = {"store", "shards", "moves"}
 """The layers that talk to PostgreSQL: the store and the pools, and the mover's store;
 and, in any folder, its own `store.py` (the outbox's)."""
-PSYCOPG_DEBT = {"worker/worker.py", "worker/leases.py", "outbox/relay.py"}
-"""Modules above the store that still catch psycopg's errors themselves (to be moved
-beneath the store's error mapping): the list only shrinks."""
 
 
 def modules(folder: str) -> list[Path]:
@@ -86,8 +83,7 @@ def test_psycopg_is_imported_only_by_the_store_and_pool_layers() -> None:
     found = {str(p.relative_to(ROOT)) for f in PRODUCT if f not in PSYCOPG_AT
              for p in modules(f) if p.name != "store.py"
              and {n.split(".")[0] for n in imported(p)} & {"psycopg", "psycopg_pool"}}
-    assert found <= PSYCOPG_DEBT, f"psycopg above the store: {sorted(found - PSYCOPG_DEBT)}"
-    assert found == PSYCOPG_DEBT, f"no longer needed, take off the list: {PSYCOPG_DEBT - found}"
+    assert not found, f"psycopg above the store (let the store map its errors): {sorted(found)}"
 
 
 USER_TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),

@@ -17,12 +17,12 @@ from shardq.shards.routing import BUCKETS
 
 Layout = dict[str, Any]
 
-_RANGE = re.compile(r"^([0-9]{1,4})(?:-([0-9]{1,4}))?$")  # ASCII: int() reads other digits too
+_RANGE = re.compile(r"([0-9]{1,4})(?:-([0-9]{1,4}))?")  # ASCII: int() reads other digits too
 
 
 def parse_range(text: str) -> tuple[int, int]:
     """`FIRST-LAST` (inclusive) or one bucket `N`, within 0..4095; ConfigError otherwise."""
-    found = _RANGE.match(text)
+    found = _RANGE.fullmatch(text)
     if found is None:
         raise ConfigError(f"bucket range {text!r} is not FIRST-LAST or N (whole numbers "
                           f"0..{BUCKETS - 1}, e.g. 0-1023)")

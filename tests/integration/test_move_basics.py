@@ -32,7 +32,7 @@ from shardq.moves.plan import parse_range, plan_batches, plan_rebalance, reassig
 from shardq.moves.store import COPIES
 from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
-from shardq.shards.errors import MoveRunning
+from shardq.shards.errors import ConfigError, MoveRunning
 from shardq.shards.migrations import migrate
 from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
 
@@ -500,6 +500,9 @@ def test_rebalance_evens_runs_and_dry_run_moves_nothing(deployment: Deployment) 
 def test_planning_and_ranges() -> None:
     assert parse_range("5") == (5, 5)
     assert parse_range("0-4095") == (0, 4095)
+    for spelled in ("5\n", "0-4095\n", "\uff11-\uff12", " 5", "5-"):
+        with pytest.raises(ConfigError, match="is not FIRST-LAST or N"):
+            parse_range(spelled)
     batches = plan_batches({1: (5, 50), 2: (5, 50), 3: (20, 10), 7: (1, 1)}, 0, 9, 10, 1000)
     # Empty buckets stay with the batch before them; only a bucket with runs starts one.
     assert [(b.first, b.last, b.runs) for b in batches] == [(0, 2, 10), (3, 6, 20), (7, 9, 1)]

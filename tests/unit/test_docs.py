@@ -91,3 +91,11 @@ def test_the_docs_give_the_demo_s_own_number_of_servers() -> None:
 def test_the_readme_stays_short() -> None:
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 250, f"README.md has {lines} lines: move detail into docs/"
+
+
+def test_every_demo_page_tells_a_wheel_user_the_demo_s_module() -> None:
+    """`bash bin/demo.sh` needs a checkout; a wheel install has only the module, and a reader
+    who installed the wheel must find how to run the demo from where they landed."""
+    for doc in DEMO_PAGES:
+        text = " ".join((ROOT / doc).read_text().split())
+        assert "python -m shardq.bin.demo" in text, doc

@@ -110,16 +110,6 @@ class HistoryEvent:
 
 
 @dataclass(frozen=True)
-class PendingSignal:
-    id: int
-    name: str
-    payload: Any
-    idempotency_key: str | None = None
-    received_at: str | None = None
-    """ISO 8601, as the database recorded it."""
-
-
-@dataclass(frozen=True)
 class Signal:
     """A signal a workflow received (`ctx.receive`, `ctx.wait_until` handlers).
 
@@ -201,7 +191,7 @@ class Claim:
     cancel_requested: bool
     db_now: datetime
     history: tuple[HistoryEvent, ...]
-    signals: tuple[PendingSignal, ...]
+    signals: tuple[BufferedSignal, ...]
 
 
 class TaskAction(StrEnum):
@@ -372,7 +362,9 @@ class WaitInfo:
 
 @dataclass(frozen=True)
 class BufferedSignal:
-    """A signal that arrived and is not consumed yet."""
+    """A signal that arrived and is not consumed yet: what a claim hands the turn and
+    what a client reads of a run. `received_at` is the database's clock at arrival,
+    which decides whether it came before a wait's deadline."""
 
     id: int
     name: str

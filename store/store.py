@@ -40,7 +40,6 @@ from shardq.core.models import (
     HistoryEvent,
     NewEvent,
     PendingInterrupt,
-    PendingSignal,
     ShardHealth,
     SignalResult,
     SignalWithStartResult,
@@ -440,7 +439,7 @@ def _commit_turns(
          json.loads(o.payload_json), o.idempotency_key]
         for c in commits for o in c.outbox
     ]
-    rare = {k: v for k, v in (("x", externals), ("o", outbox)) if v}
+    rare = {k: v for k, v in (("local", externals), ("outbox", outbox)) if v}
     params = {
         "lease_s": lease_s,
         "c_ids": ",".join([c.execution_id.hex for c in commits]),
@@ -543,7 +542,7 @@ def _claim(row: tuple[Any, ...]) -> Claim:
             for seq, position, kind, name, payload in json.loads(history)
         ) if history else (),
         signals=tuple(
-            PendingSignal(sid, name, payload, key, received_at)
+            BufferedSignal(sid, name, payload, key, datetime.fromisoformat(received_at))
             for sid, name, payload, key, received_at in json.loads(signals)
         ) if signals else (),
     )

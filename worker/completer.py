@@ -228,7 +228,7 @@ class Completer:
         # A NotOwner (or Fenced) here is a same-shard send's target that a move froze
         # or took between the commit's read of what this shard can write and the
         # send's own fence: the batch stored nothing, and its retry reads the move
-        # and queues that send for the relay (commit_turns_v2, x_away).
+        # and queues that send for the relay (commit_turns_v2, local_away).
         retrying = Retrying(
             retry=retry_if_exception_type((ShardUnavailable, StoreConflict, NotOwner)),
             stop=stop_after_delay(self._retry_for_s),

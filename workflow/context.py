@@ -27,6 +27,7 @@ from shardq.core.errors import (
 from shardq.core.instruments import STEP_SECONDS
 from shardq.core.models import (
     INTERRUPT_ACTIONS,
+    BufferedSignal,
     Claim,
     Decision,
     Event,
@@ -34,7 +35,6 @@ from shardq.core.models import (
     HistoryEvent,
     NewEvent,
     OpenWait,
-    PendingSignal,
     Signal,
     SignalRequest,
     State,
@@ -59,7 +59,6 @@ from shardq.workflow.journal import Journal
 from shardq.workflow.recorded import (
     external_result,
     json_round_trip,
-    received_at,
     signal_of,
 )
 from shardq.workflow.replay import Replay
@@ -255,7 +254,7 @@ class WorkflowContext:
         deadline = waiting.payload.get("wake_at") if waiting is not None else None
         cutoff = datetime.fromisoformat(deadline) if deadline else None
         arrived = next((s for s in self._pending if s.name == name
-                        and (cutoff is None or received_at(s) <= cutoff)), None)
+                        and (cutoff is None or s.received_at <= cutoff)), None)
         if arrived is not None:
             journal = self._journal
             payload = self._consume(arrived, position)
@@ -472,7 +471,7 @@ class WorkflowContext:
         while True:
             arrived = next((
                 s for s in self._pending if s.name in on
-                and (cutoff is None or received_at(s) <= cutoff)
+                and (cutoff is None or s.received_at <= cutoff)
             ), None)
             if arrived is None:
                 return False
@@ -504,12 +503,13 @@ class WorkflowContext:
                 position, Event.UPDATE_COMPLETED, name, {**recorded, **outcome}))
         return bool(arrived)
 
-    def _consume(self, arrived: PendingSignal, position: int) -> dict[str, Any]:
+    def _consume(self, arrived: BufferedSignal, position: int) -> dict[str, Any]:
         """Take a buffered signal for the call at `position`: what its event records."""
         self._pending.remove(arrived)
         self._journal.consumed.append((arrived.id, position))
         return {"signal_id": arrived.id, "payload": arrived.payload,
-                "idempotency_key": arrived.idempotency_key, "received_at": arrived.received_at}
+                "idempotency_key": arrived.idempotency_key,
+                "received_at": arrived.received_at.isoformat()}
 
     def _diverged(self, position: int, name: str) -> NonDeterminismError:
         return NonDeterminismError(

@@ -15,7 +15,6 @@ from shardq.core.errors import (
 )
 from shardq.core.models import (
     ExternalSignal,
-    PendingSignal,
     Signal,
 )
 
@@ -35,10 +34,6 @@ def external_result(recorded: Mapping[str, Any]) -> ExternalSignal:
                               queued=True)
     return ExternalSignal(target, name, int(recorded["signal_id"]), bool(recorded["delivered"]),
                           key)
-
-
-def received_at(signal: PendingSignal) -> datetime:
-    return datetime.fromisoformat(signal.received_at) if signal.received_at else _LONG_AGO
 
 
 def signal_of(name: str, recorded: Mapping[str, Any]) -> Signal:

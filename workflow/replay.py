@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from shardq.core.errors import LimitExceeded, NonDeterminismError, WorkflowError
-from shardq.core.models import Event, HistoryEvent, PendingSignal
+from shardq.core.models import BufferedSignal, Event, HistoryEvent
 from shardq.workflow.control import ReplayEnd
 
 _NOTHING: tuple[HistoryEvent, ...] = ()
@@ -29,7 +29,7 @@ class Replay:
     __slots__ = ("_fatal", "_limit", "_position", "_read_only", "_recorded", "pending")
 
     def __init__(
-        self, history: Iterable[HistoryEvent], signals: Iterable[PendingSignal] = (),
+        self, history: Iterable[HistoryEvent], signals: Iterable[BufferedSignal] = (),
         *, max_calls: int | None = None, read_only: bool = False,
     ) -> None:
         """`read_only`: a call past what history recorded raises ReplayEnd (a query's

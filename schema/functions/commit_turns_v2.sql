@@ -24,11 +24,11 @@
 --        step.completed event that ends its turn when the commit ends its run,
 --        stored inside the outcome event (schema/0017) instead of in e_*
 --   rare: null, or a document of the rare writes, signals to other runs:
---     x: [sender_id, position, target_id, signal_name, payload, key, max_pending,
---         max_pending_total]: a signal to a run of this shard (ctx.signal_external)
---     o: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
---        a signal to a run of another shard, written to the outbox for the relay;
---        the call's history event comes in e_*.
+--     local: [sender_id, position, target_id, signal_name, payload, key, max_pending,
+--            max_pending_total]: a signal to a run of this shard (ctx.signal_external)
+--     outbox: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
+--             a signal to a run of another shard, written to the outbox for the relay;
+--             the call's history event comes in e_*.
 -- A run whose bucket this shard cannot write (a move froze it, or moved it
 -- away) commits nothing, as if its lease were lost; a signal to a run of such
 -- a bucket is queued in the outbox instead (the relay finds its owner).
@@ -95,7 +95,7 @@ DECLARE
     held            uuid[];
     own_writable    bit(4096);
     own_unclean     boolean;
-    x_away          uuid[] := '{}';
+    local_away          uuid[] := '{}';
     away_out        jsonb := '{}';
 BEGIN
     -- Signals to other runs of this shard: every lock their delivery takes is
@@ -104,9 +104,9 @@ BEGIN
     -- rows, each set in id order. Delivered one by one in send order, a batch
     -- sending to T2 then T1 would hold T2 while waiting for T1, and close a
     -- cycle with any sender that locked T1 first (tests/integration/test_lock_order.py).
-    IF rare ? 'x' THEN
+    IF rare ? 'local' THEN
         SELECT coalesce(array_agg(DISTINCT (r->>2)::uuid), '{}') INTO x_targets
-        FROM jsonb_array_elements(rare->'x') AS r;
+        FROM jsonb_array_elements(rare->'local') AS r;
         PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets)
         ORDER BY t.execution_id FOR UPDATE;
         PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(x_targets)
@@ -351,17 +351,17 @@ BEGIN
     -- another shard would, recorded and answered as queued
     -- (`external.queued`, what workflow/context.py records for an outbox send);
     -- the relay finds the target's owner.
-    IF rare ? 'x' AND own_writable IS NOT NULL THEN
-        SELECT coalesce(array_agg(t), '{}') INTO x_away
+    IF rare ? 'local' AND own_writable IS NOT NULL THEN
+        SELECT coalesce(array_agg(t), '{}') INTO local_away
         FROM unnest(x_targets) AS t WHERE get_bit(own_writable, shardq.bucket(t)) = 0;
     END IF;
-    IF cardinality(x_away) > 0 THEN
+    IF cardinality(local_away) > 0 THEN
         WITH away AS (
             SELECT (r->>0)::uuid AS sender, (r->>1)::integer AS position,
                    (r->>2)::uuid AS target, r->>3 AS name, r->4 AS payload, r->>5 AS key,
                    x.o
-            FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
-            WHERE (r->>2)::uuid = ANY(x_away)
+            FROM jsonb_array_elements(rare->'local') WITH ORDINALITY AS x(r, o)
+            WHERE (r->>2)::uuid = ANY(local_away)
               AND (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
         ), queued AS (
             INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
@@ -389,7 +389,7 @@ BEGIN
             PERFORM pg_notify(shardq.outbox_channel(), '');
         END IF;
     END IF;
-    IF rare ? 'x' THEN
+    IF rare ? 'local' THEN
         FOR sender, sender_tenant, x_ids, x_names, x_payloads, x_keys, x_positions, x_max,
             x_max_total IN
             SELECT (r->>0)::uuid, e.tenant,
@@ -397,10 +397,10 @@ BEGIN
                    array_agg(r->4 ORDER BY o), array_agg(r->>5 ORDER BY o),
                    array_agg((r->>1)::integer ORDER BY o),
                    min((r->>6)::integer), min((r->>7)::integer)
-            FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
+            FROM jsonb_array_elements(rare->'local') WITH ORDINALITY AS x(r, o)
             JOIN shardq.executions e ON e.id = (r->>0)::uuid
             WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
-              AND NOT (r->>2)::uuid = ANY(x_away)
+              AND NOT (r->>2)::uuid = ANY(local_away)
             GROUP BY 1, 2
             ORDER BY min(o)
         LOOP
@@ -435,7 +435,7 @@ BEGIN
         WITH item AS (
             SELECT ((r->>0)::uuid)::text AS sender, r->>1 AS position, x.o,
                    (away_out->((r->>0)::uuid)::text) ? (r->>1) AS away
-            FROM jsonb_array_elements(rare->'x') WITH ORDINALITY AS x(r, o)
+            FROM jsonb_array_elements(rare->'local') WITH ORDINALITY AS x(r, o)
             WHERE away_out ? ((r->>0)::uuid)::text
         ), numbered AS (
             SELECT i.*, (count(*) FILTER (WHERE NOT i.away)
@@ -452,12 +452,12 @@ BEGIN
     -- Signals to runs of other shards: a row each, in send order (the relay
     -- delivers one sender's rows to one target in id order), and one hint to
     -- the relays. Kept like the commit's events when the run is cancelling.
-    IF rare ? 'o' THEN
+    IF rare ? 'outbox' THEN
         INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
                                    target_bucket, tenant, signal_name, payload, idempotency_key)
         SELECT (r->>0)::uuid, (r->>1)::integer, (r->>2)::uuid, (r->>3)::smallint, x.tenant,
                r->>4, r->5, r->>6
-        FROM jsonb_array_elements(rare->'o') WITH ORDINALITY AS o(r, ord)
+        FROM jsonb_array_elements(rare->'outbox') WITH ORDINALITY AS o(r, ord)
         JOIN shardq.executions x ON x.id = (r->>0)::uuid
         WHERE (r->>0)::uuid = ANY(fenced)
         ORDER BY o.ord;

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from shardq.core.errors import NonDeterminismError
-from shardq.core.models import Event, HistoryEvent, PendingSignal
+from shardq.core.models import BufferedSignal, Event, HistoryEvent
 from shardq.workflow.replay import Replay
 
 _seq = iter(range(1, 1_000_000))
@@ -45,7 +46,9 @@ def test_events_without_a_position_are_not_calls() -> None:
 
 
 def test_consumed_signals_are_not_pending_again() -> None:
-    signals = [PendingSignal(7, "go", None), PendingSignal(9, "go", 2), PendingSignal(8, "x", 1)]
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    signals = [BufferedSignal(7, "go", None, None, at), BufferedSignal(9, "go", 2, None, at),
+               BufferedSignal(8, "x", 1, None, at)]
     history = (recorded(0, Event.SIGNAL_CONSUMED, "go", signal_id=7, payload=None),)
     assert Replay(history, signals).pending == signals[1:]
     assert Replay((), signals).pending == signals

@@ -76,7 +76,10 @@ SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
 -- hold either), JSON values as one JSON array. One array parameter per column
 -- cost the driver ~2.5 us each per call (~150 us for a lone checkpoint), a
 -- JSON document of rows cost the server a jsonb pass per value; text costs
--- neither. Body and the columns: schema/functions/commit_turns_v2.sql.
+-- neither. Body and the columns: schema/functions/commit_turns_v2.sql. The
+-- query is named for what it does, the function for its version: a signature
+-- change is a new function beside the old (docs/storage.md, "SQL functions and
+-- rolling deploys"), and only this statement follows it.
 SELECT commit_ord, cancel_requested, externals
 FROM shardq.commit_turns_v2(
     %(lease_s)s,

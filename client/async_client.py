@@ -41,6 +41,7 @@ from shardq.client.requests import (
     merged_runs,
     new_run_state,
     new_runs,
+    run_priority,
     signalled_start,
     start_batch,
     stored_update,
@@ -158,22 +159,24 @@ class AsyncClient:
     async def start(
         self, workflow: str | WorkflowDef, workflow_id: str,
         input: Any = None,  # noqa: A002 - the documented API name
-        *, tenant: str = DEFAULT_TENANT,
+        *, tenant: str = DEFAULT_TENANT, priority: int | None = None,
     ) -> StartResult:
         """Client.start."""
-        return (await self.start_many(workflow, [(workflow_id, input)], tenant=tenant))[0]
+        return (await self.start_many(workflow, [(workflow_id, input)], tenant=tenant,
+                                      priority=priority))[0]
 
     async def start_many(
         self, workflow: str | WorkflowDef, items: Sequence[tuple[str, Any]], *,
-        tenant: str = DEFAULT_TENANT,
+        tenant: str = DEFAULT_TENANT, priority: int | None = None,
     ) -> list[StartResult]:
         """Client.start_many: one commit per shard touched (at once for big batches)."""
         definition = definition_of(self.registry, workflow)
         runs = new_runs(definition, tenant, items, self.limits)
+        chosen = run_priority(definition, priority)
 
         async def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
             return await self.store.start_executions(
-                shard, start_batch(definition, tenant, members))
+                shard, start_batch(definition, tenant, members, chosen))
 
         return await fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                              parallel=len(runs) >= PARALLEL_START_MIN)
@@ -292,12 +295,13 @@ class AsyncClient:
         self, workflow: str | WorkflowDef, workflow_id: str,
         input: Any,  # noqa: A002 - the documented API name
         signal_name: str, payload: Any = None, *, idempotency_key: str | None = None,
-        tenant: str = DEFAULT_TENANT,
+        tenant: str = DEFAULT_TENANT, priority: int | None = None,
     ) -> SignalWithStartResult:
         """Client.signal_with_start: one transaction on the run's shard."""
         request = signalled_start(definition_of(self.registry, workflow), tenant, workflow_id,
                                   input, signal_name=signal_name, payload=payload,
-                                  idempotency_key=idempotency_key, limits=self.limits)
+                                  idempotency_key=idempotency_key, limits=self.limits,
+                                  priority=priority)
         bucket = request.start.runs[0].bucket
         return await self._routed(
             lambda m: self.store.signal_with_start(m.for_bucket(bucket), request))
@@ -359,13 +363,14 @@ class AsyncClient:
         self, workflow: str | WorkflowDef, workflow_id: str, input: Any,  # noqa: A002
         name: str, argument: Any = None, *, idempotency_key: str | None = None,
         tenant: str = DEFAULT_TENANT, wait: float = DEFAULT_UPDATE_WAIT,
+        priority: int | None = None,
     ) -> UpdateResult:
         """Client.update_with_start: the start and the stored update in one transaction."""
         definition = definition_of(self.registry, workflow)
         check_name(tenant, "tenant")
         spec, run, request = update_with_start_request(
             definition, tenant, workflow_id, input, name=name, argument=argument,
-            key=idempotency_key, wait=wait, limits=self.limits)
+            key=idempotency_key, wait=wait, limits=self.limits, priority=priority)
         key = request.idempotency_key
         found = await self._routed(lambda m: self.store.find_run(
             m.for_bucket(run.bucket), tenant=tenant, workflow_name=definition.name,

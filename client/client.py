@@ -27,6 +27,7 @@ from shardq.client.requests import (
     merged_runs,
     new_run_state,
     new_runs,
+    run_priority,
     signalled_start,
     start_batch,
     stored_update,
@@ -152,9 +153,14 @@ class Client:
         input: Any = None,  # noqa: A002 - the documented API name
         *,
         tenant: str = DEFAULT_TENANT,
+        priority: int | None = None,
     ) -> StartResult:
-        """Start a run, or return the existing run of this workflow_id (`created=False`)."""
-        return self.start_many(workflow, [(workflow_id, input)], tenant=tenant)[0]
+        """Start a run, or return the existing run of this workflow_id (`created=False`).
+
+        `priority` (0-9, higher claimed first; default: the workflow's) is the run's for
+        its whole life, every turn a signal, a decision or a timer wakes included."""
+        return self.start_many(workflow, [(workflow_id, input)], tenant=tenant,
+                               priority=priority)[0]
 
     def start_many(
         self,
@@ -162,13 +168,16 @@ class Client:
         items: Sequence[tuple[str, Any]],
         *,
         tenant: str = DEFAULT_TENANT,
+        priority: int | None = None,
     ) -> list[StartResult]:
         """Start many runs of one workflow: one commit per shard touched. Idempotent per key."""
         definition = definition_of(self.registry, workflow)
         runs = new_runs(definition, tenant, items, self.limits)
+        chosen = run_priority(definition, priority)
 
         def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
-            return self.store.start_executions(shard, start_batch(definition, tenant, members))
+            return self.store.start_executions(
+                shard, start_batch(definition, tenant, members, chosen))
 
         # Big batches: the shards' commits overlap instead of queueing.
         return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
@@ -336,6 +345,7 @@ class Client:
         *,
         idempotency_key: str | None = None,
         tenant: str = DEFAULT_TENANT,
+        priority: int | None = None,
     ) -> SignalWithStartResult:
         """Signal the run of this workflow key, starting it (with `input`) if it has none.
 
@@ -346,7 +356,8 @@ class Client:
         """
         request = signalled_start(definition_of(self.registry, workflow), tenant, workflow_id,
                                   input, signal_name=signal_name, payload=payload,
-                                  idempotency_key=idempotency_key, limits=self.limits)
+                                  idempotency_key=idempotency_key, limits=self.limits,
+                                  priority=priority)
         bucket = request.start.runs[0].bucket
         return self._routed(
             lambda m: self.store.signal_with_start(m.for_bucket(bucket), request))
@@ -427,6 +438,7 @@ class Client:
         self, workflow: str | WorkflowDef, workflow_id: str, input: Any,  # noqa: A002
         name: str, argument: Any = None, *, idempotency_key: str | None = None,
         tenant: str = DEFAULT_TENANT, wait: float = DEFAULT_UPDATE_WAIT,
+        priority: int | None = None,
     ) -> UpdateResult:
         """Update the run of this workflow key, starting it (with `input`) if it has none.
 
@@ -437,7 +449,7 @@ class Client:
         check_name(tenant, "tenant")
         spec, run, request = update_with_start_request(
             definition, tenant, workflow_id, input, name=name, argument=argument,
-            key=idempotency_key, wait=wait, limits=self.limits)
+            key=idempotency_key, wait=wait, limits=self.limits, priority=priority)
         key = request.idempotency_key
         found = self._routed(lambda m: self.store.find_run(
             m.for_bucket(run.bucket), tenant=tenant, workflow_name=definition.name,

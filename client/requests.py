@@ -47,6 +47,7 @@ from shardq.core.rules import (
     check_label,
     check_name,
     check_page_size,
+    check_priority,
     check_signal,
     check_wait,
     check_waited,
@@ -123,8 +124,16 @@ def new_runs(definition: WorkflowDef, tenant: str, items: Sequence[tuple[str, An
     return runs
 
 
-def start_batch(definition: WorkflowDef, tenant: str, runs: Sequence[NewRun]) -> StartBatch:
-    return StartBatch(tenant, definition.name, definition.version, runs, definition.gates)
+def run_priority(definition: WorkflowDef, priority: int | None) -> int:
+    """A start's priority: the one it names, checked, or the workflow's own."""
+    return definition.priority if priority is None else check_priority(priority)
+
+
+def start_batch(definition: WorkflowDef, tenant: str, runs: Sequence[NewRun],
+                priority: int = 0) -> StartBatch:
+    """The runs to insert on one shard; `priority` as run_priority resolved it."""
+    return StartBatch(tenant, definition.name, definition.version, runs, definition.gates,
+                      priority)
 
 
 def tenants_run(found: Execution | None, ident: uuid.UUID, tenant: str) -> Execution:
@@ -240,7 +249,7 @@ def _signal_spec(registry: Registry, workflow: tuple[str, int] | None,
 
 def signalled_start(
     definition: WorkflowDef, tenant: str, workflow_id: str, value: Any, *, signal_name: str,
-    payload: Any, idempotency_key: str | None, limits: Limits,
+    payload: Any, idempotency_key: str | None, limits: Limits, priority: int | None = None,
 ) -> StartSignalled:
     """A signal_with_start call's request: the run and the signal, each checked."""
     check_name(tenant, "tenant")
@@ -250,7 +259,9 @@ def signalled_start(
     if spec is not None and spec.schema is not None:
         validate(json.loads(payload_json), spec.schema, f"payload of signal {name!r}",
                  "signal payload validation failed")
-    return StartSignalled(start_batch(definition, tenant, (run,)), name, payload_json, key)
+    return StartSignalled(start_batch(definition, tenant, (run,),
+                                      run_priority(definition, priority)),
+                          name, payload_json, key)
 
 
 def cancel_target(execution_id: str | uuid.UUID, tenant: str, actor: str | None) -> uuid.UUID:
@@ -316,14 +327,14 @@ def update_argument(spec: UpdateSpec, argument: Any, key: str | None,
 
 def update_with_start_request(
     definition: WorkflowDef, tenant: str, workflow_id: str, value: Any, *, name: str,
-    argument: Any, key: str | None, wait: float, limits: Limits,
+    argument: Any, key: str | None, wait: float, limits: Limits, priority: int | None = None,
 ) -> tuple[UpdateSpec, NewRun, StartSignalled]:
     spec = definition.update(check_name(name, "update"))
     check_wait(wait)
     run = new_run(definition, tenant, workflow_id, value, limits)
     argument_json, key = update_argument(spec, argument, key, limits)
-    return spec, run, StartSignalled(start_batch(definition, tenant, (run,)),
-                                     spec.signal_name, argument_json, key)
+    batch = start_batch(definition, tenant, (run,), run_priority(definition, priority))
+    return spec, run, StartSignalled(batch, spec.signal_name, argument_json, key)
 
 
 def check_takes_updates(execution: Execution) -> None:

@@ -89,6 +89,9 @@ class Execution:
     """A cancellation was asked while a worker held the run: it ends cancelled."""
     created_at: datetime
     finished_at: datetime | None
+    priority: int = 0
+    """0 (the default) to 9: under a backlog, due runs of a higher priority are claimed
+    first (docs/flow-control.md)."""
 
 
 @dataclass(frozen=True)

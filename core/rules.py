@@ -292,6 +292,19 @@ def check_label(value: object, what: str) -> str:
     return check_text(value, what)
 
 
+MAX_PRIORITY = 9
+"""Priorities run 0 (the default) to 9, higher claimed first. Few on purpose: a claim
+asks each level present for its due runs (docs/flow-control.md)."""
+
+
+def check_priority(value: object) -> int:
+    """A run's priority: a whole number within 0..MAX_PRIORITY (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY:
+        raise InvalidArgument(f"priority must be a whole number within 0..{MAX_PRIORITY} "
+                              f"(higher is claimed first), got {value!r}")
+    return value
+
+
 def check_wait(wait: object) -> float:
     """Seconds to wait for an update's outcome: a number within 0..MAX_WAIT."""
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:

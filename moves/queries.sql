@@ -188,12 +188,13 @@ SELECT (SELECT max(seq) FROM shardq.history WHERE execution_id = ANY(%(ids)s::uu
 -- tables, so a migration adding a column fails there first.
 
 -- name: copy_out_executions
-COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates
+COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates,
+             priority
       FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_executions
 COPY shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input,
-                        created_at, gates) FROM STDIN (FORMAT BINARY)
+                        created_at, gates, priority) FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_history
 COPY (SELECT execution_id, seq, position, kind, name, payload, recorded_at
@@ -231,12 +232,12 @@ FROM STDIN (FORMAT BINARY)
 -- run_at to the lease's expiry).
 COPY (SELECT execution_id,
              CASE WHEN lease_token IS NOT NULL THEN least(run_at, now()) ELSE run_at END,
-             claims, NULL::text, NULL::uuid, cancel_requested, NULL::timestamptz
+             claims, NULL::text, NULL::uuid, cancel_requested, NULL::timestamptz, priority
       FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_tasks
 COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested,
-                   leased_until)
+                   leased_until, priority)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_outbox

@@ -21,7 +21,8 @@ CREATE TABLE shardq.executions (
     workflow_id text NOT NULL,
     input jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
-    gates text[]
+    gates text[],
+    priority smallint NOT NULL DEFAULT 0
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -143,7 +144,8 @@ CREATE TABLE shardq.tasks (
     lease_owner text,
     lease_token uuid,
     cancel_requested boolean NOT NULL DEFAULT false,
-    leased_until timestamp with time zone
+    leased_until timestamp with time zone,
+    priority smallint NOT NULL DEFAULT 0
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=50);
 
 CREATE TABLE shardq.waits (
@@ -158,6 +160,7 @@ CREATE TABLE shardq.waits (
 
 ALTER TABLE shardq.applied_batches ADD CONSTRAINT applied_batches_pkey PRIMARY KEY (move_id, batch);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
+ALTER TABLE shardq.executions ADD CONSTRAINT executions_priority_check CHECK (((priority >= 0) AND (priority <= 9)));
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_workflow_key UNIQUE (tenant, workflow_name, workflow_id);
 ALTER TABLE shardq.history ADD CONSTRAINT history_pkey PRIMARY KEY (execution_id, seq);
 ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_batch_check CHECK ((batch >= 0));
@@ -205,6 +208,7 @@ CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
+CREATE INDEX tasks_urgent ON shardq.tasks USING btree (priority DESC, run_at) WHERE (priority > 0);
 CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
 CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution_id) WHERE (kind = 'interrupt'::text);
@@ -256,7 +260,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.signal_refusal(p_target uuid, p_tenant text, p_name text, p_max_pending integer, p_max_pending_total integer, p_run_tenant text, p_finished text, p_earlier_id bigint, p_gate_closed boolean, p_pending bigint, p_pending_total bigint)
 --   RETURNS TABLE(reason_code text, detail text)
 --   LANGUAGE sql STABLE
--- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[])
+-- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[], p_priority smallint)
 --   RETURNS TABLE(execution_id uuid, created boolean, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)

@@ -120,6 +120,7 @@ class ListQuery:
     workflow: str | None = None
     limit: int = DEFAULT_PAGE
     after: Cursor | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_PAGE:
@@ -133,12 +134,13 @@ class _Shape(NamedTuple):
     workflow: bool
     after: bool
     state: State | None
+    priority: bool = False
 
 
 def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
     """SQL text and parameters for one shard's page, ordered by execution id."""
     shape = _Shape(query.tenant is not None, query.workflow is not None,
-                   query.after is not None, query.state)
+                   query.after is not None, query.state, query.priority is not None)
     params: dict[str, Any] = {"limit": query.limit}
     if query.tenant is not None:
         params["tenant"] = query.tenant
@@ -146,6 +148,8 @@ def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
         params["workflow"] = query.workflow
     if query.after is not None:
         params["after"] = query.after.id
+    if query.priority is not None:
+        params["priority"] = query.priority
     text, constants = _page_statement(shape)
     return text, {**constants, **params}
 
@@ -167,6 +171,7 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         sa.Column("workflow_id", sa.Text),
         sa.Column("input", postgresql.JSONB),
         sa.Column("created_at", sa.DateTime(timezone=True)),
+        sa.Column("priority", sa.SmallInteger),
     )
     history = sa.Table(
         "history", metadata,
@@ -220,6 +225,8 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         stmt = stmt.where(x.workflow_name == sa.bindparam("workflow", "", type_=sa.Text))
     if shape.after:
         stmt = stmt.where(x.id > sa.bindparam("after", None, type_=uuid_type))
+    if shape.priority:
+        stmt = stmt.where(x.priority == sa.bindparam("priority", 0, type_=sa.SmallInteger))
     state = shape.state
     if state is not None:
         # The filter is driven by the table that holds runs in that state.
@@ -242,5 +249,5 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         dialect=postgresql.psycopg.dialect(),  # type: ignore[no-untyped-call]
         compile_kwargs={"render_postcompile": True},
     )
-    values = {"limit", "tenant", "workflow", "after", "mine"}  # the caller's, per page
+    values = {"limit", "tenant", "workflow", "after", "mine", "priority"}  # the caller's, per page
     return str(compiled), {k: v for k, v in compiled.params.items() if k not in values}

@@ -36,6 +36,8 @@ class StartBatch:
     runs: Sequence[NewRun]
     gates: Sequence[str] = ()
     """The signal names each new run takes once (a declarative workflow's gates)."""
+    priority: int = 0
+    """The new runs' priority, checked (core/rules.py's check_priority)."""
 
 
 @dataclass(frozen=True, slots=True)

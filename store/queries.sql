@@ -21,15 +21,15 @@ WITH input AS (
     WHERE (SELECT shardq.fence(%(ids)b::uuid[]))
 ), inserted AS (
     INSERT INTO shardq.executions
-        (id, tenant, workflow_name, workflow_version, workflow_id, input, gates)
+        (id, tenant, workflow_name, workflow_version, workflow_id, input, gates, priority)
     SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input,
-           %(gates)s::text[]
+           %(gates)s::text[], %(priority)s
     FROM input
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id, workflow_id
 ), tasks AS (
-    INSERT INTO shardq.tasks (execution_id, run_at)
-    SELECT id, now() FROM inserted
+    INSERT INTO shardq.tasks (execution_id, run_at, priority)
+    SELECT id, now(), %(priority)s FROM inserted
 ), notified AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
     SELECT pg_notify(shardq.wake_channel(), '') WHERE EXISTS (SELECT 1 FROM inserted)
@@ -179,7 +179,7 @@ RETURNING t.execution_id
 -- Reads of runs by id refuse a bucket this shard does not own (shardq.owns):
 -- a reader routed by a map older than a move follows it.
 SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input,
-       x.created_at, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
+       x.created_at, x.priority, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
        o.payload->'error' AS error, o.recorded_at AS finished_at,
        coalesce(t.cancel_requested, false) AS cancel_requested
 FROM shardq.executions x
@@ -239,7 +239,7 @@ SELECT execution_id, created, signal_id, earlier_id, earlier_name, reason_code, 
 FROM shardq.signal_with_start_v2(
     %(tenant)s, %(workflow_name)s, %(workflow_version)s, %(workflow_id)s, %(new_id)s,
     %(input)s::jsonb, %(name)s, %(payload)s::jsonb, %(key)s, %(max_pending)s,
-    %(max_pending_total)s, %(gates)s::text[]
+    %(max_pending_total)s, %(gates)s::text[], %(priority)s::smallint
 )
 
 -- name: open_wait

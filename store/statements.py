@@ -98,7 +98,8 @@ class _TaskAppeared(Exception):
 
 def _workflow_params(batch: StartBatch) -> dict[str, Any]:
     return {"tenant": batch.tenant, "workflow_name": batch.workflow_name,
-            "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None}
+            "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None,
+            "priority": batch.priority}
 
 
 def _signal_result(execution_id: uuid.UUID, name: str, row: dict[str, Any]) -> SignalResult:
@@ -137,6 +138,7 @@ def _execution(row: dict[str, Any]) -> Execution:
         cancel_requested=row["cancel_requested"],
         created_at=row["created_at"],
         finished_at=row["finished_at"],
+        priority=row["priority"],
     )
 
 

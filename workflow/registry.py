@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardq.core.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
-from shardq.core.rules import check_name, check_schema
+from shardq.core.rules import check_name, check_priority, check_schema
 from shardq.workflow.contracts import (
     QuerySpec,
     SignalSpec,
@@ -46,6 +46,8 @@ class WorkflowDef:
     updates: tuple[UpdateSpec, ...] = ()
     state_class: type | None = None
     """A class-based workflow's class: each run of its code gets a new instance."""
+    priority: int = 0
+    """The priority of a start that names none (0-9, higher claimed first)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_history, bool) or not isinstance(self.max_history, int) or (
@@ -57,6 +59,10 @@ class WorkflowDef:
             if value is not None and not 0 < value < float("inf"):
                 raise InvalidArgument(f"workflow {self.name}: {field_name} must be a positive "
                                       "number of seconds")
+        try:
+            check_priority(self.priority)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"workflow {self.name}: {exc}") from None
         if self.input_schema is not None:
             check_schema(self.input_schema, f"workflow {self.name} input")
         check_signals(self.signals, self.name)
@@ -85,7 +91,8 @@ class WorkflowDef:
         return None if self.state_class is None else self.state_class()
 
 
-_SETTINGS = frozenset({"max_history", "max_wait_s", "retention_s", "input_schema", "signals"})
+_SETTINGS = frozenset({"max_history", "max_wait_s", "retention_s", "input_schema", "signals",
+                       "priority"})
 T = TypeVar("T")
 
 
@@ -129,7 +136,7 @@ class Registry:
     ) -> Callable[[WorkflowFn], WorkflowFn]:
         """Decorator: `@registry.workflow("checkout", version=2)` on `def checkout(ctx): ...`.
 
-        `limits`: max_history, max_wait_s, retention_s, and the published
+        `limits`: max_history, max_wait_s, retention_s, priority, and the published
         contract's input_schema and signals (see WorkflowDef)."""
 
         def register(fn: WorkflowFn) -> WorkflowFn:

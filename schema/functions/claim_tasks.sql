@@ -1,6 +1,9 @@
 -- Lease up to `lim` due tasks: run_at has passed and no live lease holds them
 -- (leased_until unset or past), so an expired lease is due again and any
--- worker re-claims it. The lease is written to columns no index holds, so
+-- worker re-claims it. Higher priority first: the levels 9..1 from the
+-- partial index tasks_urgent, one probe for each level present, then the rest
+-- of the batch at priority 0 from tasks_due; within a level, by run_at
+-- (schema/0019). The lease is written to columns no index holds, so
 -- the update stays HOT (schema/0018); the row keeps its run_at, and claims
 -- step over the live leases at the head of tasks_due until a heartbeat
 -- moves them. The claimed rows come first; a last row with a NULL
@@ -38,8 +41,28 @@ DECLARE
     -- custom plan then drops the filter altogether.
     claimable bit(4096);
     claimed   integer;
+    -- Rows of priority 1-9 picked (and locked) before the priority-0 pass.
+    urgent    uuid[] := '{}';
+    level     smallint;
 BEGIN
     claimable := shardq.unclean_writable();
+
+    -- A level's due rows are a range of tasks_urgent that stops at now(); its
+    -- future timers are never read. Levels with nothing due cost a probe each.
+    level := (SELECT max(t.priority) FROM shardq.tasks t WHERE t.priority > 0);
+    WHILE level IS NOT NULL AND cardinality(urgent) < lim LOOP
+        urgent := urgent || ARRAY(
+            SELECT d.execution_id
+            FROM shardq.tasks d
+            WHERE d.priority = level AND d.run_at <= now()
+              AND (d.leased_until IS NULL OR d.leased_until <= now())
+              AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
+            ORDER BY d.priority DESC, d.run_at
+            LIMIT lim - cardinality(urgent)
+            FOR UPDATE SKIP LOCKED);
+        level := (SELECT max(t.priority) FROM shardq.tasks t
+                  WHERE t.priority > 0 AND t.priority < level);
+    END LOOP;
 
     -- Losing a claim in a server crash only leaves its task due (the turn's
     -- fenced commit then fails), and the turn's own durable commit flushes the
@@ -53,14 +76,16 @@ BEGIN
             lease_owner = owner,
             leased_until = now() + make_interval(secs => lease_s),
             claims = t.claims + 1
-        WHERE t.execution_id = ANY(ARRAY(
+        WHERE t.execution_id = ANY(urgent || ARRAY(
+            -- Priority 0. A due row of a higher level met here is one the
+            -- loop above found leased or locked by another claim.
             SELECT d.execution_id
             FROM shardq.tasks d
-            WHERE d.run_at <= now()
+            WHERE d.run_at <= now() AND d.priority = 0
               AND (d.leased_until IS NULL OR d.leased_until <= now())
               AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
             ORDER BY d.run_at
-            LIMIT lim
+            LIMIT lim - cardinality(urgent)
             FOR UPDATE SKIP LOCKED
         ))
         RETURNING t.execution_id, t.lease_token, t.claims, t.cancel_requested

@@ -298,8 +298,9 @@ BEGIN
         -- a leased task row): it stays due, rather than left with neither a task
         -- nor a wait, and its next turn finds the decision in its history.
         IF c_states && ARRAY['waiting', 'input_required'] THEN
-            INSERT INTO shardq.tasks (execution_id, run_at, claims)
-            SELECT c.id, now(), 1
+            INSERT INTO shardq.tasks (execution_id, run_at, claims, priority)
+            SELECT c.id, now(), 1,
+                   (SELECT e.priority FROM shardq.executions e WHERE e.id = c.id)
             FROM unnest(c_ids, c_states) AS c(id, state)
             WHERE c.id = ANY(deleting) AND c.state IN ('waiting', 'input_required')
               AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = c.id)
@@ -327,8 +328,9 @@ BEGIN
     -- not its first (claims = 1): its next claim reads its history. A run that
     -- waits on several names (a condition) has a row per name.
     IF cardinality(p_ids) > 0 THEN
-        INSERT INTO shardq.tasks (execution_id, run_at, claims)
-        SELECT DISTINCT p.id, now(), 1
+        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority)
+        SELECT DISTINCT p.id, now(), 1,
+               (SELECT e.priority FROM shardq.executions e WHERE e.id = p.id)
         FROM unnest(p_ids, p_names) AS p(id, name)
         WHERE (all_fenced OR (p.id = ANY(fenced) AND NOT p.id = ANY(cancelling)))
           AND EXISTS (

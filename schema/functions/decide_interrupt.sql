@@ -124,8 +124,8 @@ BEGIN
     VALUES (p_id, w.position, 'interrupt.decided', p_name, standing);
     DELETE FROM shardq.waits wt WHERE wt.execution_id = p_id;
     -- Due now; the row is not the run's first, so its claim reads history.
-    INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims)
-    VALUES (p_id, now(), 1)
+    INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
+    VALUES (p_id, now(), 1, (SELECT e.priority FROM shardq.executions e WHERE e.id = p_id))
     ON CONFLICT (execution_id) DO UPDATE SET run_at = now() WHERE cur.lease_token IS NULL;
     PERFORM pg_notify(shardq.wake_channel(), '');
     RETURN QUERY SELECT 'accepted'::text, standing, NULL::text;

@@ -117,8 +117,9 @@ BEGIN
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
             -- The task row is not the run's first: its claim reads history.
-            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims)
-            SELECT n.execution_id, now(), 1
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
+            SELECT n.execution_id, now(), 1,
+                   (SELECT e.priority FROM shardq.executions e WHERE e.id = n.execution_id)
             FROM inserted n
             CROSS JOIN LATERAL (
                 SELECT w.kind, w.name, w.request FROM shardq.waits w
@@ -189,8 +190,9 @@ BEGIN
             FROM inserted n
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
-            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims)
-            SELECT w.execution_id, now(), 1
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
+            SELECT w.execution_id, now(), 1,
+                   (SELECT e.priority FROM shardq.executions e WHERE e.id = w.execution_id)
             FROM shardq.waits w JOIN inserted n ON n.execution_id = w.execution_id
             WHERE (w.kind = 'signal' AND w.name = p_names[i])
                OR (w.kind = 'condition' AND w.request->'signals' ? p_names[i])

@@ -3,7 +3,8 @@
 -- already buffered; a live run takes the signal; a finished one refuses it
 -- (unless a keyed repeat), exactly as deliver_signals decides, which this
 -- calls for the delivery itself and whose answer it passes on. A new run of a
--- declarative workflow is created with its gates (p_gates).
+-- declarative workflow is created with its gates (p_gates), and a new run with
+-- p_priority (an existing run keeps its own).
 --
 -- Racing callers with one workflow key: the first INSERT wins and the others
 -- wait on the unique index until it commits, then find its row (a new
@@ -21,7 +22,8 @@ CREATE OR REPLACE FUNCTION shardq.signal_with_start_v2(
     p_key               text,
     p_max_pending       integer,
     p_max_pending_total integer,
-    p_gates             text[]
+    p_gates             text[],
+    p_priority          smallint
 ) RETURNS TABLE (
     execution_id uuid,
     created      boolean,
@@ -38,14 +40,14 @@ DECLARE
     is_new boolean := false;
 BEGIN
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                   input, gates)
+                                   input, gates, priority)
     VALUES (p_new_id, p_tenant, p_workflow_name, p_workflow_version, p_workflow_id, p_input,
-            p_gates)
+            p_gates, p_priority)
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id INTO run;
     IF run IS NOT NULL THEN
         is_new := true;
-        INSERT INTO shardq.tasks (execution_id, run_at) VALUES (run, now());
+        INSERT INTO shardq.tasks (execution_id, run_at, priority) VALUES (run, now(), p_priority);
         PERFORM pg_notify(shardq.wake_channel(), '');
     ELSE
         SELECT x.id INTO run FROM shardq.executions x

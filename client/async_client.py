@@ -219,10 +219,10 @@ class AsyncClient:
     async def list_runs(
         self, *, tenant: str | None = DEFAULT_TENANT, state: State | str | None = None,
         workflow: str | None = None, limit: int = DEFAULT_PAGE, cursor: str | None = None,
-        skip_unavailable: bool = False,
+        skip_unavailable: bool = False, priority: int | None = None,
     ) -> PartialPage:
         """Client.list_runs: one page over every shard (read at once), ordered by id."""
-        query = list_query(tenant, state, workflow, limit, cursor)
+        query = list_query(tenant, state, workflow, limit, cursor, priority=priority)
 
         async def read(shard: Shard) -> list[Execution]:
             return await self.store.list_executions(shard, query)

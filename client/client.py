@@ -243,6 +243,7 @@ class Client:
         limit: int = DEFAULT_PAGE,
         cursor: str | None = None,
         skip_unavailable: bool = False,
+        priority: int | None = None,
     ) -> PartialPage:
         """One page of runs over every shard, ordered by id (creation millisecond first).
 
@@ -251,9 +252,9 @@ class Client:
 
         `skip_unavailable`: as `pending_interrupts`'s, a shard that cannot be reached
         is named in the page's `unavailable_shards` instead of failing the page, and
-        the shards are read at once.
+        the shards are read at once. `priority`: only runs of that priority.
         """
-        query = list_query(tenant, state, workflow, limit, cursor)
+        query = list_query(tenant, state, workflow, limit, cursor, priority=priority)
 
         def read(shard: Shard) -> list[Execution]:
             return self.store.list_executions(shard, query)

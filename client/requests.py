@@ -145,7 +145,9 @@ def tenants_run(found: Execution | None, ident: uuid.UUID, tenant: str) -> Execu
 
 
 def list_query(tenant: str | None, state: State | str | None, workflow: str | None,
-               limit: int, cursor: str | None) -> ListQuery:
+               limit: int, cursor: str | None, *, priority: int | None = None) -> ListQuery:
+    if priority is not None:
+        check_priority(priority)
     if tenant is not None:
         check_name(tenant, "tenant")
     if workflow is not None:
@@ -156,6 +158,7 @@ def list_query(tenant: str | None, state: State | str | None, workflow: str | No
         workflow=workflow,
         limit=limit,
         after=Cursor.decode(cursor) if cursor is not None else None,
+        priority=priority,
     )
 
 

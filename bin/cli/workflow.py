@@ -128,6 +128,23 @@ payload_option = click.option(
 start_input_option = click.option(
     "--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
     help="The input if the run is started: JSON text, @FILE or - for stdin.")
+
+
+def _check_priority(_ctx: click.Context, param: click.Parameter,
+                    value: int | None) -> int | None:
+    from shardq.core.errors import InvalidArgument
+    from shardq.core.rules import check_priority
+
+    try:
+        return None if value is None else check_priority(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+priority_option = click.option(
+    "--priority", type=int, callback=_check_priority, metavar="0-9",
+    help="The new run's priority, higher claimed first (default: the workflow's own, "
+         "else 0).")
 key_option = click.option(
     "--idempotency-key", callback=_check_key,
     help="Repeats with this key are delivered once (per run).",
@@ -147,16 +164,17 @@ def _signal_text(delivered: bool, created: bool | None = None) -> str:
 @click.argument("workflow_id")
 @click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
               help="The run's input: JSON text, @FILE or - for stdin.")
+@priority_option
 @pass_settings
 def workflow_start(
     settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
-    input_value: Any,
+    input_value: Any, priority: int | None,
 ) -> None:
     """Start NAME with the business key WORKFLOW_ID (idempotent on the key)."""
     with errors_as_exit_codes():
         registry = load_registry(app)
     with open_client(settings, registry) as client, errors_as_exit_codes():
-        result = client.start(name, workflow_id, input_value, tenant=tenant)
+        result = client.start(name, workflow_id, input_value, tenant=tenant, priority=priority)
     emit(
         settings,
         {"execution_id": str(result.execution_id), "created": result.created,
@@ -211,10 +229,12 @@ def workflow_signal(
 @start_input_option
 @payload_option
 @key_option
+@priority_option
 @pass_settings
 def workflow_signal_with_start(
     settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
     signal_name: str, input_value: Any, payload: Any, idempotency_key: str | None,
+    priority: int | None,
 ) -> None:
     """Send SIGNAL_NAME to the run of NAME with key WORKFLOW_ID, starting it if it has none."""
     with errors_as_exit_codes():
@@ -222,7 +242,7 @@ def workflow_signal_with_start(
     with open_client(settings, registry) as client, errors_as_exit_codes():
         result = client.signal_with_start(
             name, workflow_id, input_value, signal_name, payload,
-            idempotency_key=idempotency_key, tenant=tenant,
+            idempotency_key=idempotency_key, tenant=tenant, priority=priority,
         )
     emit(
         settings,
@@ -308,17 +328,18 @@ def workflow_update(
 @argument_option
 @key_option
 @wait_option
+@priority_option
 @pass_settings
 def workflow_update_with_start(
     settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
     update_name: str, input_value: Any, argument: Any, idempotency_key: str | None,
-    wait: float,
+    wait: float, priority: int | None,
 ) -> None:
     """Update the run of NAME with key WORKFLOW_ID, starting it if it has none."""
     with app_client(settings, app) as client, errors_as_exit_codes():
         result = _refusing_payloads(lambda: client.update_with_start(
             name, workflow_id, input_value, update_name, argument,
-            idempotency_key=idempotency_key, tenant=tenant, wait=wait))
+            idempotency_key=idempotency_key, tenant=tenant, wait=wait, priority=priority))
     _emit_update(settings, result)
 
 
@@ -359,7 +380,7 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
     now = datetime.now(UTC)
     lines = [
         f"{execution.id}  {execution.workflow_name} v{execution.workflow_version}  "
-        f"{execution.workflow_id}  {execution.state.value}"
+        f"{execution.workflow_id}  {execution.state.value}  priority {execution.priority}"
     ]
     if wait is not None:
         deadline = f", deadline {wait.deadline.isoformat()}" if wait.deadline else ""
@@ -391,11 +412,13 @@ def page_options(f: F) -> F:
 @click.option("--state", type=click.Choice([s.value for s in State]),
               help="Only runs in this state.")
 @click.option("--workflow", "workflow_name", help="Only runs of this workflow.")
+@click.option("--priority", type=int, callback=_check_priority, metavar="0-9",
+              help="Only runs of this priority.")
 @page_options
 @pass_settings
 def workflow_list(
     settings: Settings, tenant: str, state: str | None, workflow_name: str | None,
-    limit: int, cursor: str | None,
+    priority: int | None, limit: int, cursor: str | None,
 ) -> None:
     """List runs over every shard, oldest first, one page at a time.
 
@@ -403,7 +426,7 @@ def workflow_list(
     others' runs, and its cursor goes past what that shard holds before it."""
     with open_client(settings) as client, errors_as_exit_codes():
         page = client.list_runs(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
-                                cursor=cursor, skip_unavailable=True)
+                                cursor=cursor, skip_unavailable=True, priority=priority)
         asked = len(client.map.shards)
     lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
              for e in page.items]

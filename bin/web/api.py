@@ -164,6 +164,7 @@ def _execution(e: Execution) -> dict[str, Any]:
             "workflow_version": e.workflow_version, "workflow_id": e.workflow_id,
             "state": e.state.value, "input": e.input, "output": e.output, "error": e.error,
             "cancel_requested": e.cancel_requested, "created_at": e.created_at.isoformat(),
+            "priority": e.priority,
             "finished_at": e.finished_at.isoformat() if e.finished_at else None}
 
 
@@ -195,7 +196,8 @@ async def start(request: Request, tenant: str) -> Response:
     body = await _json_object(request, "start")
     workflow_id = _field(body, "workflow_id", str)
     result = await client.start(request.path_params["name"], workflow_id, body.get("input"),
-                                tenant=tenant)
+                                tenant=tenant, priority=_field(body, "priority", int,
+                                                               required=False))
     return JSONResponse({"execution_id": str(result.execution_id),
                          "created": result.created}, 201 if result.created else 200)
 
@@ -227,7 +229,8 @@ async def signal_with_start(request: Request, tenant: str) -> Response:
         request.path_params["name"],
         _field(body, "workflow_id", str), body.get("input"), _field(body, "signal", str),
         body.get("payload"), idempotency_key=_field(body, "idempotency_key", str,
-                                                      required=False), tenant=tenant)
+                                                      required=False), tenant=tenant,
+        priority=_field(body, "priority", int, required=False))
     return JSONResponse({"execution_id": str(result.execution_id),
                          "created": result.created, "signal_delivered": result.delivered},
                         201 if result.created else 202)
@@ -276,7 +279,8 @@ async def update_with_start(request: Request, tenant: str) -> Response:
     result = await client.update_with_start(
         request.path_params["name"], _field(body, "workflow_id", str),
         body.get("input"), _field(body, "update", str), body.get("argument"),
-        idempotency_key=key, tenant=tenant, wait=wait)
+        idempotency_key=key, tenant=tenant, wait=wait,
+        priority=_field(body, "priority", int, required=False))
     return JSONResponse({**_update_result(result), "created": result.created},
                         201 if result.created else 200)
 
@@ -302,8 +306,12 @@ async def listing(request: Request, tenant: str) -> Response:
     state = q.get("state")
     if state is not None and state not in {s.value for s in State}:
         raise ApiError(400, f"state must be one of {', '.join(s.value for s in State)}")
+    priority = q.get("priority")
+    if priority is not None and not (priority.isascii() and priority.isdigit()):
+        raise ApiError(400, "priority must be a whole number within 0..9")
     page = await client.list_runs(tenant=tenant, state=state, workflow=q.get("workflow"),
-                                  limit=limit, cursor=q.get("cursor"))
+                                  limit=limit, cursor=q.get("cursor"),
+                                  priority=None if priority is None else int(priority))
     return JSONResponse({"items": [_execution(e) for e in page.items],
                          "next_cursor": page.next_cursor})
 

@@ -34,6 +34,7 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
     "workflow_id": {"type": "string"}, "state": {"type": "string"},
     "input": ANY_JSON, "output": ANY_JSON, "error": ANY_JSON,
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "string"},
+    "priority": {"type": "integer"},
     "finished_at": {"type": ["string", "null"]},
     "open_wait": {"type": ["object", "null"]},
     "pending_signals": {"type": "array", "items": {"type": "object"}},
@@ -97,6 +98,9 @@ def _envelope(required: list[str], **properties: dict[str, Any]) -> dict[str, An
 _STRING = {"type": "string"}
 _NAME = {"type": "string", "pattern": f"^{NAME_PATTERN}$"}
 _WORKFLOW_ID = {"type": "string", "minLength": 1, "maxLength": 512}
+_PRIORITY = {"type": ["integer", "null"], "minimum": 0, "maximum": 9,
+             "description": "The new run's priority, higher claimed first (default: the "
+                            "workflow's own)"}
 _KEY = {"type": "string", "pattern": "\\S"}
 _BODY_KEY = {"anyOf": [_KEY, {"type": "null"}]}
 """A body's idempotency key: a usable string, or null (or left out) for none."""
@@ -161,18 +165,21 @@ OPENAPI: dict[str, Any] = {
         f"{PREFIX}/workflows/{{name}}/start": {"post": _op(
             "start", "Start a run (201), or find the run of this workflow_id (200)",
             _linked(_responses(_started(200, 201), 400, 404, 413, 415), 200, 201), _WORKFLOW,
-            body=_envelope(["workflow_id"], workflow_id=_WORKFLOW_ID, input=ANY_JSON))},
+            body=_envelope(["workflow_id"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
+                           priority=_PRIORITY))},
         f"{PREFIX}/workflows/{{name}}/signal-with-start": {"post": _op(
             "signalWithStart", "Signal the run of a workflow key, starting it if it has none",
             _responses(_started(201, 202), 400, 404, 409, 413, 415), _WORKFLOW,
             body=_envelope(["workflow_id", "signal"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
-                      signal=_NAME, payload=ANY_JSON, idempotency_key=_BODY_KEY))},
+                      signal=_NAME, payload=ANY_JSON, idempotency_key=_BODY_KEY,
+                      priority=_PRIORITY))},
         f"{PREFIX}/workflows/{{name}}/update-with-start": {"post": _op(
             "updateWithStart", "Update the run of a workflow key, starting it if it has none",
             _responses({200: UPDATE_RESULT, 201: UPDATE_RESULT, 202: UPDATE_RESULT}, 400, 404,
                        409, 413, 415, 422), _WORKFLOW, _WAIT,
             body=_envelope(["workflow_id", "update"], workflow_id=_WORKFLOW_ID, input=ANY_JSON,
-                      update=_NAME, argument=ANY_JSON, idempotency_key=_BODY_KEY))},
+                      update=_NAME, argument=ANY_JSON, idempotency_key=_BODY_KEY,
+                      priority=_PRIORITY))},
         f"{PREFIX}/workflows/{{execution_id}}/signal/{{signal_name}}": {"post": _op(
             "signal", "Deliver a signal; the body is its raw JSON payload (may be empty)",
             _responses({202: _SIGNALLED}, 400, 404, 409, 413), _EXECUTION_ID,
@@ -216,7 +223,9 @@ OPENAPI: dict[str, Any] = {
         f"{PREFIX}/workflows": {"get": _op(
             "listRuns", "Runs over every shard, a keyset page", _responses({200: _PAGE_OF}, 400),
             _query("state", {"enum": [s.value for s in State]}, "Only runs in this state"),
-            _query("workflow", _NAME, "Only runs of this workflow"), _LIMIT,
+            _query("workflow", _NAME, "Only runs of this workflow"),
+            _query("priority", {"type": "integer", "minimum": 0, "maximum": 9},
+                   "Only runs of this priority"), _LIMIT,
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
                    "The next_cursor of the previous page"))},
         f"{PREFIX}/interrupts": {"get": _op(

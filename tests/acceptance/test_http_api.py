@@ -96,6 +96,18 @@ def test_another_tenant_s_run_looks_unknown(api: Api) -> None:
     assert api.other.get("/workflows").json()["items"] == []
 
 
+def test_a_priority_is_given_at_start_shown_with_the_run_and_filters_the_list(
+    api: Api,
+) -> None:
+    urgent = api.http.post("/workflows/park/start",
+                           json={"workflow_id": "prio-7", "priority": 7}).json()["execution_id"]
+    start_park(api, "prio-0")
+    assert api.http.get(f"/workflows/{urgent}").json()["priority"] == 7
+    listed = api.http.get("/workflows", params={"priority": "7"}).json()["items"]
+    assert [(r["execution_id"], r["priority"]) for r in listed] == [(urgent, 7)]
+    assert len(api.http.get("/workflows").json()["items"]) == 2
+
+
 def test_concurrent_identical_keyed_deliveries_store_one_signal(
     api: Api, shard_map: ShardMap
 ) -> None:
@@ -141,6 +153,12 @@ def test_a_decision_over_http(api: Api, start_worker: StartWorker) -> None:
     assert audit[0]["action"] == "approve" and audit[0]["interrupt"] == "manager_review"
 
 
+BAD_PRIORITIES: list[tuple[str, str, str, dict[str, object], int]] = [
+    (f"start-priority-{name}", "POST", "/workflows/park/start",
+     {"json": {"workflow_id": f"prio-{name}", "priority": bad}}, 400)
+    for name, bad in (("negative", -1), ("ten", 10), ("huge", 2**70), ("fraction", 1.5),
+                      ("text", "5"), ("bool", True))
+]
 BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
     # (id, method, path, httpx keyword arguments, status)
     ("no-token", "POST", "/workflows/park/start", {"json": {"workflow_id": "x"},
@@ -173,6 +191,14 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
     ("non-utf8-key-header", "POST", "/workflows/{run}/signal/go",
      {"content": b"1", "headers": [("Idempotency-Key", b"\xff\xfe")]}, 400),
     ("bad-payload", "POST", "/workflows/{run}/signal/go", {"content": b"{nope"}, 400),
+    *BAD_PRIORITIES,
+    ("signal-with-start-priority", "POST", "/workflows/park/signal-with-start",
+     {"json": {"workflow_id": "prio-s", "signal": "go", "priority": 11}}, 400),
+    ("update-with-start-priority", "POST", "/workflows/cart/update-with-start",
+     {"json": {"workflow_id": "prio-u", "input": {"customer": "c"}, "update": "add_item",
+               "argument": {"sku": "a", "quantity": 1}, "priority": -2}}, 400),
+    ("list-priority-word", "GET", "/workflows", {"params": {"priority": "high"}}, 400),
+    ("list-priority-ten", "GET", "/workflows", {"params": {"priority": "10"}}, 400),
     ("bad-limit", "GET", "/workflows", {"params": {"limit": "lots"}}, 400),
     ("zero-limit", "GET", "/workflows", {"params": {"limit": "0"}}, 400),
     ("bad-state", "GET", "/workflows", {"params": {"state": "bogus"}}, 400),
@@ -348,8 +374,9 @@ def test_an_unknown_body_key_is_named_and_nothing_starts(api: Api) -> None:
         "error": "unknown keys in the body: inputs, zz",
         "violations": [
             {"message": "unknown key 'inputs' (did you mean 'input'?); expected input, "
-                        "workflow_id", "field_path": "/inputs"},
-            {"message": "unknown key 'zz'; expected input, workflow_id", "field_path": "/zz"}]}
+                        "priority, workflow_id", "field_path": "/inputs"},
+            {"message": "unknown key 'zz'; expected input, priority, workflow_id",
+             "field_path": "/zz"}]}
     assert api.http.get("/workflows", params={"workflow": "park"}).json()["items"] == []
     # The document says the same: these bodies take no other key.
     paths = api.http.get("/openapi.json").json()["paths"]

@@ -18,8 +18,11 @@ ALTER TABLE shardq.tasks
     ADD COLUMN priority smallint NOT NULL DEFAULT 0;
 CREATE INDEX tasks_urgent ON shardq.tasks (priority DESC, run_at) WHERE priority > 0;
 
--- signal_with_start_v2 takes the new run's priority: its file creates it again
--- with the parameter (until a release ships, a function changes in place and a
--- migration drops the signature nothing calls; docs/storage.md).
+-- signal_with_start_v2 takes the new run's priority, and claim_tasks the lowest
+-- level a claim takes (a worker's fast lane for urgent work): their files
+-- create them again with the parameter (until a release ships, a function
+-- changes in place and a migration drops the signature nothing calls;
+-- docs/storage.md).
+DROP FUNCTION IF EXISTS shardq.claim_tasks(text, integer, float8);
 DROP FUNCTION IF EXISTS shardq.signal_with_start_v2(
     text, text, integer, text, uuid, jsonb, text, jsonb, text, integer, integer, text[]);

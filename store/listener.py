@@ -42,6 +42,8 @@ CHECK_AFTER_S = 15.0
 """Silence on a LISTEN connection after which it is checked with a round trip."""
 PING_CAP_S = 5.0
 """The longest that check may take."""
+URGENT = "urgent"
+"""The payload of a wake for runs of a priority above 0 (schema/functions/wake_note.sql)."""
 
 
 class WakeSource:
@@ -69,6 +71,7 @@ class WakeSource:
         self._reconnect_at = 0.0
         self._backoff = 0.5
         self._heard_at = 0.0  # when the connection last answered or brought a notification
+        self._urgent = False
 
     def set(self) -> None:
         with self._lock:
@@ -151,10 +154,25 @@ class WakeSource:
         self.set()
         return conn
 
+    @property
+    def urgent(self) -> bool:
+        """A NOTIFY said urgent work came due (a run of a priority above 0), and no
+        claim took it yet: read and taken by the claim loop's thread only, which also
+        reads the notifications."""
+        return self._urgent
+
+    def take_urgent(self) -> bool:
+        urgent, self._urgent = self._urgent, False
+        return urgent
+
     def _drain(self, conn: GuardedConnection) -> bool:
         """Read what arrived on the LISTEN socket; True when it held a notification."""
+        heard = False
         try:
-            heard = sum(1 for _ in conn.notifies(timeout=0)) > 0
+            for note in conn.notifies(timeout=0):
+                heard = True
+                if note.payload == URGENT:
+                    self._urgent = True
         except psycopg.Error as exc:
             self._lost(exc)
             return False

@@ -32,7 +32,10 @@ WITH input AS (
     SELECT id, now(), %(priority)s FROM inserted
 ), notified AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
-    SELECT pg_notify(shardq.wake_channel(), '') WHERE EXISTS (SELECT 1 FROM inserted)
+    -- 'urgent' for runs of a priority: a worker claims those without waiting for a
+    -- full batch of free slots (schema/functions/claim_tasks.sql).
+    SELECT pg_notify(shardq.wake_channel(), shardq.wake_note(%(priority)s))
+    WHERE EXISTS (SELECT 1 FROM inserted)
 )
 SELECT i.id, i.workflow_id, 'pending' AS state, true AS created
 FROM inserted i LEFT JOIN notified ON true
@@ -68,7 +71,7 @@ SELECT format('LISTEN %%I', shardq.wake_channel()) AS statement
 -- name: claim_tasks
 -- Lease up to `limit` due tasks with what replay needs; the last row carries
 -- the seconds until the next task is due. Body: schema/functions/claim_tasks.sql.
-SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s)
+SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s, %(min_priority)s::smallint)
 
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens. Each column travels as one

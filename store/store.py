@@ -140,18 +140,19 @@ class Store:
     # -- claiming and leases -------------------------------------------------
 
     def claim(
-        self, shard: Shard, *, owner: str, limit: int, lease_s: float
+        self, shard: Shard, *, owner: str, limit: int, lease_s: float, min_priority: int = 0,
     ) -> tuple[list[Claim], float | None]:
-        """Lease up to `limit` due tasks, each with a fresh token, history and pending signals.
+        """Lease up to `limit` due tasks, each with a fresh token, history and pending signals,
+        higher priority first (of `min_priority` and up only, when it is above 0).
 
         Also returns the seconds until the next task is due (None when there is
         none), read in the same round trip.
         """
         with self.connection(shard) as conn, conn.cursor(row_factory=tuple_row) as cur:
             # Tuples: a batch of rows is parsed on the worker's hot path.
-            rows = cur.execute(
-                SQL["claim_tasks"], {"owner": owner, "limit": limit, "lease_s": lease_s}
-            ).fetchall()
+            rows = cur.execute(SQL["claim_tasks"], {
+                "owner": owner, "limit": limit, "lease_s": lease_s,
+                "min_priority": min_priority}).fetchall()
         seconds = rows.pop()[-1]  # the function's last row: next_due_in
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 

@@ -66,9 +66,13 @@ class TurnQueue:
         self._idle = 0  # threads waiting in get()
         self._waking = 0  # of those, notified and not yet running
 
-    def put_many(self, items: list[TurnItem]) -> None:
+    def put_many(self, items: list[TurnItem], *, first: bool = False) -> None:
+        """Queue items behind those waiting, or (`first`: urgent runs) ahead of them."""
         with self._ready:
-            self._items.extend(items)
+            if first:
+                self._items.extendleft(reversed(items))
+            else:
+                self._items.extend(items)
             self._wake_one()
 
     def get(self) -> TurnItem:

@@ -75,8 +75,8 @@ class Worker:
       claimed run's turn at a time: workflow code, steps and checkpoints (which
       block the thread, and may commit on it, see Completer.submit); then hand
       the last commit to the completer without waiting for it.
-    - The heartbeat (`shardq-heartbeat`): extends the leases in `_inflight`
-      every third of a lease until the drain is over.
+    - A heartbeat per shard (`shardq-heartbeat-<shard>`, worker/leases.py): extends
+      the shard's leases in `_inflight` every third of a lease until the drain is over.
     - Step-attempt threads (`shardq-step`), one per attempt of a step with a
       `timeout`: run the step function and touch no worker state.
 
@@ -88,14 +88,8 @@ class Worker:
     `InFlight.token` is written outside the lock; see there why that holds.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        registry: Registry,
-        *,
-        shards: list[Shard] | None = None,
-        config: WorkerConfig | None = None,
-    ) -> None:
+    def __init__(self, store: Store, registry: Registry, *, shards: list[Shard] | None = None,
+                 config: WorkerConfig | None = None) -> None:
         self.config = config or WorkerConfig()
         self.registry = registry
         self.store = store
@@ -266,12 +260,15 @@ class Worker:
             # Cleared before the slots are read: a wake from here on is kept
             # for the wait below.
             wake.clear()
-            limit, partial = self._reserve(shard, partial, backlog)
+            # Urgent work (a NOTIFY said so) is claimed from the free slots at once,
+            # from the levels above 0 only, not after a full batch of them freed.
+            limit, partial = self._reserve(shard, partial, backlog and not wake.urgent)
             if not limit:
                 sleep(self._starved_sleep() if partial is None else COALESCE_S)
                 continue
-            claims, due_in, error = self._claim(shard, limit, counted)
-            backlog = error is None and len(claims) == limit
+            lane = int(wake.take_urgent())
+            claims, due_in, error = self._claim(shard, limit, counted, lane)
+            backlog = (backlog if lane else error is None and len(claims) == limit)
             if isinstance(error, ShardRetired):
                 # The pools follow the map ahead of the map loop: the shard was
                 # removed, not lost.
@@ -289,7 +286,7 @@ class Worker:
                 log.warning("shard is back", extra={"shard": shard.name})
                 failures = 0
                 wake.renew()  # its LISTEN connection may not have survived the outage
-            if len(claims) < limit:
+            if len(claims) < limit and not lane:
                 sleep(self._sleep_time(due_in))
 
     def _let_go(self, shard: Shard) -> None:
@@ -315,6 +312,7 @@ class Worker:
 
     def _claim(
         self, shard: Shard, limit: int, counted: tuple[Counter, Counter, Histogram],
+        min_priority: int = 0,
     ) -> tuple[list[Claim], float | None, Exception | None]:
         """One claim of up to `limit` runs (reserved): what it leased, recorded before
         anything else can look, the seconds until the next is due, or why it failed.
@@ -322,9 +320,9 @@ class Worker:
         claims: list[Claim] = []
         due_in: float | None = None
         try:
-            claims, due_in = self.store.claim(
-                shard, owner=self.config.owner, limit=limit, lease_s=self.config.lease_s
-            )
+            claims, due_in = self.store.claim(shard, owner=self.config.owner, limit=limit,
+                                              lease_s=self.config.lease_s,
+                                              min_priority=min_priority)
         except ShardqError as exc:
             # The shard is down, read-only, restarting, or holds another map
             # (the process is being stopped for that): one line, not a trace.
@@ -335,7 +333,7 @@ class Worker:
             log.exception("claim failed; retrying", extra={"shard": shard.name})
             return [], None, exc
         finally:
-            self._claimed(shard, limit, claims)
+            self._claimed(shard, limit, claims, urgent=min_priority > 0)
         claims_made, claimed_runs, batch_sizes = counted
         claims_made.inc()
         claimed_runs.inc(len(claims))
@@ -410,9 +408,10 @@ class Worker:
             return self.config.poll_interval_s
         return min(self.config.poll_interval_s, max(0.0, lend_at - time.monotonic()) + 0.001)
 
-    def _claimed(self, shard: Shard, reserved: int, claims: list[Claim]) -> None:
+    def _claimed(self, shard: Shard, reserved: int, claims: list[Claim], *,
+                 urgent: bool = False) -> None:
         """Record what a claim leased, before anything else can fail or stop() can look,
-        and queue its turns.
+        and queue its turns (an urgent claim's ahead of those waiting).
 
         What it did not use of its reservation is given back (a lent one was given
         back whole: what it leased is counted now), and loops that found no free
@@ -434,7 +433,7 @@ class Worker:
             starved = self._starved - {shard.name} if len(claims) < reserved else set()
             self._starved -= starved
         if turns:
-            self._turns.put_many(turns)
+            self._turns.put_many(turns, first=urgent)
         self._wake(starved)
 
     def _sleep_time(self, due_in: float | None) -> float:

@@ -3,10 +3,12 @@
 -- worker re-claims it. Higher priority first: the levels 9..1 from the
 -- partial index tasks_urgent, one probe for each level present, then the rest
 -- of the batch at priority 0 from tasks_due; within a level, by run_at
--- (schema/0019). The lease is written to columns no index holds, so
--- the update stays HOT (schema/0018); the row keeps its run_at, and claims
--- step over the live leases at the head of tasks_due until a heartbeat
--- moves them. The claimed rows come first; a last row with a NULL
+-- (schema/0019). With min_priority > 0, only levels from it up: the claim a
+-- worker makes at once when a NOTIFY says urgent work came due (the payload
+-- 'urgent'), instead of waiting for a full batch of free turn slots. The
+-- lease is written to columns no index holds, so the update stays HOT
+-- (schema/0018); the row keeps its run_at, and claims step over the live
+-- leases at the head of tasks_due until a heartbeat moves them. The claimed rows come first; a last row with a NULL
 -- execution_id carries the seconds until the next task is due (timer, retry
 -- or lease expiry).
 --
@@ -16,7 +18,8 @@
 -- It keeps custom plans on purpose: its LIMIT and its `run_at <= now()` range
 -- are what keep the due-index scan short beside a million parked timers, and
 -- a generic plan would guess at both.
-CREATE OR REPLACE FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s float8)
+CREATE OR REPLACE FUNCTION shardq.claim_tasks(
+    owner text, lim integer, lease_s float8, min_priority smallint)
 RETURNS TABLE (
     execution_id     uuid,
     lease_token      uuid,
@@ -50,7 +53,7 @@ BEGIN
     -- A level's due rows are a range of tasks_urgent that stops at now(); its
     -- future timers are never read. Levels with nothing due cost a probe each.
     level := (SELECT max(t.priority) FROM shardq.tasks t WHERE t.priority > 0);
-    WHILE level IS NOT NULL AND cardinality(urgent) < lim LOOP
+    WHILE level >= min_priority AND cardinality(urgent) < lim LOOP
         urgent := urgent || ARRAY(
             SELECT d.execution_id
             FROM shardq.tasks d
@@ -85,10 +88,11 @@ BEGIN
               AND (d.leased_until IS NULL OR d.leased_until <= now())
               AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
             ORDER BY d.run_at
-            LIMIT lim - cardinality(urgent)
+            -- min_priority > 0: the worker's fast lane for an urgent wake (none).
+            LIMIT CASE WHEN min_priority > 0 THEN 0 ELSE lim - cardinality(urgent) END
             FOR UPDATE SKIP LOCKED
         ))
-        RETURNING t.execution_id, t.lease_token, t.claims, t.cancel_requested
+        RETURNING t.execution_id, t.lease_token, t.claims, t.cancel_requested, t.priority
     )
     SELECT
         l.execution_id, l.lease_token, l.claims,
@@ -113,7 +117,9 @@ BEGIN
     FROM leased l
     CROSS JOIN LATERAL (
         SELECT * FROM shardq.executions e WHERE e.id = l.execution_id OFFSET 0
-    ) x;
+    ) x
+    -- The worker queues a batch's turns in this order: its urgent runs go first.
+    ORDER BY l.priority DESC;
 
     GET DIAGNOSTICS claimed = ROW_COUNT;
     -- A full batch: more may be due now (0). Otherwise the first of the next

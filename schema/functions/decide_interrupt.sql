@@ -51,6 +51,7 @@ DECLARE
     standing   jsonb;
     finished   text;
     arrived    timestamptz;
+    woken_priority smallint;
 BEGIN
     PERFORM shardq.fence(ARRAY[p_id]);  -- a run of a bucket moved or moving is decided there
     PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = p_id FOR UPDATE;
@@ -126,8 +127,9 @@ BEGIN
     -- Due now; the row is not the run's first, so its claim reads history.
     INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
     VALUES (p_id, now(), 1, (SELECT e.priority FROM shardq.executions e WHERE e.id = p_id))
-    ON CONFLICT (execution_id) DO UPDATE SET run_at = now() WHERE cur.lease_token IS NULL;
-    PERFORM pg_notify(shardq.wake_channel(), '');
+    ON CONFLICT (execution_id) DO UPDATE SET run_at = now() WHERE cur.lease_token IS NULL
+    RETURNING cur.priority INTO woken_priority;
+    PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(woken_priority));
     RETURN QUERY SELECT 'accepted'::text, standing, NULL::text;
 END
 $$;

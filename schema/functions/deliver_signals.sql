@@ -130,11 +130,12 @@ BEGIN
                OR starts_with(n.name, 'shardq:update:')
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
             WHERE cur.lease_token IS NULL
-            RETURNING cur.execution_id
+            RETURNING cur.execution_id, cur.priority
         )
         SELECT j.ord, n.id, j.earlier_id, j.earlier_name, j.reason_code, j.detail,
                -- A hint: one per transaction however many runs woke.
-               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken)
+               (SELECT count(pg_notify(shardq.wake_channel(), shardq.wake_note(w.priority)))
+                FROM woken w)
         FROM judged j LEFT JOIN inserted n ON n.execution_id = j.id
         ORDER BY j.ord;
         RETURN;
@@ -199,12 +200,13 @@ BEGIN
                OR starts_with(p_names[i], 'shardq:update:')
             ON CONFLICT (execution_id) DO UPDATE SET run_at = now()
             WHERE cur.lease_token IS NULL
-            RETURNING cur.execution_id
+            RETURNING cur.execution_id, cur.priority
         )
         SELECT i, (SELECT n.id FROM inserted n), j.earlier_id, j.earlier_name, j.reason_code,
                j.detail,
                -- A hint, collapsed by the server into one per transaction.
-               (SELECT count(pg_notify(shardq.wake_channel(), '')) FROM woken)
+               (SELECT count(pg_notify(shardq.wake_channel(), shardq.wake_note(w.priority)))
+                FROM woken w)
         FROM judged j;
     END LOOP;
 END

@@ -48,7 +48,7 @@ BEGIN
     IF run IS NOT NULL THEN
         is_new := true;
         INSERT INTO shardq.tasks (execution_id, run_at, priority) VALUES (run, now(), p_priority);
-        PERFORM pg_notify(shardq.wake_channel(), '');
+        PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(p_priority));
     ELSE
         SELECT x.id INTO run FROM shardq.executions x
         WHERE x.tenant = p_tenant AND x.workflow_name = p_workflow_name

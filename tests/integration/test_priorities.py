@@ -16,6 +16,7 @@ from shardq.core.errors import InvalidArgument
 from shardq.core.models import State
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_for
+from shardq.store.listener import WakeSource
 from shardq.store.store import Store
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
@@ -131,6 +132,39 @@ def test_a_woken_turn_keeps_the_run_s_priority(
                    what="the timer came due")
     assert claimed(store, shard, 1) == [run]
     assert set(claimed(store, shard, 100)) == set(backlog)
+
+
+def test_a_fast_lane_claim_takes_only_priority_work_most_urgent_first(
+    client: Client, store: Store, shard_map: ShardMap,
+) -> None:
+    shard = shard_map.shards[0]
+    ids = ids_on(shard_map, shard, "chore", 9, "lane")
+    backlog = started(client, "chore", ids[:5])
+    low = started(client, "chore", ids[5:7], priority=1)
+    high = started(client, "chore", ids[7:], priority=6)
+    claims, _ = store.claim(shard, owner="test", limit=10, lease_s=30.0, min_priority=1)
+    lane = [c.execution_id for c in claims]
+    assert set(lane[:2]) == set(high) and set(lane[2:]) == set(low)
+    assert set(claimed(store, shard, 10)) == set(backlog)
+
+
+def test_a_wake_for_priority_work_says_urgent_and_one_for_the_rest_does_not(
+    client: Client, shard_map: ShardMap,
+) -> None:
+    shard = shard_map.shards[0]
+    plain, urgent = ids_on(shard_map, shard, "chore", 2, "note")
+    wake = WakeSource(shard)
+    try:
+        assert wake.wait(10)  # the first connection counts as a wake-up
+        wake.clear()
+        started(client, "chore", [plain])
+        assert wake.wait(10) and not wake.take_urgent()
+        wake.clear()
+        started(client, "chore", [urgent], priority=2)
+        assert wake.wait(10) and wake.take_urgent()
+        assert not wake.urgent, "taken once"
+    finally:
+        wake.close()
 
 
 def test_two_claims_racing_for_the_urgent_rows_never_lease_one_twice(

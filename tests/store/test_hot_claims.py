@@ -43,8 +43,9 @@ def test_a_claim_updates_its_rows_in_place_and_leaves_their_due_time(
     due = dict(rows(shard.url, "SELECT execution_id, run_at FROM shardq.tasks "
                                "WHERE execution_id = ANY(%s)", runs))
     with psycopg.connect(shard.url) as conn:  # one transaction: its own stats counters
-        claimed = conn.execute("SELECT execution_id FROM shardq.claim_tasks('t', 10, 30) "
-                               "WHERE execution_id IS NOT NULL").fetchall()
+        claimed = conn.execute(
+            "SELECT execution_id FROM shardq.claim_tasks('t', 10, 30, 0::smallint) "
+            "WHERE execution_id IS NOT NULL").fetchall()
         updated, hot = conn.execute(
             "SELECT pg_stat_get_xact_tuples_updated('shardq.tasks'::regclass),"
             " pg_stat_get_xact_tuples_hot_updated('shardq.tasks'::regclass)").fetchone() or (0, 0)

@@ -56,6 +56,8 @@ class Sizes:
     relay_signals: int = 4_000
     relay_samples: int = 200
     http_signals: int = 20_000
+    limit_probes: int = 300
+    flood_floor: int = 20_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -67,7 +69,8 @@ class Sizes:
         return cls(claim_n=3_000, single_n=200, floor_rows=30_000, floor_seconds=1.0,
                    wake_samples=200, cycle_runs=600, steps3_backlogs=(500, 2_000),
                    steps3_seconds=2.0, parked=100_000, parked_repeats=1,
-                   relay_signals=600, relay_samples=60, http_signals=2_000)
+                   relay_signals=600, relay_samples=60, http_signals=2_000,
+                   limit_probes=100, flood_floor=3_000)
 
 
 @dataclass

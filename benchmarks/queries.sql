@@ -79,6 +79,18 @@ FROM shardq.executions x
 JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
 WHERE x.tenant = 'default' AND x.workflow_name = 'wake_probe'
 
+-- name: claim_probe_outputs
+-- When each claim_probe run's first step ran (limits: time to claim).
+SELECT x.workflow_id, (o.payload->'output'->>'claimed_at')::float8 AS claimed_at
+FROM shardq.executions x
+JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
+WHERE x.tenant = 'default' AND x.workflow_name = 'claim_probe'
+
+-- name: due_tasks
+-- Tasks due and not leased: the backlog a flood keeps up (limits).
+SELECT count(*) AS n FROM shardq.tasks
+WHERE run_at <= now() AND (leased_until IS NULL OR leased_until <= now())
+
 -- name: vacuum_queue
 -- After bulk-loading parked runs: what autovacuum does after a million inserts.
 VACUUM (ANALYZE) shardq.executions, shardq.tasks, shardq.waits, shardq.history

@@ -31,6 +31,8 @@ TARGETS = (
     ("reshard_max_pause_ms", "<=", 2000.0,
      "longest Client.signal call to a moving run, during the move"),
     ("reshard_client_errors", "<=", 0.0, "errors clients of moving runs saw"),
+    ("priority_p99_ratio", "<=", 2.0,
+     "time to claim of priority work, p99: during a flood of priority-0 work / idle"),
 )
 
 
@@ -93,6 +95,12 @@ def headline(scenarios: dict[str, Result]) -> Result:
                    reshard_max_pause_ms=r["client_max_pause_ms"],
                    reshard_client_errors=r["client_errors"],
                    reshard_drain_ratio=r["drain_ratio"])
+    if "limits" in scenarios:
+        lim = scenarios["limits"]
+        out.update(priority_p99_ratio=lim["priority_p99_ratio"],
+                   priority_idle_p99_ms=lim["idle_time_to_claim_ms"].get("p99"),
+                   priority_flood_p99_ms=lim["flood_time_to_claim_ms"].get("p99"),
+                   priority0_flood_p99_ms=lim["flood_p0_time_to_claim_ms"].get("p99"))
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

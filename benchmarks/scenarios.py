@@ -17,6 +17,7 @@ from shardq.benchmarks.dbcost import DbMeter
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
 from shardq.benchmarks.floor import drain, run_floor
 from shardq.benchmarks.http import http_signals
+from shardq.benchmarks.limits import limits
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.benchmarks.reshard import reshard
@@ -546,6 +547,7 @@ SCENARIOS: dict[str, Scenario] = {
     "relay": relay,
     "http": http_signals,
     "reshard": reshard,
+    "limits": limits,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

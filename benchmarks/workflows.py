@@ -13,7 +13,9 @@ product imports the benchmarks or the benchmarks import a tool of the product:
 - `nap`: park on a 90-day timer (the other half of the parked runs);
 - `relay_sink`, `relay_source`, `relay_probe`: signals between runs with
   `ctx.signal_external`, on one shard or through the outbox relay (relay);
-- `fanout_source`: one run signalling many, in one call or one call each (relay).
+- `fanout_source`: one run signalling many, in one call or one call each (relay);
+- `claim_probe`: record when its first step ran, i.e. soon after it was claimed
+  (limits: time to claim by priority).
 
 `park` and `nap` runs are also written straight into the tables by the parked
 fixture (parked.py); tests/acceptance/test_benchmarks.py checks those rows equal what the
@@ -117,3 +119,9 @@ def relay_probe(ctx: WorkflowContext) -> dict[str, float]:
     sent_at = time.time()
     ctx.signal_external(ctx.input["target"], WAKE_SIGNAL)
     return {"sent_at": sent_at}
+
+
+@registry.workflow("claim_probe")
+def claim_probe(ctx: WorkflowContext) -> dict[str, float]:
+    """Record the wall time its first step ran: its first turn, right after the claim."""
+    return {"claimed_at": ctx.step("claimed", time.time)}

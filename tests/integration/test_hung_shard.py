@@ -167,3 +167,25 @@ def test_a_listen_connection_that_went_quiet_is_replaced_and_hears_again(
 
 def notify(url: str) -> None:
     rows(url, "SELECT pg_notify(shardq.wake_channel(), '') IS NULL")
+
+
+def test_a_slow_statement_on_a_server_that_answers_is_not_cut_short(
+    shard_map: ShardMap, frozen_rig: tuple[TcpProxy, ShardMap],
+) -> None:
+    """The watchdog asks the server, it does not time the statement: a statement that runs
+    past HUNG_NOTICE_S on a server that answers its probe completes and keeps its
+    connection (a long report, a big purge), through the same proxy that can freeze."""
+    _proxy, through_proxy = frozen_rig
+    with ShardPools(through_proxy) as pools:
+        shard = through_proxy.shards[1]
+        slow_s = HUNG_NOTICE_S + 2.0
+        began = time.monotonic()
+        with pools.connection(shard) as conn:
+            row = conn.execute("SELECT pg_sleep(%s)::text AS slept, pg_backend_pid() AS pid",
+                               (slow_s,)).fetchone()
+        assert row is not None and row["slept"] == ""
+        assert time.monotonic() - began >= slow_s
+        # Not abandoned: the backend that ran it is still connected (an abandoned round
+        # trip closes its connection).
+        assert rows(shard_map.shards[1].url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                    row["pid"]) == [(1,)]

@@ -5,6 +5,7 @@ clean. The commands run in-process through click, as `shardq shards ...` would."
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -135,3 +136,32 @@ def test_a_batch_paused_past_max_pause_halves_the_batches_after_it(
     check_rows_once(deployment, before)
     lowered = [line for line in lines if "above --max-pause" in line]
     assert len(lowered) == (5 if limit == 1 else 0), lines
+
+
+def test_rebalance_no_wait_returns_at_the_last_switch_and_names_the_copies_it_left(
+    deployment: Deployment,
+) -> None:
+    """Without --no-wait a rebalance keeps the terminal for its grace period (one, at the
+    end); with it, the command returns at the last switch, the runs are already even,
+    and it says which copies stay and what deletes them; the next move deletes them."""
+    start_runs(deployment, 2000)
+    status, out = _cli(deployment, "move", "2048-3000", "--to", "shard-0", "--grace", "0",
+                       "--rest", "0")
+    assert status == 0, out
+    grace = 30.0
+    began = time.monotonic()
+    status, out = _cli(deployment, "rebalance", "--grace", str(grace), "--rest", "0",
+                       "--no-wait", "--json")
+    assert status == 0, out
+    assert time.monotonic() - began < grace / 2
+    doc = json.loads(out[out.index("{"):])
+    assert doc["even_after"] and runs_per_shard(deployment) == [1000, 1000]
+    assert doc["cleanup"]["batches_cleaned"] == 0
+    assert {p["source"] for p in doc["cleanup"]["pending"]} == {"shard-0"}
+
+    status, out = _cli(deployment, "rebalance", "--grace", str(grace), "--rest", "0",
+                       "--no-wait")
+    assert status == 0, out
+    assert "nothing to move: the shards are even" in out
+    assert "shard-0 keeps its copy of" in out and "`shardq shards move --resume`" in out
+    check_ownership(deployment)

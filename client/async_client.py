@@ -41,6 +41,7 @@ from shardq.client.requests import (
     merged_runs,
     new_run_state,
     new_runs,
+    priority_target,
     run_priority,
     signalled_start,
     start_batch,
@@ -314,6 +315,14 @@ class AsyncClient:
         ident = cancel_target(execution_id, tenant, actor)
         return await self._routed(lambda m: self.store.cancel(
             m.for_execution(ident), ident, tenant=tenant, actor=actor))
+
+    async def set_priority(
+        self, execution_id: str | uuid.UUID, priority: int, *, tenant: str = DEFAULT_TENANT,
+    ) -> State:
+        """Client.set_priority: the run's state."""
+        ident, level = priority_target(execution_id, tenant, priority)
+        return await self._routed(lambda m: self.store.set_priority(
+            m.for_execution(ident), ident, tenant=tenant, priority=level))
 
     # -- published contracts: interface, queries, updates ---------------------------
 

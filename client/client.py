@@ -27,6 +27,7 @@ from shardq.client.requests import (
     merged_runs,
     new_run_state,
     new_runs,
+    priority_target,
     run_priority,
     signalled_start,
     start_batch,
@@ -376,6 +377,16 @@ class Client:
         ident = cancel_target(execution_id, tenant, actor)
         return self._routed(lambda m: self.store.cancel(m.for_execution(ident), ident,
                                                         tenant=tenant, actor=actor))
+
+    def set_priority(
+        self, execution_id: str | uuid.UUID, priority: int, *, tenant: str = DEFAULT_TENANT,
+    ) -> State:
+        """Give a live run a new priority (0-9, higher claimed first): its current task
+        and every later wake. A finished run is left as it ended. Returns the run's state.
+        """
+        ident, level = priority_target(execution_id, tenant, priority)
+        return self._routed(lambda m: self.store.set_priority(
+            m.for_execution(ident), ident, tenant=tenant, priority=level))
 
     # -- published contracts: interface, queries, updates ---------------------------
 

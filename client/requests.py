@@ -275,6 +275,14 @@ def cancel_target(execution_id: str | uuid.UUID, tenant: str, actor: str | None)
     return ident
 
 
+def priority_target(execution_id: str | uuid.UUID, tenant: str, priority: object
+                    ) -> tuple[uuid.UUID, int]:
+    """A priority change's run and new priority, checked before anything is asked."""
+    ident = parse_execution_id(execution_id)
+    check_name(tenant, "tenant")
+    return ident, check_priority(priority)
+
+
 @dataclass(frozen=True)
 class QueryAsked:
     """A query call, checked: its handler and argument; `answer` replays the history."""

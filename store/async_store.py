@@ -14,7 +14,7 @@ goes back to its pool idle.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -149,13 +149,26 @@ class AsyncStore:
     async def cancel(
         self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, actor: str | None = None
     ) -> State:
-        """As Store.cancel: each try one transaction, started again when the run became due
-        between its two locks."""
+        """As Store.cancel."""
+        return await self._locking(shard, execution_id, "cancel", lambda: statements.cancel_attempt(
+            execution_id, tenant=tenant, actor=actor))
+
+    async def set_priority(
+        self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, priority: int
+    ) -> State:
+        """As Store.set_priority."""
+        return await self._locking(shard, execution_id, "set_priority",
+                                   lambda: statements.set_priority_attempt(
+                                       execution_id, tenant=tenant, priority=priority))
+
+    async def _locking(self, shard: Shard, execution_id: uuid.UUID, what: str,
+                       attempt: Callable[[], Op[State]]) -> State:
+        """As Store._locking: each try one transaction, started again when the run became
+        due between its two locks."""
         for _ in range(CANCEL_ATTEMPTS):
             try:
                 async with self.connection(shard) as conn, conn.transaction():
-                    return await run_async(conn, statements.cancel_attempt(
-                        execution_id, tenant=tenant, actor=actor))
+                    return await run_async(conn, attempt())
             except _TaskAppeared:
                 continue
-        raise statements.cancel_gave_up(shard.name, execution_id)
+        raise statements.cancel_gave_up(shard.name, execution_id, what)

@@ -220,10 +220,20 @@ FROM shardq.tasks WHERE execution_id = %(id)s FOR UPDATE
 SELECT 1 FROM shardq.tasks WHERE execution_id = %(id)s
 
 -- name: lock_execution
--- Executions rows are never written after start: the lock only serializes
--- cancellers and signal senders to one run.
+-- Executions rows are written after start only by a priority change: the lock
+-- serializes cancellers, priority changes and signal senders to one run.
 SELECT tenant, shardq.run_state(id) AS state FROM shardq.executions WHERE id = %(id)s
 FOR UPDATE
+
+-- name: set_priority
+-- A live run's new priority, on both rows, which the caller has locked (task row
+-- first): the run's, which every later wake copies into the task row it inserts,
+-- and the task row it has now, if any. The only update of an executions row: an
+-- operator's action, rare, so the row's fillfactor 100 (insert-only) stays right.
+WITH task AS (
+    UPDATE shardq.tasks SET priority = %(priority)s WHERE execution_id = %(id)s
+)
+UPDATE shardq.executions SET priority = %(priority)s WHERE id = %(id)s
 
 -- name: deliver_signals
 -- One tenant's signals to runs on this shard, in one transaction; a row per

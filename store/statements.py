@@ -64,8 +64,9 @@ signal it does wait on."""
 MAX_PENDING_SIGNALS_TOTAL = 10_000
 """Unconsumed signals of all names one execution may buffer."""
 CANCEL_ATTEMPTS = 5
-"""A cancel starts again when the run became due while it waited for the run's lock;
-each new start holds the task row, so a second race needs a second sender in between."""
+"""A cancel (or a priority change) starts again when the run became due while it waited for
+the run's lock; each new start holds the task row, so a second race needs a second sender in
+between."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _END = datetime(9999, 12, 31, tzinfo=UTC)
 
@@ -93,7 +94,8 @@ def _about_the_server(exc: psycopg.Error) -> bool:
 
 
 class _TaskAppeared(Exception):
-    """Rolls back a cancel whose read of the run's task row went stale."""
+    """Rolls back a cancel or a priority change whose read of the run's task row went
+    stale."""
 
 
 def _workflow_params(batch: StartBatch) -> dict[str, Any]:
@@ -359,9 +361,12 @@ def pending_interrupts(
     return [PendingInterrupt(**{**r, "actions": tuple(r["actions"] or ())}) for r in rows]
 
 
-def cancel_attempt(execution_id: uuid.UUID, *, tenant: str, actor: str | None) -> Op[State]:
-    """One try at a cancel, in one transaction (the driver's): raises _TaskAppeared when
-    the run became due between its two locks, and the driver starts again."""
+def _locked_run(execution_id: uuid.UUID, tenant: str) -> Op[tuple[State, bool]]:
+    """Fence the run's bucket and lock the run in the workers' order (task row, then
+    executions row): its state and whether a worker's live lease holds it. Raises
+    _TaskAppeared when the run became due between the two locks (a sender made it due and
+    a worker may hold it by now: what was read of its task row is stale, and locking that
+    row now would take the locks out of order), and the driver starts again."""
     yield SQL["fence_run"], {"id": execution_id}
     leases = yield SQL["lock_task"], {"id": execution_id}
     targets = yield SQL["lock_execution"], {"id": execution_id}
@@ -370,22 +375,38 @@ def cancel_attempt(execution_id: uuid.UUID, *, tenant: str, actor: str | None) -
     if target is None or target["tenant"] != tenant:
         raise ExecutionNotFound(f"execution {execution_id} not found")
     state = State(target["state"])
+    if not state.terminal and lease is None and (yield SQL["task_exists"], {"id": execution_id}):
+        raise _TaskAppeared
+    return state, lease is not None and lease["leased"]
+
+
+def cancel_attempt(execution_id: uuid.UUID, *, tenant: str, actor: str | None) -> Op[State]:
+    """One try at a cancel, in one transaction (the driver's)."""
+    state, leased = yield from _locked_run(execution_id, tenant)
     if state.terminal:
         return state
-    if lease is None and (yield SQL["task_exists"], {"id": execution_id}):
-        # A sender made the run due between the two locks, and a worker may hold it
-        # by now: what was read of its task row is stale. Locking that row now would
-        # take the locks out of order, so start again, task row first.
-        raise _TaskAppeared
-    if lease is not None and lease["leased"]:
+    if leased:
         yield SQL["request_cancel"], {"id": execution_id}
         return state
     yield SQL["cancel_now"], {"id": execution_id, "actor": actor}
     return State.CANCELLED
 
 
-def cancel_gave_up(shard_name: str, execution_id: uuid.UUID) -> StoreConflict:
-    """What a cancel raises after CANCEL_ATTEMPTS tries found the run changing each time."""
+def set_priority_attempt(execution_id: uuid.UUID, *, tenant: str, priority: int) -> Op[State]:
+    """One try at changing a live run's priority, in one transaction (the driver's): its
+    executions row (what every later wake copies) and its task row if it has one, which
+    the lock taken first keeps from being claimed or deleted meanwhile. A finished run
+    is left as it ended; its state is the answer either way."""
+    state, _leased = yield from _locked_run(execution_id, tenant)
+    if not state.terminal:
+        yield SQL["set_priority"], {"id": execution_id, "priority": priority}
+    return state
+
+
+def cancel_gave_up(shard_name: str, execution_id: uuid.UUID, what: str = "cancel"
+                   ) -> StoreConflict:
+    """What a cancel (or `what`) raises after CANCEL_ATTEMPTS tries found the run changing
+    each time."""
     return StoreConflict(f"{shard_name}: execution {execution_id} kept changing under "
-                         f"cancel; try again")
+                         f"{what}; try again")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -382,14 +382,29 @@ class Store:
         (always `cancelled`: see request_cancel), or the state it had already
         finished in, when the cancel came too late.
         """
+        return self._locking(shard, execution_id, "cancel", lambda: statements.cancel_attempt(
+            execution_id, tenant=tenant, actor=actor))
+
+    def set_priority(
+        self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, priority: int
+    ) -> State:
+        """Give a live run a new priority, for its current task and every later wake; a
+        finished run is left as it is. Returns the run's state."""
+        return self._locking(shard, execution_id, "set_priority",
+                             lambda: statements.set_priority_attempt(
+                                 execution_id, tenant=tenant, priority=priority))
+
+    def _locking(self, shard: Shard, execution_id: uuid.UUID, what: str,
+                 attempt: Callable[[], statements.Op[State]]) -> State:
+        """`attempt` in a transaction of its own, started again while the run becomes due
+        between its two locks (statements._locked_run)."""
         for _ in range(CANCEL_ATTEMPTS):
             try:
                 with self.transaction(shard) as conn:
-                    return statements.run(conn, statements.cancel_attempt(
-                        execution_id, tenant=tenant, actor=actor))
+                    return statements.run(conn, attempt())
             except _TaskAppeared:
                 continue
-        raise statements.cancel_gave_up(shard.name, execution_id)
+        raise statements.cancel_gave_up(shard.name, execution_id, what)
 
 
 def listen_for_wakes(conn: DictConnection) -> None:

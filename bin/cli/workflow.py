@@ -452,6 +452,23 @@ def workflow_cancel(
     emit(settings, {"execution_id": str(execution_id), "state": state.value}, state.value)
 
 
+@workflow.command("set-priority")
+@json_option
+@tenant_option
+@execution_id_argument
+@click.argument("priority", type=int, callback=_check_priority, metavar="0-9")
+@pass_settings
+def workflow_set_priority(
+    settings: Settings, tenant: str, execution_id: uuid.UUID, priority: int
+) -> None:
+    """Give a live run a new priority (higher claimed first), for its next claim and every
+    later wake; a finished run is left as it ended. Prints the run's state."""
+    with open_client(settings) as client, errors_as_exit_codes():
+        state = client.set_priority(execution_id, priority, tenant=tenant)
+    emit(settings, {"execution_id": str(execution_id), "priority": priority,
+                    "state": state.value}, f"{state.value}  priority {priority}")
+
+
 @workflow.command("pending")
 @json_option
 @tenant_option

@@ -299,6 +299,16 @@ async def cancel(request: Request, tenant: str) -> Response:
 
 
 @_api
+async def set_priority(request: Request, tenant: str) -> Response:
+    client = shared(request).client
+    ident = _execution_id(request)
+    priority = _field(await _json_object(request, "setPriority"), "priority", int)
+    state = await client.set_priority(ident, priority, tenant=tenant)
+    return JSONResponse({"execution_id": str(ident), "priority": priority,
+                         "state": state.value})
+
+
+@_api
 async def listing(request: Request, tenant: str) -> Response:
     client = shared(request).client
     q = request.query_params
@@ -406,6 +416,7 @@ ROUTES = [
         ("/workflows/{execution_id}/signal/{signal_name}", signal, "POST"),
         ("/workflows/{execution_id}/interrupts/{name}/decision", decide, "POST"),
         ("/workflows/{execution_id}/cancel", cancel, "POST"),
+        ("/workflows/{execution_id}/priority", set_priority, "POST"),
         ("/workflows/{execution_id}/query/{name}", query, "POST"),
         ("/workflows/{execution_id}/update/{name}", update, "POST"),
         ("/workflows/{name}/update-with-start", update_with_start, "POST"),

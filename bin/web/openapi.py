@@ -208,6 +208,14 @@ OPENAPI: dict[str, Any] = {
             "cancel", "Cancel a run", _responses({200: _obj(["execution_id", "state"],
                                                   execution_id=_STRING, state=_STRING)}, 404),
             _EXECUTION_ID)},
+        f"{PREFIX}/workflows/{{execution_id}}/priority": {"post": _op(
+            "setPriority", "Give a live run a new priority (a finished run is left as it ended)",
+            _responses({200: _obj(["execution_id", "priority", "state"], execution_id=_STRING,
+                                  priority={"type": "integer"}, state=_STRING)},
+                       400, 404, 409, 413, 415),
+            _EXECUTION_ID,
+            body=_envelope(["priority"], priority={"type": "integer", "minimum": 0,
+                                                   "maximum": 9}))},
         f"{PREFIX}/workflows/{{execution_id}}": {"get": _op(
             "getRun", "A run: state, open wait, pending signals", _responses({200: EXECUTION}, 404),
             _EXECUTION_ID)},

@@ -108,6 +108,18 @@ def test_a_priority_is_given_at_start_shown_with_the_run_and_filters_the_list(
     assert len(api.http.get("/workflows").json()["items"]) == 2
 
 
+def test_a_live_run_s_priority_is_changed_and_a_bad_change_changes_nothing(api: Api) -> None:
+    run = start_park(api, "prio-change")
+    changed = api.http.post(f"/workflows/{run}/priority", json={"priority": 4})
+    assert changed.status_code == 200, changed.text
+    assert changed.json() == {"execution_id": run, "priority": 4, "state": "pending"}
+    for bad in ({"priority": 10}, {"priority": None}, {"priority": "5"}, {"priority": True},
+                {}, {"priority": 1, "level": 2}):
+        refused = api.http.post(f"/workflows/{run}/priority", json=bad)
+        assert refused.status_code == 400, (bad, refused.text)
+    assert api.http.get(f"/workflows/{run}").json()["priority"] == 4
+
+
 def test_concurrent_identical_keyed_deliveries_store_one_signal(
     api: Api, shard_map: ShardMap
 ) -> None:
@@ -198,6 +210,13 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
      {"json": {"workflow_id": "prio-u", "input": {"customer": "c"}, "update": "add_item",
                "argument": {"sku": "a", "quantity": 1}, "priority": -2}}, 400),
     ("list-priority-word", "GET", "/workflows", {"params": {"priority": "high"}}, 400),
+    ("set-priority-ten", "POST", "/workflows/{run}/priority", {"json": {"priority": 10}}, 400),
+    ("set-priority-missing", "POST", "/workflows/{run}/priority", {"json": {}}, 400),
+    ("set-priority-not-json", "POST", "/workflows/{run}/priority", {"content": b"3"}, 415),
+    ("set-priority-bad-id", "POST", "/workflows/not-a-uuid/priority",
+     {"json": {"priority": 1}}, 404),
+    ("set-priority-unknown-run", "POST",
+     "/workflows/01a23b00-a581-8495-a55e-808a42654d6c/priority", {"json": {"priority": 1}}, 404),
     ("list-priority-ten", "GET", "/workflows", {"params": {"priority": "10"}}, 400),
     ("bad-limit", "GET", "/workflows", {"params": {"limit": "lots"}}, 400),
     ("zero-limit", "GET", "/workflows", {"params": {"limit": "0"}}, 400),

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from shardq.client.client import Client
-from shardq.core.errors import InvalidArgument
+from shardq.core.errors import ExecutionNotFound, InvalidArgument
 from shardq.core.models import State
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.routing import bucket_for
+from shardq.shards.routing import InvalidExecutionId, bucket_for, new_execution_id
 from shardq.store.listener import WakeSource
 from shardq.store.store import Store
 from shardq.worker.worker import Worker
@@ -221,6 +221,71 @@ def test_a_bad_priority_is_refused_in_one_line_and_stores_nothing(
                                                   r"0\.\.9 \(higher is claimed first\), got "):
             call()
     assert all_rows(shard_map, "SELECT id FROM shardq.executions") == []
+
+
+def test_a_priority_change_moves_a_queued_run_ahead_and_holds_for_its_later_wakes(
+    client: Client, store: Store, shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    shard = shard_map.shards[0]
+    queued = started(client, "chore", ids_on(shard_map, shard, "chore", 10, "ch"))
+    assert client.set_priority(queued[-1], 7) is State.PENDING
+    assert client.get(queued[-1]).priority == 7
+    assert claimed(store, shard, 1) == [queued[-1]]  # its task row took the new level
+
+    (wid,) = ids_on(shard_map, shard, "parks", 1, "ch-parked")
+    run = client.start("parks", wid, {"how": "signal"}).execution_id
+    worker = start_worker(registry)
+    wait_until(lambda: client.get(run).state == State.WAITING, what="the run parked")
+    worker.stop()
+    # Parked: no task row; the wake the signal makes copies the run's new priority.
+    assert client.set_priority(str(run), 6) is State.WAITING
+    client.signal(run, "go")
+    assert claimed(store, shard, 1) == [run]
+    assert client.get(run).priority == 6
+
+
+def test_a_finished_run_keeps_its_priority(
+    client: Client, start_worker: Callable[..., Worker],
+) -> None:
+    run = client.start("chore", "fin", priority=2).execution_id
+    start_worker(registry)
+    wait_until(lambda: client.get(run).state == State.COMPLETED, what="the run completed")
+    assert client.set_priority(run, 9) is State.COMPLETED
+    assert client.get(run).priority == 2
+
+
+@pytest.mark.parametrize("value", [c[1] for c in BAD_PRIORITIES],
+                         ids=[c[0] for c in BAD_PRIORITIES])
+def test_a_bad_priority_change_is_refused_and_changes_nothing(
+    client: Client, shard_map: ShardMap, value: object,
+) -> None:
+    run = client.start("chore", "bad-change", priority=3).execution_id
+    with pytest.raises(InvalidArgument, match=r"^priority must be a whole number within "):
+        client.set_priority(run, value)  # type: ignore[arg-type]
+    assert all_rows(shard_map, "SELECT e.priority, t.priority FROM shardq.executions e "
+                    "JOIN shardq.tasks t ON t.execution_id = e.id") == [(3, 3)]
+
+
+NO_SUCH_RUN = [
+    ("unknown run", str(new_execution_id(7)), "default", ExecutionNotFound),
+    ("another tenant's run", None, "acme", ExecutionNotFound),
+    ("not an id", "not-a-uuid", "default", InvalidExecutionId),
+    ("NUL in the id", "\x00", "default", InvalidExecutionId),
+    ("NUL in the tenant", None, "a\x00b", InvalidArgument),
+]
+
+
+@pytest.mark.parametrize(("target", "tenant", "error"), [c[1:] for c in NO_SUCH_RUN],
+                         ids=[c[0] for c in NO_SUCH_RUN])
+def test_a_priority_change_of_no_such_run_is_refused_and_changes_nothing(
+    client: Client, shard_map: ShardMap, target: str | None, tenant: str,
+    error: type[Exception],
+) -> None:
+    run = client.start("chore", "kept", priority=3).execution_id
+    with pytest.raises(error):
+        client.set_priority(target or run, 8, tenant=tenant)
+    assert all_rows(shard_map, "SELECT e.priority, t.priority FROM shardq.executions e "
+                    "JOIN shardq.tasks t ON t.execution_id = e.id") == [(3, 3)]
 
 
 @pytest.mark.parametrize("value", [c[1] for c in BAD_PRIORITIES],

@@ -31,7 +31,7 @@ from shardq.core.instruments import COMMIT_BATCH, COMMIT_SECONDS
 from shardq.core.models import CommitOutcome, TurnCommit
 from shardq.shards.config import Shard
 from shardq.shards.errors import NotOwner
-from shardq.store.store import Store
+from shardq.store.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Completer:
 
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         shard: Shard,
         *,
         lease_s: float,

@@ -10,13 +10,13 @@ from shardq.core.daemons import first_line
 from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.store.params import Lease
-from shardq.store.store import Store
+from shardq.store.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
 
 def beat(  # noqa: PLR0917 - partial-applied once per shard by the worker
-    store: Store, shard: Shard, held: Callable[[], list[Lease]], lease_s: float,
+    store: WorkerStore, shard: Shard, held: Callable[[], list[Lease]], lease_s: float,
     drained: threading.Event, gone: threading.Event,
 ) -> None:
     """Extend the leases `held()` names on `shard` every third of a lease, until the

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardq.shards.config import Shard
+from shardq.store.protocol import WorkerStore
 from shardq.store.store import Store
 from shardq.workflow.registry import DEFAULT_RETENTION_S, Registry
 
@@ -54,7 +55,7 @@ class RetentionPlan:
 
 
 def purge(
-    store: Store, shard: Shard, plan: RetentionPlan, *, batch: int = PURGE_BATCH
+    store: WorkerStore, shard: Shard, plan: RetentionPlan, *, batch: int = PURGE_BATCH
 ) -> int | None:
     """Delete `shard`'s finished runs past retention; how many, or None when another
     purger holds the shard."""
@@ -74,13 +75,16 @@ def purge(
 
 
 def purgeable(store: Store, shard: Shard, plan: RetentionPlan) -> int:
-    """How many of `shard`'s runs a purge would delete now (a dry run)."""
+    """How many of `shard`'s runs a purge would delete now (a dry run).
+
+    The concrete Store: an operator's read (`shardq purge --dry-run`), not a worker's,
+    so purge_count stays out of WorkerStore."""
     return sum(store.purge_count(shard, retention_s=s, workflows=w, listed=listed)
                for s, w, listed in plan.parts())
 
 
 def purge_served(  # noqa: PLR0917 - the worker's housekeeping thread, spawned once
-    store: Store, served: Callable[[], list[Shard]], plan: RetentionPlan, interval_s: float,
+    store: WorkerStore, served: Callable[[], list[Shard]], plan: RetentionPlan, interval_s: float,
     drained: threading.Event, stopping: threading.Event,
 ) -> None:
     """A worker's housekeeping: purge each served shard every `interval_s`."""

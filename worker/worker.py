@@ -35,7 +35,7 @@ from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.shards.routing import bucket_of
 from shardq.store.listener import WakeSource
 from shardq.store.params import Lease
-from shardq.store.store import Store
+from shardq.store.protocol import WorkerStore
 from shardq.worker.completer import Completer, Result
 from shardq.worker.config import WorkerConfig
 from shardq.worker.leases import beat
@@ -88,7 +88,7 @@ class Worker:
     `InFlight.token` is written outside the lock; see there why that holds.
     """
 
-    def __init__(self, store: Store, registry: Registry, *, shards: list[Shard] | None = None,
+    def __init__(self, store: WorkerStore, registry: Registry, *, shards: list[Shard] | None = None,
                  config: WorkerConfig | None = None) -> None:
         self.config = config or WorkerConfig()
         self.registry = registry

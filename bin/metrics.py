@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardq.core.models import ShardHealth, StaleBounds, State
+from shardq.core.rules import MAX_PRIORITY
 from shardq.outbox.models import OutboxBacklog
 from shardq.outbox.store import OutboxStore
 from shardq.shards.config import Shard, ShardMap
@@ -210,6 +211,9 @@ def families(
                                     "How long the oldest overdue run has been due",
                                     labels=["shard"])
     runs = GaugeMetricFamily("shardq_runs", "Runs by state", labels=["shard", "state"])
+    due = GaugeMetricFamily("shardq_due_tasks", "Runs due now and not running, by priority "
+                            "(every level 0-9, so a level that drained reads 0)",
+                            labels=["shard", "priority"])
     outbox_pending = GaugeMetricFamily("shardq_outbox_pending",
                                        "Cross-shard signals not delivered yet",
                                        labels=["source_shard", "target_shard"])
@@ -238,6 +242,8 @@ def families(
         overdue_age.add_metric([shard.name], health.oldest_overdue_s or 0.0)
         for state in State:
             runs.add_metric([shard.name, state.value], health.runs_by_state.get(state.value, 0))
+        for level in range(MAX_PRIORITY + 1):
+            due.add_metric([shard.name, str(level)], health.due_by_priority.get(level, 0))
         by_target: dict[str, list[float]] = {}
         for b in scrape.outbox:
             t = by_target.setdefault(shard_map.for_bucket(b.target_bucket).name, [0, 0, 0, 0])
@@ -251,5 +257,5 @@ def families(
             outbox_retrying.add_metric(labels, retrying)
             outbox_failed.add_metric(labels, failed)
             outbox_age.add_metric(labels, oldest)
-    return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, outbox_pending,
+    return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, due, outbox_pending,
             outbox_retrying, outbox_age, outbox_failed]

@@ -479,3 +479,5 @@ class ShardHealth:
     overdue_tasks: int
     oldest_overdue_s: float | None
     runs_by_state: dict[str, int]
+    due_by_priority: dict[int, int]
+    """Tasks due now and not running, by priority level (levels without any left out)."""

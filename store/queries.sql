@@ -405,6 +405,17 @@ FROM shardq.tasks t WHERE run_at < now() - make_interval(secs => %(grace_s)s)
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 
+-- name: due_by_priority
+-- Tasks due now and not running, by priority level: the backlog each level
+-- waits behind (docs/flow-control.md). The due range of tasks_due and of
+-- tasks_urgent, as a claim reads them.
+SELECT priority, count(*) AS n
+FROM shardq.tasks t WHERE run_at <= now()
+  AND (leased_until IS NULL OR leased_until <= now())
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
+GROUP BY priority
+
 -- name: runs_by_state
 -- The exporter's reads count the runs of `mine` only, the buckets the reader's
 -- map gives this shard: a run being moved is counted once (holds_exactly.sql).

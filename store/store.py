@@ -273,8 +273,10 @@ class Store:
             overdue = conn.execute(SQL["overdue_tasks"],
                                    {"grace_s": overdue_grace_s, **mine}).fetchone()
             states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"], mine)}
+            due = {r["priority"]: r["n"] for r in conn.execute(SQL["due_by_priority"], mine)}
         assert signals is not None and overdue is not None
-        return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states)
+        return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
+                           due)
 
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,

@@ -58,12 +58,21 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
         # No worker yet: the started runs become overdue once they are due for
         # longer than the grace. The store's clock is PostgreSQL's now(), so the
         # rows age instead of the test sleeping.
-        runs = [client.start("checkout", f"o-{i}", {"order_id": i, "items": []}).execution_id
+        runs = [client.start("checkout", f"o-{i}", {"order_id": i, "items": []},
+                             priority=6 if i == 2 else 0).execution_id
                 for i in range(3)]
         age(shard_map, "tasks", "run_at", 1.0)
         samples = scrape(port)
         assert sum(value(samples, "shardq_overdue_tasks", shard=s.name) or 0
                    for s in shard_map.shards) == 3
+
+        def due(level: int) -> float:
+            found = [value(samples, "shardq_due_tasks", shard=s.name, priority=str(level))
+                     for s in shard_map.shards]
+            assert None not in found, f"no shardq_due_tasks series for priority {level}"
+            return sum(v or 0 for v in found)
+
+        assert [due(level) for level in range(10)] == [2, 0, 0, 0, 0, 0, 1, 0, 0, 0]
         assert all(value(samples, "shardq_shard_up", shard=s.name) == 1
                    for s in shard_map.shards)
 
@@ -74,6 +83,7 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
         samples = scrape(port)
         assert sum(value(samples, "shardq_overdue_tasks", shard=s.name) or 0
                    for s in shard_map.shards) == 0
+        assert [due(level) for level in range(10)] == [0] * 10
         opened = sum(value(samples, "shardq_open_waits", shard=s.name, kind="signal",
                            workflow="checkout") or 0 for s in shard_map.shards)
         assert opened == 3

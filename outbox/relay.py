@@ -46,13 +46,13 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
-from shardq.core.daemons import MAP_CHECK_S, MIN_POLL_S, first_line
+from shardq.core.daemons import MIN_POLL_S, ShardFollower, first_line
 from shardq.core.errors import (
     ExecutionNotFound,
     ShardUnavailable,
@@ -218,10 +218,16 @@ class Relay:
         self.config = config or RelayConfig()
         self.store = store
         self.outbox = OutboxStore(store)
-        self.sources = list(sources) if sources is not None else list(self.map.shards)
-        self._following = sources is None
+        # Without named sources, the relay follows the map: it relays from the
+        # shards a newer version adds (a moved run's pending rows went with it)
+        # and lets go of those it drops (their outboxes moved away first).
+        self._follower = ShardFollower(
+            sources if sources is not None else self.map.shards, self._loop,
+            loop_name="shardq-relay", map_name="shardq-relay-map",
+            current=None if sources is not None else lambda: self.map.shards,
+            added=self._added, wake=self._wake)
         self._backoff = Backoff(self.config)
-        self._stopping = threading.Event()
+        self._stopping = self._follower.stopping
         self.health = TargetHealth(store, self._target_back, self._stopping)
         self._wakes = {s.name: WakeSource(s, listen=listen_for_outbox) for s in self.sources}
         # Room for one delivery per target left running past its deadline (a
@@ -231,73 +237,42 @@ class Relay:
                                        thread_name_prefix="shardq-deliver")
             for s in self.sources
         }
-        self._threads: list[threading.Thread] = []
-        self._served = threading.Lock()  # `sources` and `_retired`, changed as the map moves
-        self._retired: set[str] = set()
         self._counts_lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         """Rows by outcome: delivered, duplicate, retried, failed:<reason>."""
 
+    @property
+    def sources(self) -> list[Shard]:
+        """The shards relayed from now (a copy)."""
+        return self._follower.shards
+
     def start(self) -> Relay:
-        for source in self.sources:
-            self._start_loop(source)
-        if self._following:
-            thread = threading.Thread(target=self._map_loop, name="shardq-relay-map",
-                                      daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._follower.start()
         return self
 
-    def _start_loop(self, source: Shard) -> None:
-        thread = threading.Thread(
-            target=self._loop, args=(source,), name=f"shardq-relay-{source.name}",
-            daemon=True,
-        )
-        thread.start()
-        self._threads.append(thread)
+    def _added(self, source: Shard) -> None:
+        """Make ready to relay from a shard the map added; its loop starts next."""
+        self._wakes[source.name] = WakeSource(source, listen=listen_for_outbox)
+        self._pools[source.name] = ThreadPoolExecutor(
+            2 * len(self.map.shards), thread_name_prefix="shardq-deliver")
+        log.info("relaying from a shard the map added", extra={"shard": source.name})
 
-    def _map_loop(self) -> None:
-        """Relay from the shards newer map versions add (a moved run's pending rows went
-        with it); let go of those a version drops (their outboxes moved away first)."""
-        while not self._stopping.wait(MAP_CHECK_S):
-            current = self.map
-            with self._served:
-                served = {s.name for s in self.sources}
-                dropped = served - {s.name for s in current.shards}
-                self._retired |= dropped
-            for name in dropped:
-                self._wakes[name].set()  # its loop lets it go now, not after its sleep
-            for source in current.shards:
-                if source.name in served:
-                    continue
-                self._wakes[source.name] = WakeSource(source, listen=listen_for_outbox)
-                self._pools[source.name] = ThreadPoolExecutor(
-                    2 * len(current.shards), thread_name_prefix="shardq-deliver")
-                with self._served:
-                    self._retired.discard(source.name)
-                    self.sources.append(source)
-                self._start_loop(source)
-                log.info("relaying from a shard the map added", extra={"shard": source.name})
+    def _wake(self, names: Collection[str]) -> None:
+        for name in names:
+            self._wakes[name].set()
 
     def _let_go(self, source: Shard) -> None:
         """Stop relaying from a shard the map dropped: its loop ends with its LISTEN
         connection and delivery threads, quietly (it is no outage)."""
-        with self._served:
-            self.sources = [s for s in self.sources if s.name != source.name]
-            self._retired.discard(source.name)
+        self._follower.let_go(source.name)
         self._wakes[source.name].close()
         self._pools[source.name].shutdown(wait=False)
         log.info("no longer relaying from a shard the map dropped", extra={"shard": source.name})
 
     def stop(self, timeout: float = 30.0) -> None:
         """Finish the rounds in flight, then stop; nothing is left half done."""
-        self._stopping.set()
-        # Copies: the map loop may be adding a shard as this runs.
-        for wake in list(self._wakes.values()):
-            wake.set()
-        deadline = time.monotonic() + timeout
-        for thread in list(self._threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._follower.stop(timeout)
+        # Copies: a shard may have been added as this ran.
         for wake in list(self._wakes.values()):
             wake.close()
         for pool in list(self._pools.values()):
@@ -307,7 +282,7 @@ class Relay:
         wake = self._wakes[source.name]
         failures = 0
         while not self._stopping.is_set():
-            if source.name in self._retired:
+            if self._follower.retiring(source.name):
                 self._let_go(source)
                 return
             wake.clear()
@@ -319,8 +294,7 @@ class Relay:
                 failures = 0
             except ShardRetired:
                 # The pools follow the map ahead of the map loop: removed, not lost.
-                with self._served:
-                    self._retired.add(source.name)
+                self._follower.retire(source.name)
                 continue
             except Exception as exc:
                 # The source shard itself failed us (or a bug): nothing was

@@ -15,11 +15,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from prometheus_client import Counter, Histogram
 
-from shardq.core.daemons import MAP_CHECK_S, first_line
+from shardq.core.daemons import ShardFollower, first_line, spawn
 from shardq.core.errors import StoreRejected
 from shardq.core.instruments import (
     CLAIM_BATCH,
@@ -77,6 +77,8 @@ class Worker:
       the last commit to the completer without waiting for it.
     - A heartbeat per shard (`shardq-heartbeat-<shard>`, worker/leases.py): extends
       the shard's leases in `_inflight` every third of a lease until the drain is over.
+    - Following the map (`shardq-map`, see ShardFollower): serves the shards a
+      newer map version adds (`_added`) and marks those it drops for `_let_go`.
     - Step-attempt threads (`shardq-step`), one per attempt of a step with a
       `timeout`: run the step function and touch no worker state.
 
@@ -93,15 +95,17 @@ class Worker:
         self.config = config or WorkerConfig()
         self.registry = registry
         self.store = store
-        self.shards = shards or list(store.map.shards)
         # Without a named subset, the worker serves the shards of the current map
         # version: one a newer version adds is served within MAP_CHECK_S; one it
         # drops is let go (_let_go): no more claims, its leases end normally, then
         # its loops, LISTEN connection and completer stop, without a word above info.
-        self._following = shards is None
-        self._retired: set[str] = set()
+        self._follower = ShardFollower(
+            shards or store.map.shards, self._claim_loop, loop_name="shardq-claim",
+            map_name="shardq-map",
+            current=None if shards is not None else lambda: self.store.map.shards,
+            added=self._added, wake=self._wake)
         self._gone: dict[str, threading.Event] = {}  # by shard: set once it is let go
-        self._stopping = threading.Event()
+        self._stopping = self._follower.stopping
         # Heartbeats go on until the drain is over: a turn finishing during the
         # drain must not lose its lease to another worker.
         self._drained = threading.Event()
@@ -124,11 +128,15 @@ class Worker:
                               max_batch=self.config.commit_batch)
             for s in self.shards
         }
-        self._claimers: dict[str, threading.Thread] = {}
         # Claim full batches under a backlog of short turns, yet at once when
         # idle (see _reserve). No more than the free slots can ever reach.
         self._claim_threshold = min(self.config.batch_size, self.config.concurrency,
                                     self.config.commit_batch)
+
+    @property
+    def shards(self) -> list[Shard]:
+        """The shards served now (a copy)."""
+        return self._follower.shards
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -136,68 +144,46 @@ class Worker:
         for completer in self._completers.values():
             completer.start()
         for shard in self.shards:
-            self._start_loops(shard)
+            self._start_heartbeat(shard)
         for i in range(self.config.concurrency):
-            self._spawn(f"shardq-turn-{i}", self._turn_loop)
+            spawn(f"shardq-turn-{i}", self._turn_loop)
         if self.config.housekeeping_interval_s > 0:
-            self._spawn("shardq-housekeeping", self._housekeeping_loop)
-        if self._following:
-            self._spawn("shardq-map", self._map_loop)
+            spawn("shardq-housekeeping", self._housekeeping_loop)
+        self._follower.start()  # the claim loops, and the map thread
         log.info("worker started", extra={
             "owner": self.config.owner, "shards": ",".join(s.name for s in self.shards),
             "concurrency": self.config.concurrency,
         })
         return self
 
-    def _start_loops(self, shard: Shard) -> None:
+    def _start_heartbeat(self, shard: Shard) -> None:
         gone = self._gone[shard.name] = threading.Event()
-        claim_loop = functools.partial(self._claim_loop, shard)
-        self._claimers[shard.name] = self._spawn(f"shardq-claim-{shard.name}", claim_loop)
         heartbeat = functools.partial(
             beat, self.store, shard, functools.partial(self._held_on, shard),
             self.config.lease_s, self._drained, gone)
-        self._spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
+        spawn(f"shardq-heartbeat-{shard.name}", heartbeat)
 
-    def _map_loop(self) -> None:
-        """Serve the shards newer map versions add; let go of those they drop."""
-        while not self._stopping.wait(MAP_CHECK_S):
-            current = {s.name: s for s in self.store.map.shards}
-            with self._lock:
-                served = {s.name for s in self.shards}
-                added = [s for name, s in current.items() if name not in served]
-                dropped = served - set(current)
-                newly, self._retired = dropped - self._retired, dropped
-            self._wake(newly)  # its claim loop lets it go now, not at its next poll
-            for shard in added:
-                completer = Completer(self.store, shard, lease_s=self.config.lease_s,
-                                      max_batch=self.config.commit_batch)
-                completer.start()
-                # Under the lock: turn threads read these dicts to wake every claim
-                # loop, and one iterated while a shard was added died of it.
-                with self._lock:
-                    self._wakes[shard.name] = WakeSource(shard)
-                    self._completers[shard.name] = completer
-                    self.shards.append(shard)
-                self._start_loops(shard)
-                log.info("serving a shard the map added", extra={"shard": shard.name})
-
-    def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
-        # Daemon threads: a step stuck past the drain deadline must not keep the
-        # process alive; its lease has been handed back by then.
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        return thread
+    def _added(self, shard: Shard) -> None:
+        """Make ready to serve a shard the map added; its claim loop starts next."""
+        completer = Completer(self.store, shard, lease_s=self.config.lease_s,
+                              max_batch=self.config.commit_batch)
+        completer.start()
+        # Under the lock: turn threads read these dicts to wake every claim
+        # loop, and one iterated while a shard was added died of it.
+        with self._lock:
+            self._wakes[shard.name] = WakeSource(shard)
+            self._completers[shard.name] = completer
+        self._start_heartbeat(shard)
+        log.info("serving a shard the map added", extra={"shard": shard.name})
 
     def stop(self, *, drain_timeout_s: float | None = None) -> int:
         """Drain and stop; returns how many leases had to be handed back unfinished."""
         timeout = self.config.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-        self._stopping.set()
-        self.wake()
         deadline = time.monotonic() + timeout
         # A claim loop in the middle of a claim records what it leased before it
-        # exits; only then is the in-flight set complete.
-        for claimer in list(self._claimers.values()):
-            claimer.join(timeout=max(0.0, deadline - time.monotonic()) + 5.0)
+        # exits; only then is the in-flight set complete. The map thread ends
+        # too, so no shard is added behind the closing below.
+        self._follower.stop(timeout + 5.0)
         with self._idle:
             while self._inflight and time.monotonic() < deadline:
                 self._idle.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -220,7 +206,7 @@ class Worker:
             completer.close()
         # A claim loop still alive (stuck past its join) may be waiting on its own;
         # none was started when stop() comes without start().
-        waiting = {name for name, claimer in list(self._claimers.items()) if claimer.is_alive()}
+        waiting = self._follower.running()
         for name, wake in wakes:
             if name not in waiting:
                 wake.close()
@@ -254,7 +240,7 @@ class Worker:
             (notified if wake.wait(seconds) else timed).inc()
 
         while not self._stopping.is_set():
-            if shard.name in self._retired:
+            if self._follower.retiring(shard.name):
                 self._let_go(shard)
                 return
             # Cleared before the slots are read: a wake from here on is kept
@@ -272,8 +258,7 @@ class Worker:
             if isinstance(error, ShardRetired):
                 # The pools follow the map ahead of the map loop: the shard was
                 # removed, not lost.
-                with self._lock:
-                    self._retired.add(shard.name)
+                self._follower.retire(shard.name)
                 continue
             if error is not None:
                 failures += 1
@@ -300,8 +285,7 @@ class Worker:
                 self._idle.wait(max(0.0, deadline - time.monotonic()))
             if self._stopping.is_set():
                 return  # stop() closes what is left
-            self.shards = [s for s in self.shards if s.name != shard.name]
-            self._claimers.pop(shard.name, None)
+            self._follower.let_go(shard.name)
             # Closed, not removed: threads that read these without the lock find a
             # closed one (a no-op to set, a refusal to submit to), never a KeyError.
             wake, completer = self._wakes[shard.name], self._completers[shard.name]
@@ -587,7 +571,7 @@ class Worker:
     # -- leases ----------------------------------------------------------------
 
     def _housekeeping_loop(self) -> None:
-        purge_served(self.store, lambda: list(self.shards),
+        purge_served(self.store, lambda: self.shards,
                      RetentionPlan.of(self.registry, self.config.default_retention_s),
                      self.config.housekeeping_interval_s, self._drained, self._stopping)
 

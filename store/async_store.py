@@ -36,7 +36,7 @@ from shardq.shards.async_pools import AsyncDictConnection, AsyncShardPools
 from shardq.shards.config import Shard, ShardMap
 from shardq.store import listing, statements
 from shardq.store.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
-from shardq.store.statements import CANCEL_ATTEMPTS, Op, _TaskAppeared, buckets_of, run_async
+from shardq.store.statements import LOCKED_RUN_ATTEMPTS, Op, _TaskAppeared, buckets_of, run_async
 
 if TYPE_CHECKING:
     import uuid
@@ -157,7 +157,7 @@ class AsyncStore:
         self, shard: Shard, execution_id: uuid.UUID, *, tenant: str, priority: int
     ) -> State:
         """As Store.set_priority."""
-        return await self._locking(shard, execution_id, "set_priority",
+        return await self._locking(shard, execution_id, "a priority change",
                                    lambda: statements.set_priority_attempt(
                                        execution_id, tenant=tenant, priority=priority))
 
@@ -165,10 +165,10 @@ class AsyncStore:
                        attempt: Callable[[], Op[State]]) -> State:
         """As Store._locking: each try one transaction, started again when the run became
         due between its two locks."""
-        for _ in range(CANCEL_ATTEMPTS):
+        for _ in range(LOCKED_RUN_ATTEMPTS):
             try:
                 async with self.connection(shard) as conn, conn.transaction():
                     return await run_async(conn, attempt())
             except _TaskAppeared:
                 continue
-        raise statements.cancel_gave_up(shard.name, execution_id, what)
+        raise statements.kept_changing(shard.name, execution_id, what)

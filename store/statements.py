@@ -63,7 +63,7 @@ Per name, so a flood of a name the run never waits on cannot crowd out the
 signal it does wait on."""
 MAX_PENDING_SIGNALS_TOTAL = 10_000
 """Unconsumed signals of all names one execution may buffer."""
-CANCEL_ATTEMPTS = 5
+LOCKED_RUN_ATTEMPTS = 5
 """A cancel (or a priority change) starts again when the run became due while it waited for
 the run's lock; each new start holds the task row, so a second race needs a second sender in
 between."""
@@ -403,10 +403,9 @@ def set_priority_attempt(execution_id: uuid.UUID, *, tenant: str, priority: int)
     return state
 
 
-def cancel_gave_up(shard_name: str, execution_id: uuid.UUID, what: str = "cancel"
-                   ) -> StoreConflict:
-    """What a cancel (or `what`) raises after CANCEL_ATTEMPTS tries found the run changing
-    each time."""
+def kept_changing(shard_name: str, execution_id: uuid.UUID, what: str) -> StoreConflict:
+    """What a cancel or a priority change (`what`) raises after LOCKED_RUN_ATTEMPTS tries
+    found the run changing each time."""
     return StoreConflict(f"{shard_name}: execution {execution_id} kept changing under "
                          f"{what}; try again")
 

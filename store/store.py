@@ -56,7 +56,7 @@ from shardq.shards.pools import ShardPools
 from shardq.store import listing, statements
 from shardq.store.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
 from shardq.store.statements import (
-    CANCEL_ATTEMPTS,
+    LOCKED_RUN_ATTEMPTS,
     MAX_PENDING_SIGNALS,
     MAX_PENDING_SIGNALS_TOTAL,
     SQL,
@@ -392,7 +392,7 @@ class Store:
     ) -> State:
         """Give a live run a new priority, for its current task and every later wake; a
         finished run is left as it is. Returns the run's state."""
-        return self._locking(shard, execution_id, "set_priority",
+        return self._locking(shard, execution_id, "a priority change",
                              lambda: statements.set_priority_attempt(
                                  execution_id, tenant=tenant, priority=priority))
 
@@ -400,13 +400,13 @@ class Store:
                  attempt: Callable[[], statements.Op[State]]) -> State:
         """`attempt` in a transaction of its own, started again while the run becomes due
         between its two locks (statements._locked_run)."""
-        for _ in range(CANCEL_ATTEMPTS):
+        for _ in range(LOCKED_RUN_ATTEMPTS):
             try:
                 with self.transaction(shard) as conn:
                     return statements.run(conn, attempt())
             except _TaskAppeared:
                 continue
-        raise statements.cancel_gave_up(shard.name, execution_id, what)
+        raise statements.kept_changing(shard.name, execution_id, what)
 
 
 def listen_for_wakes(conn: DictConnection) -> None:

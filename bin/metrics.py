@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shardq.core.daemons import first_line
 from shardq.core.models import ShardHealth, StaleBounds, State
 from shardq.core.rules import MAX_PRIORITY
 from shardq.outbox.models import OutboxBacklog
@@ -40,6 +41,10 @@ from shardq.shards.follow import Router
 from shardq.store.store import Store
 
 log = logging.getLogger(__name__)
+
+REFRESH_WAIT_S = 0.5
+"""How long a scrape waits for its read of the newest map version (milliseconds when the
+home shard answers)."""
 
 
 def serve(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
@@ -88,14 +93,35 @@ class StoreCollector(Collector):
         self._pool = ThreadPoolExecutor(2 * max(len(self._current.shards), 4),
                                         thread_name_prefix="shardq-scrape")
         self._pending: dict[str, Future[Scrape]] = {}
+        self._refreshing: Future[ShardMap] | None = None
 
     @property
     def _current(self) -> ShardMap:
         return self._route if isinstance(self._route, ShardMap) else self._route.map
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        current = self._current
+        current = self._newest()
         yield from families(current, self.snapshot(current))
+
+    def _newest(self) -> ShardMap:
+        """The newest map version, read at each scrape (one indexed read, home shard
+        first) rather than left to the map poll: a scrape that comes right after
+        `shards remove` must not read the removed shard, whose server may be stopping,
+        and log it unavailable. The read waits REFRESH_WAIT_S at most (a hung home shard
+        must not hold the scrape; the read goes on and the next scrape uses it), and
+        never more than one is out."""
+        if isinstance(self._route, ShardMap):
+            return self._route
+        router = self._route
+        with self._lock:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = self._pool.submit(router.refresh)
+            refreshing = self._refreshing
+        try:
+            return refreshing.result(timeout=REFRESH_WAIT_S)
+        except Exception as exc:  # slow, or no shard could tell: the poll's map stands
+            log.debug("could not re-read the shard map", extra={"error": first_line(exc)})
+            return router.map
 
     def snapshot(self, current: ShardMap | None = None) -> dict[str, Scrape | None]:
         """Each shard's health, None for a shard that did not answer in time.

@@ -58,7 +58,10 @@ def test_a_removed_shard_is_let_go_quietly_by_every_daemon(
     worker = daemons(["-v", "worker", "--app", APP, "--poll-interval", "1"], env)
     relay = daemons(["-v", "outbox-relay", "--poll-interval", "1"], env)
     port = free_port()
-    exporter = daemons(["metrics", "--port", str(port), "--cache-seconds", "0"], env)
+    # The exporter's own map poll is slow: each scrape must read the newest map itself,
+    # or the first scrape after the removal reads the removed shard and logs it down.
+    exporter = daemons(["metrics", "--port", str(port), "--cache-seconds", "0"],
+                       {**env, "SHARDQ_MAP_POLL_S": "60"})
     _, api = start_api(lambda args, _env=None: daemons(args, env), seeds, tmp_path,
                        {"rm-token": "default"})
     worker.wait_for("serving", timeout=30)

@@ -161,18 +161,20 @@ class AsyncClient:
         self, workflow: str | WorkflowDef, workflow_id: str,
         input: Any = None,  # noqa: A002 - the documented API name
         *, tenant: str = DEFAULT_TENANT, priority: int | None = None,
+        concurrency: tuple[str, int] | None = None,
     ) -> StartResult:
         """Client.start."""
         return (await self.start_many(workflow, [(workflow_id, input)], tenant=tenant,
-                                      priority=priority))[0]
+                                      priority=priority, concurrency=concurrency))[0]
 
     async def start_many(
         self, workflow: str | WorkflowDef, items: Sequence[tuple[str, Any]], *,
         tenant: str = DEFAULT_TENANT, priority: int | None = None,
+        concurrency: tuple[str, int] | None = None,
     ) -> list[StartResult]:
         """Client.start_many: one commit per shard touched (at once for big batches)."""
         definition = definition_of(self.registry, workflow)
-        runs = new_runs(definition, tenant, items, self.limits)
+        runs = new_runs(definition, tenant, items, self.limits, concurrency)
         chosen = run_priority(definition, priority)
 
         async def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:

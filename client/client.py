@@ -37,8 +37,10 @@ from shardq.client.requests import (
     update_with_start_request,
     validate_update,
 )
+from shardq.core.errors import ConcurrencyKeyNotFound
 from shardq.core.models import (
     BufferedSignal,
+    ConcurrencyLimit,
     DecisionResult,
     Execution,
     HistoryEvent,
@@ -55,16 +57,20 @@ from shardq.core.models import (
 )
 from shardq.core.rules import (
     Limits,
+    check_concurrency_key,
+    check_concurrency_limit,
     check_name,
+    check_page_size,
 )
 from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.fanout import each_shard, fan_out
 from shardq.shards.follow import rerouted
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_of, parse_execution_id
+from shardq.shards.routing import bucket_for_key, bucket_of, parse_execution_id
 from shardq.store.listing import (
     DEFAULT_PAGE,
+    MAX_PAGE,
     PartialInterruptPage,
     PartialPage,
 )
@@ -155,13 +161,17 @@ class Client:
         *,
         tenant: str = DEFAULT_TENANT,
         priority: int | None = None,
+        concurrency: tuple[str, int] | None = None,
     ) -> StartResult:
         """Start a run, or return the existing run of this workflow_id (`created=False`).
 
         `priority` (0-9, higher claimed first; default: the workflow's) is the run's for
-        its whole life, every turn a signal, a decision or a timer wakes included."""
+        its whole life, every turn a signal, a decision or a timer wakes included.
+        `concurrency` (key, limit; default: the workflow's): at most `limit` runs of the
+        key run at once, across every worker and shard (docs/flow-control.md). A limited
+        run lives in its key's bucket, so its workflow_id is unique per key."""
         return self.start_many(workflow, [(workflow_id, input)], tenant=tenant,
-                               priority=priority)[0]
+                               priority=priority, concurrency=concurrency)[0]
 
     def start_many(
         self,
@@ -170,10 +180,11 @@ class Client:
         *,
         tenant: str = DEFAULT_TENANT,
         priority: int | None = None,
+        concurrency: tuple[str, int] | None = None,
     ) -> list[StartResult]:
         """Start many runs of one workflow: one commit per shard touched. Idempotent per key."""
         definition = definition_of(self.registry, workflow)
-        runs = new_runs(definition, tenant, items, self.limits)
+        runs = new_runs(definition, tenant, items, self.limits, concurrency)
         chosen = run_priority(definition, priority)
 
         def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
@@ -183,6 +194,34 @@ class Client:
         # Big batches: the shards' commits overlap instead of queueing.
         return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                        parallel=len(runs) >= PARALLEL_START_MIN)
+
+    # -- concurrency limits -----------------------------------------------------
+
+    def concurrency_limit(self, key: str) -> ConcurrencyLimit | None:
+        """Concurrency key `key` as its shard holds it (its limits, its runs holding a slot
+        and waiting for one); None when no start has declared it."""
+        checked = check_concurrency_key(key)
+        return self._routed(lambda m: self.store.concurrency_limit(
+            m.for_bucket(bucket_for_key(checked)), checked))
+
+    def set_concurrency_limit(self, key: str, limit: int | None) -> ConcurrencyLimit:
+        """Give a key an operator's limit, which wins over the declared one until reset
+        (`limit=None`); no restart. A limit that grew lets waiting runs start at once; one
+        that shrank lets the runs holding slots finish. ConcurrencyKeyNotFound when no
+        start has declared the key."""
+        checked = check_concurrency_key(key)
+        override = None if limit is None else check_concurrency_limit(limit)
+        found = self._routed(lambda m: self.store.set_concurrency_limit(
+            m.for_bucket(bucket_for_key(checked)), checked, override))
+        if found is None:
+            raise ConcurrencyKeyNotFound(checked)
+        return found
+
+    def busiest_concurrency_keys(self, limit: int = 20) -> list[ConcurrencyLimit]:
+        """The keys with the most runs waiting for a slot, most first, over every shard."""
+        size = check_page_size(limit, MAX_PAGE)
+        merged = [k for shard in self.map.shards for k in self.store.busiest_keys(shard, size)]
+        return sorted(merged, key=lambda k: (-k.waiting, k.key))[:size]
 
     # -- reading -------------------------------------------------------------
 

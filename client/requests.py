@@ -44,6 +44,7 @@ from shardq.core.models import (
 )
 from shardq.core.rules import (
     Limits,
+    check_concurrency,
     check_label,
     check_name,
     check_page_size,
@@ -57,7 +58,12 @@ from shardq.core.rules import (
     validate,
 )
 from shardq.shards.fanout import Reached
-from shardq.shards.routing import bucket_for, new_execution_id, parse_execution_id
+from shardq.shards.routing import (
+    bucket_for,
+    bucket_for_key,
+    new_execution_id,
+    parse_execution_id,
+)
 from shardq.store.listing import (
     MAX_PAGE,
     Cursor,
@@ -92,12 +98,19 @@ def definition_of(registry: Registry, workflow: str | WorkflowDef) -> WorkflowDe
 
 
 def new_run(definition: WorkflowDef, tenant: str, workflow_id: str, value: Any,
-            limits: Limits) -> NewRun:
-    """A run of this key with its input checked, under a fresh id of the key's bucket."""
+            limits: Limits, *, concurrency: object = None) -> NewRun:
+    """A run of this key with its input checked, under a fresh id of the key's bucket.
+
+    A limited run (`concurrency`, the start's (key, limit), else the workflow's) takes
+    its concurrency key's bucket instead: every run of one key, its limit and its queue
+    then live on one shard (docs/flow-control.md)."""
     check_workflow_id(workflow_id)
-    bucket = bucket_for(tenant, definition.name, workflow_id)
-    return NewRun(new_execution_id(bucket), workflow_id,
-                  checked_input(definition, workflow_id, value, limits), bucket)
+    input_json = checked_input(definition, workflow_id, value, limits)
+    chosen = (definition.concurrency_of(value) if concurrency is None
+              else check_concurrency(concurrency))
+    bucket = (bucket_for(tenant, definition.name, workflow_id) if chosen is None
+              else bucket_for_key(chosen[0]))
+    return NewRun(new_execution_id(bucket), workflow_id, input_json, bucket, chosen)
 
 
 def checked_input(definition: WorkflowDef, workflow_id: str, value: Any, limits: Limits) -> str:
@@ -110,13 +123,20 @@ def checked_input(definition: WorkflowDef, workflow_id: str, value: Any, limits:
 
 
 def new_runs(definition: WorkflowDef, tenant: str, items: Sequence[tuple[str, Any]],
-             limits: Limits) -> list[NewRun]:
-    """The runs of a start_many, each checked, no workflow id twice."""
+             limits: Limits, concurrency: object = None) -> list[NewRun]:
+    """The runs of a start_many, each checked, no workflow id twice, no key given two
+    limits."""
     check_name(tenant, "tenant")
     seen: set[str] = set()
     runs: list[NewRun] = []
+    keyed: dict[str, int] = {}
     for workflow_id, value in items:
-        run = new_run(definition, tenant, workflow_id, value, limits)  # checks the id first
+        run = new_run(definition, tenant, workflow_id, value, limits, concurrency=concurrency)
+        if run.concurrency is not None:
+            key, limit = run.concurrency
+            if keyed.setdefault(key, limit) != limit:
+                raise InvalidArgument(f"concurrency key {key!r} is given limits "
+                                      f"{keyed[key]} and {limit} in one call")
         if run.workflow_id in seen:
             raise InvalidArgument(f"workflow_id {workflow_id!r} appears twice in one call")
         seen.add(run.workflow_id)

@@ -150,6 +150,14 @@ class ExecutionNotFound(WorkflowError):
     """No such execution for this tenant (another tenant's execution looks the same)."""
 
 
+class ConcurrencyKeyNotFound(WorkflowError):
+    """No start has declared this concurrency key, so there is no limit to change."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"concurrency key {key!r} is not known: no start has declared it")
+        self.key = key
+
+
 class SignalRefused(WorkflowError):
     """The target run cannot take signals any more (it has finished) or has too many pending.
 

@@ -92,6 +92,29 @@ class Execution:
     priority: int = 0
     """0 (the default) to 9: under a backlog, due runs of a higher priority are claimed
     first (docs/flow-control.md)."""
+    concurrency_key: str | None = None
+    """The key whose limit the run counts against (docs/flow-control.md); None: no limit."""
+    waiting_for_slot: bool = False
+    """Due, but every slot of its concurrency key is taken: it runs when one frees."""
+
+
+@dataclass(frozen=True)
+class ConcurrencyLimit:
+    """A concurrency key as its shard holds it (docs/flow-control.md)."""
+
+    key: str
+    declared: int
+    """The limit its latest start declared."""
+    override: int | None
+    """An operator's limit (`shardq limits set`), which wins over the declared one."""
+    running: int
+    """Runs holding a slot: due, running, retrying or in a timer."""
+    waiting: int
+    """Runs due but waiting for a slot."""
+
+    @property
+    def limit(self) -> int:
+        return self.declared if self.override is None else self.override
 
 
 @dataclass(frozen=True)
@@ -481,3 +504,7 @@ class ShardHealth:
     runs_by_state: dict[str, int]
     due_by_priority: dict[int, int]
     """Tasks due now and not running, by priority level (levels without any left out)."""
+    concurrency_waiting: int = 0
+    """Runs due but waiting for a slot of their concurrency key."""
+    concurrency_keys_waiting: int = 0
+    """Concurrency keys with a run waiting for a slot."""

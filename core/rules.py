@@ -305,6 +305,38 @@ def check_priority(value: object) -> int:
     return value
 
 
+MAX_CONCURRENCY_KEY = 255
+"""Characters of a concurrency key: it is stored on every task row of its runs."""
+MAX_CONCURRENCY_LIMIT = 1_000_000
+"""The largest concurrency limit: beyond it a limit is no limit, and a typo."""
+
+
+def check_concurrency_key(key: object) -> str:
+    """A concurrency key: a non-empty string of at most MAX_CONCURRENCY_KEY characters."""
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_CONCURRENCY_KEY:
+        shown = f"{key[:40]!r}... ({len(key)} characters)" if isinstance(key, str) and len(
+            key) > MAX_CONCURRENCY_KEY else repr(key)
+        raise InvalidArgument(f"concurrency key must be a non-empty string of at most "
+                              f"{MAX_CONCURRENCY_KEY} characters, got {shown}")
+    return check_text(key, "concurrency key")
+
+
+def check_concurrency_limit(limit: object) -> int:
+    """A concurrency limit: a whole number within 1..MAX_CONCURRENCY_LIMIT (not a bool)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not (
+            1 <= limit <= MAX_CONCURRENCY_LIMIT):
+        raise InvalidArgument(f"concurrency limit must be a whole number within "
+                              f"1..{MAX_CONCURRENCY_LIMIT}, got {limit!r}")
+    return limit
+
+
+def check_concurrency(value: object) -> tuple[str, int]:
+    """A start's concurrency: a (key, limit) pair, each checked."""
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise InvalidArgument(f"concurrency must be a (key, limit) pair, got {value!r}")
+    return check_concurrency_key(value[0]), check_concurrency_limit(value[1])
+
+
 def check_wait(wait: object) -> float:
     """Seconds to wait for an update's outcome: a number within 0..MAX_WAIT."""
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:

@@ -417,12 +417,13 @@ class Mover:
                 own = self.store.ownership(dst)
                 if own is not None and own.unclean:
                     self._delete_range(dst, batch, chunked=False)
+                self.store.move_session(dst)
                 with src.transaction():
                     ids = self.store.batch_runs(src, batch.first, batch.last)
                     maxima = self.store.batch_maxima(src, ids)
                     copied: dict[str, int] = {}
                     for table in TABLES:
-                        copied[table] = self.store.copy(src, dst, table, ids)
+                        copied[table] = self.store.copy(src, dst, table, ids, batch)
                         if table == "history":
                             failpoint("move.copy", item.batch)
                     rows = sum(copied.values())
@@ -476,6 +477,7 @@ class Mover:
         while True:
             ids = self.store.leftover_runs(conn, batch.first, batch.last, CLEAN_CHUNK)
             if not ids:
+                self.store.delete_leftover_keys(conn, batch.first, batch.last)
                 return deleted
             if chunked:
                 began = time.monotonic()

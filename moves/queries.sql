@@ -230,14 +230,36 @@ FROM STDIN (FORMAT BINARY)
 -- at its commit there (the bucket is frozen) and runs again on the target, as
 -- after a lost lease. A leased task is due now (a heartbeat may have moved its
 -- run_at to the lease's expiry).
+-- A keyed run's task row is its slot: copied as it is, it holds the slot on the
+-- target (the session sets shardq.moving, so admission does not run again).
 COPY (SELECT execution_id,
              CASE WHEN lease_token IS NOT NULL THEN least(run_at, now()) ELSE run_at END,
-             claims, NULL::text, NULL::uuid, cancel_requested, NULL::timestamptz, priority
+             claims, NULL::text, NULL::uuid, cancel_requested, NULL::timestamptz, priority,
+             concurrency_key
       FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_tasks
 COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested,
-                   leased_until, priority)
+                   leased_until, priority, concurrency_key)
+FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_concurrency_keys
+-- A key lives in its bucket (schema/0020): its limit row goes with the bucket
+-- range, whether or not the key has runs now, so an operator's limit moves too.
+COPY (SELECT key, bucket, declared, override, updated_at
+      FROM shardq.concurrency_keys WHERE bucket BETWEEN %(first)s AND %(last)s)
+TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_concurrency_keys
+COPY shardq.concurrency_keys (key, bucket, declared, override, updated_at)
+FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_key_queue
+COPY (SELECT execution_id, concurrency_key, priority, claims, queued_at
+      FROM shardq.key_queue WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_key_queue
+COPY shardq.key_queue (execution_id, concurrency_key, priority, claims, queued_at)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_outbox
@@ -284,13 +306,26 @@ LIMIT %(limit)s
 
 -- name: delete_runs
 -- Every row of these runs, in one statement (the tables have no foreign keys
--- between them): outbox rows they sent, tasks, waits, signals, history, runs.
+-- between them): outbox rows they sent, tasks, places in a key's queue, waits,
+-- signals, history, runs. The session has set shardq.moving (move_session): a
+-- slot freed here is not given to a queued run of a bucket that left.
 WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
      t AS (DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])),
+     q AS (DELETE FROM shardq.key_queue WHERE execution_id = ANY(%(ids)s::uuid[])),
      w AS (DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])),
      s AS (DELETE FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])),
      h AS (DELETE FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[]))
 DELETE FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])
+
+-- name: move_session
+-- For the rest of the transaction, rows are copied and deleted as they are: the
+-- concurrency triggers (schema/0020) neither admit nor promote.
+SELECT set_config('shardq.moving', 'on', true)
+
+-- name: delete_leftover_keys
+-- The limit rows of keys in buckets this shard does not own, once their runs are gone.
+DELETE FROM shardq.concurrency_keys k USING shardq.ownership o
+WHERE k.bucket BETWEEN %(first)s AND %(last)s AND get_bit(o.owned, k.bucket) = 0
 
 -- name: advance_history_seq
 -- Later events of the moved runs must sort after the copied ones. nextval,
@@ -353,6 +388,12 @@ ANALYZE shardq.tasks
 
 -- name: analyze_outbox
 ANALYZE shardq.outbox
+
+-- name: analyze_concurrency_keys
+ANALYZE shardq.concurrency_keys
+
+-- name: analyze_key_queue
+ANALYZE shardq.key_queue
 
 -- == C: cleanup, on the source ==
 

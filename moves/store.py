@@ -41,6 +41,8 @@ COPIES = {
     "history": (SQL["copy_out_history"], SQL["copy_in_history"]),
     "signals": (SQL["copy_out_signals"], SQL["copy_in_signals"]),
     "waits": (SQL["copy_out_waits"], SQL["copy_in_waits"]),
+    "concurrency_keys": (SQL["copy_out_concurrency_keys"], SQL["copy_in_concurrency_keys"]),
+    "key_queue": (SQL["copy_out_key_queue"], SQL["copy_in_key_queue"]),
     "tasks": (SQL["copy_out_tasks"], SQL["copy_in_tasks"]),
     "outbox": (SQL["copy_out_outbox"], SQL["copy_in_outbox"]),
 }
@@ -55,6 +57,8 @@ _ANALYZE = {
     "waits": SQL["analyze_waits"],
     "tasks": SQL["analyze_tasks"],
     "outbox": SQL["analyze_outbox"],
+    "concurrency_keys": SQL["analyze_concurrency_keys"],
+    "key_queue": SQL["analyze_key_queue"],
 }
 
 
@@ -228,11 +232,13 @@ class MoveStore:
         return BatchMaxima(**row)
 
     def copy(self, src: DictConnection, dst: DictConnection, table: str,
-             ids: Sequence[uuid.UUID]) -> int:
-        """Stream `table`'s rows of `ids` from src to dst in binary COPY; the rows copied."""
+             ids: Sequence[uuid.UUID], batch: Batch) -> int:
+        """Stream `table`'s rows of `ids` (of the batch's buckets, for rows kept by bucket)
+        from src to dst in binary COPY; the rows copied."""
         out_sql, in_sql = COPIES[table]
+        params = {"ids": list(ids), "first": batch.first, "last": batch.last}
         with src.cursor() as out_cur, dst.cursor() as in_cur:
-            with out_cur.copy(out_sql, {"ids": list(ids)}) as out, \
+            with out_cur.copy(out_sql, params) as out, \
                     in_cur.copy(in_sql) as into:
                 for chunk in out:
                     into.write(chunk)
@@ -287,9 +293,20 @@ class MoveStore:
         return [r["id"] for r in conn.execute(SQL["leftover_runs"], {
             "first": first, "last": last, "limit": limit})]
 
+    def move_session(self, conn: DictConnection) -> None:
+        """Until `conn`'s transaction ends, rows are copied and deleted as they are: no
+        concurrency admission or promotion (schema/0020)."""
+        conn.execute(SQL["move_session"])
+
     def delete_runs(self, conn: DictConnection, ids: Sequence[uuid.UUID]) -> None:
-        """Delete every row of these runs, in every table, in one statement."""
+        """Delete every row of these runs, in every table, in one statement; in the
+        caller's transaction, which this makes a move's (move_session)."""
+        self.move_session(conn)
         conn.execute(SQL["delete_runs"], {"ids": list(ids)})
+
+    def delete_leftover_keys(self, conn: DictConnection, first: int, last: int) -> None:
+        """Delete the limit rows of keys in buckets first..last the shard does not own."""
+        conn.execute(SQL["delete_leftover_keys"], {"first": first, "last": last})
 
     def mark_clean(self, conn: DictConnection) -> None:
         """Clear the shard's `unclean` once nothing is frozen and no foreign run is left."""

@@ -13,6 +13,14 @@ CREATE TABLE shardq.applied_batches (
     switched_at timestamp with time zone NOT NULL DEFAULT now()
 );
 
+CREATE TABLE shardq.concurrency_keys (
+    key text NOT NULL,
+    bucket integer NOT NULL,
+    declared integer NOT NULL,
+    override integer,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
+
 CREATE TABLE shardq.executions (
     id uuid NOT NULL,
     tenant text NOT NULL,
@@ -22,7 +30,8 @@ CREATE TABLE shardq.executions (
     input jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     gates text[],
-    priority smallint NOT NULL DEFAULT 0
+    priority smallint NOT NULL DEFAULT 0,
+    concurrency_key text
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -34,6 +43,14 @@ CREATE TABLE shardq.history (
     payload jsonb NOT NULL DEFAULT '{}'::jsonb,
     recorded_at timestamp with time zone NOT NULL DEFAULT now()
 );
+
+CREATE TABLE shardq.key_queue (
+    execution_id uuid NOT NULL,
+    concurrency_key text NOT NULL,
+    priority smallint NOT NULL,
+    claims integer NOT NULL,
+    queued_at timestamp with time zone NOT NULL DEFAULT now()
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000);
 
 CREATE TABLE shardq.move_batches (
     move_id bigint NOT NULL,
@@ -145,7 +162,8 @@ CREATE TABLE shardq.tasks (
     lease_token uuid,
     cancel_requested boolean NOT NULL DEFAULT false,
     leased_until timestamp with time zone,
-    priority smallint NOT NULL DEFAULT 0
+    priority smallint NOT NULL DEFAULT 0,
+    concurrency_key text
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=50);
 
 CREATE TABLE shardq.waits (
@@ -159,10 +177,14 @@ CREATE TABLE shardq.waits (
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=90);
 
 ALTER TABLE shardq.applied_batches ADD CONSTRAINT applied_batches_pkey PRIMARY KEY (move_id, batch);
+ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_declared_check CHECK ((declared > 0));
+ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_override_check CHECK ((override > 0));
+ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_pkey PRIMARY KEY (key);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_priority_check CHECK (((priority >= 0) AND (priority <= 9)));
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_workflow_key UNIQUE (tenant, workflow_name, workflow_id);
 ALTER TABLE shardq.history ADD CONSTRAINT history_pkey PRIMARY KEY (execution_id, seq);
+ALTER TABLE shardq.key_queue ADD CONSTRAINT key_queue_pkey PRIMARY KEY (execution_id);
 ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_batch_check CHECK ((batch >= 0));
 ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_check CHECK ((first_bucket <= last_bucket));
 ALTER TABLE shardq.move_batches ADD CONSTRAINT move_batches_move_id_fkey FOREIGN KEY (move_id) REFERENCES shardq.moves(id);
@@ -197,8 +219,10 @@ ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
+CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys USING btree (bucket);
 CREATE INDEX history_finished ON shardq.history USING btree (recorded_at) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
+CREATE INDEX key_queue_next ON shardq.key_queue USING btree (concurrency_key, priority DESC, queued_at);
 CREATE UNIQUE INDEX moves_unfinished ON shardq.moves USING btree ((true)) WHERE (phase = ANY (ARRAY['moving'::text, 'cleaning'::text]));
 CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'failed'::text);
@@ -208,6 +232,7 @@ CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
+CREATE INDEX tasks_keyed ON shardq.tasks USING btree (concurrency_key) WHERE (concurrency_key IS NOT NULL);
 CREATE INDEX tasks_urgent ON shardq.tasks USING btree (priority DESC, run_at) WHERE (priority > 0);
 CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
@@ -215,6 +240,12 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 
 -- VIEW shardq.events (execution_id uuid, seq bigint, position integer, kind text, name text, payload jsonb, recorded_at timestamp with time zone)
 
+-- FUNCTION shardq.admission_lock()
+--   RETURNS void
+--   LANGUAGE sql VOLATILE
+-- FUNCTION shardq.admit_task()
+--   RETURNS trigger
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.bucket(id uuid)
 --   RETURNS integer
 --   LANGUAGE sql IMMUTABLE
@@ -226,6 +257,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.decide_interrupt(p_tenant text, p_id uuid, p_name text, p_position integer, p_action text, p_payload jsonb, p_decision_id text, p_actor text)
 --   RETURNS TABLE(outcome text, decision jsonb, detail text)
+--   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.declare_limits(p_keys text[], p_buckets integer[], p_limits integer[], p_probes uuid[])
+--   RETURNS void
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.defer_premature_timeouts(p_fenced uuid[], e_ids uuid[], e_positions integer[], e_kinds text[], s_ids bigint[])
 --   RETURNS uuid[]
@@ -251,16 +285,25 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.owns(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql STABLE
+-- FUNCTION shardq.promote_queued(p_key text)
+--   RETURNS integer
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)
 --   RETURNS TABLE(execution_id uuid)
 --   LANGUAGE sql STABLE
+-- FUNCTION shardq.release_slot()
+--   RETURNS trigger
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE plpgsql STABLE
+-- FUNCTION shardq.set_concurrency_limit(p_key text, p_override integer)
+--   RETURNS TABLE(key text, declared integer, override integer, running bigint, waiting bigint)
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.signal_refusal(p_target uuid, p_tenant text, p_name text, p_max_pending integer, p_max_pending_total integer, p_run_tenant text, p_finished text, p_earlier_id bigint, p_gate_closed boolean, p_pending bigint, p_pending_total bigint)
 --   RETURNS TABLE(reason_code text, detail text)
 --   LANGUAGE sql STABLE
--- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[], p_priority smallint)
+-- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[], p_priority smallint, p_concurrency_key text)
 --   RETURNS TABLE(execution_id uuid, created boolean, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)

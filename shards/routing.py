@@ -39,8 +39,19 @@ def bucket_for(tenant: str, workflow_name: str, workflow_id: str) -> int:
     Python's built-in hash() is salted per process, so a cryptographic digest of an
     unambiguous encoding (length-prefixed parts) is used instead.
     """
+    return _bucket_of(tenant, workflow_name, workflow_id)
+
+
+def bucket_for_key(concurrency_key: str) -> int:
+    """The bucket of every run of a concurrency key (docs/flow-control.md): all of them,
+    the key's limit row and its queue live on one shard, whatever their tenant or
+    workflow."""
+    return _bucket_of("concurrency", concurrency_key)
+
+
+def _bucket_of(*parts: str) -> int:
     digest = hashlib.blake2b(digest_size=8)
-    for part in (tenant, workflow_name, workflow_id):
+    for part in parts:
         encoded = part.encode("utf-8")
         digest.update(len(encoded).to_bytes(4, "big"))
         digest.update(encoded)

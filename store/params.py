@@ -24,6 +24,8 @@ class NewRun:
     input_json: str
     bucket: int
     """The bucket `execution_id` was minted for: it routes the run to its shard."""
+    concurrency: tuple[str, int] | None = None
+    """The run's concurrency key and its limit, checked; the bucket is then the key's."""
 
 
 @dataclass(frozen=True)

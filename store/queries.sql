@@ -16,20 +16,24 @@
 -- Refused whole (shardq.fence) when one id's bucket is not writable here.
 WITH input AS (
     SELECT *
-    FROM unnest(%(ids)b::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[])
-        AS i(id, workflow_id, input)
+    FROM unnest(%(ids)b::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[],
+                %(concurrency_keys)s::text[])
+        AS i(id, workflow_id, input, concurrency_key)
     WHERE (SELECT shardq.fence(%(ids)b::uuid[]))
 ), inserted AS (
     INSERT INTO shardq.executions
-        (id, tenant, workflow_name, workflow_version, workflow_id, input, gates, priority)
+        (id, tenant, workflow_name, workflow_version, workflow_id, input, gates, priority,
+         concurrency_key)
     SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input,
-           %(gates)s::text[], %(priority)s
+           %(gates)s::text[], %(priority)s, concurrency_key
     FROM input
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
-    RETURNING id, workflow_id
+    RETURNING id, workflow_id, concurrency_key
 ), tasks AS (
-    INSERT INTO shardq.tasks (execution_id, run_at, priority)
-    SELECT id, now(), %(priority)s FROM inserted
+    -- A keyed run over its key's limit waits in key_queue instead (shardq.admit_task,
+    -- which reads the limits declare_limits wrote just before).
+    INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key)
+    SELECT id, now(), %(priority)s, concurrency_key FROM inserted
 ), notified AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
     -- 'urgent' for runs of a priority: a worker claims those without waiting for a
@@ -39,6 +43,47 @@ WITH input AS (
 )
 SELECT i.id, i.workflow_id, 'pending' AS state, true AS created
 FROM inserted i LEFT JOIN notified ON true
+
+-- name: declare_limits
+-- The concurrency limits a batch of keyed starts declares, committed before the
+-- start (whose admission reads them). Body: schema/functions/declare_limits.sql.
+SELECT shardq.declare_limits(%(keys)s::text[], %(buckets)s::int[], %(limits)s::int[],
+                             %(probes)b::uuid[])
+
+-- name: concurrency_limit
+-- One concurrency key: its limits, its runs holding a slot, its runs waiting.
+-- `probe`: an id of the key's bucket, refused when this shard does not own it.
+SELECT k.key, k.declared, k.override,
+       (SELECT count(*) FROM shardq.tasks t WHERE t.concurrency_key = k.key) AS running,
+       (SELECT count(*) FROM shardq.key_queue q WHERE q.concurrency_key = k.key) AS waiting
+FROM shardq.concurrency_keys k
+WHERE k.key = %(key)s AND (SELECT shardq.owns(ARRAY[%(probe)s::uuid]))
+
+-- name: set_concurrency_limit
+-- An operator's limit for a key, or NULL to go back to the declared one; the
+-- key's row as it now is. Body: schema/functions/set_concurrency_limit.sql.
+SELECT key, declared, override, running, waiting
+FROM shardq.set_concurrency_limit(%(key)s, %(override)s, %(probe)s)
+
+-- name: busiest_keys
+-- The keys of this shard's buckets with the most runs waiting for a slot.
+-- Reads the whole queue: an operator's question, not a scrape's.
+SELECT k.key, k.declared, k.override,
+       (SELECT count(*) FROM shardq.tasks t WHERE t.concurrency_key = k.key) AS running,
+       w.waiting
+FROM (SELECT q.concurrency_key, count(*) AS waiting FROM shardq.key_queue q
+      WHERE (SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+         OR get_bit(%(mine)s::bit(4096), shardq.bucket(q.execution_id)) = 1
+      GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %(limit)s) w
+JOIN shardq.concurrency_keys k ON k.key = w.concurrency_key
+ORDER BY w.waiting DESC, k.key
+
+-- name: concurrency_waiting
+-- Runs waiting for a slot, and the keys they wait on (shardq_concurrency_waiting).
+SELECT count(*) AS runs, count(DISTINCT q.concurrency_key) AS keys
+FROM shardq.key_queue q
+WHERE (SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+   OR get_bit(%(mine)s::bit(4096), shardq.bucket(q.execution_id)) = 1
 
 -- name: find_executions
 -- One unique-index probe per key (a plain `= ANY` may scan every run of the
@@ -184,7 +229,9 @@ RETURNING t.execution_id
 SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input,
        x.created_at, x.priority, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
        o.payload->'error' AS error, o.recorded_at AS finished_at,
-       coalesce(t.cancel_requested, false) AS cancel_requested
+       coalesce(t.cancel_requested, false) AS cancel_requested, x.concurrency_key,
+       x.concurrency_key IS NOT NULL AND EXISTS (
+           SELECT 1 FROM shardq.key_queue q WHERE q.execution_id = x.id) AS waiting_for_slot
 FROM shardq.executions x
 LEFT JOIN LATERAL (
     SELECT h.payload, h.recorded_at FROM shardq.history h
@@ -232,6 +279,9 @@ FOR UPDATE
 -- operator's action, rare, so the row's fillfactor 100 (insert-only) stays right.
 WITH task AS (
     UPDATE shardq.tasks SET priority = %(priority)s WHERE execution_id = %(id)s
+), queued AS (
+    -- A run waiting for a slot of its concurrency key is promoted by priority too.
+    UPDATE shardq.key_queue SET priority = %(priority)s WHERE execution_id = %(id)s
 )
 UPDATE shardq.executions SET priority = %(priority)s WHERE id = %(id)s
 
@@ -252,7 +302,7 @@ SELECT execution_id, created, signal_id, earlier_id, earlier_name, reason_code, 
 FROM shardq.signal_with_start_v2(
     %(tenant)s, %(workflow_name)s, %(workflow_version)s, %(workflow_id)s, %(new_id)s,
     %(input)s::jsonb, %(name)s, %(payload)s::jsonb, %(key)s, %(max_pending)s,
-    %(max_pending_total)s, %(gates)s::text[], %(priority)s::smallint
+    %(max_pending_total)s, %(gates)s::text[], %(priority)s::smallint, %(concurrency_key)s
 )
 
 -- name: open_wait
@@ -273,6 +323,9 @@ ORDER BY id
 -- stops there), by the caller's actor.
 WITH tasks AS (
     DELETE FROM shardq.tasks WHERE execution_id = %(id)s
+), queued AS (
+    -- A run waiting for a slot of its concurrency key leaves the queue.
+    DELETE FROM shardq.key_queue WHERE execution_id = %(id)s
 ), waits AS (
     DELETE FROM shardq.waits WHERE execution_id = %(id)s RETURNING position, kind, name
 ), decided AS (

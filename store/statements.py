@@ -31,6 +31,7 @@ from shardq.core.errors import (
 )
 from shardq.core.models import (
     BufferedSignal,
+    ConcurrencyLimit,
     Execution,
     HistoryEvent,
     PendingInterrupt,
@@ -43,10 +44,16 @@ from shardq.core.models import (
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.connections import connection_lost
 from shardq.shards.errors import ShardqError, refusal
-from shardq.shards.routing import BUCKETS, bucket_for, new_execution_id
+from shardq.shards.routing import BUCKETS, bucket_for, bucket_for_key, new_execution_id
 from shardq.shards.sqlfile import load_queries
 from shardq.store import listing
-from shardq.store.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
+from shardq.store.params import (
+    InterruptDecision,
+    NewRun,
+    SignalDelivery,
+    StartBatch,
+    StartSignalled,
+)
 
 R = TypeVar("R")
 Row = dict[str, Any]
@@ -141,6 +148,8 @@ def _execution(row: dict[str, Any]) -> Execution:
         created_at=row["created_at"],
         finished_at=row["finished_at"],
         priority=row["priority"],
+        concurrency_key=row.get("concurrency_key"),
+        waiting_for_slot=bool(row.get("waiting_for_slot")),
     )
 
 
@@ -207,10 +216,12 @@ def start_executions(batch: StartBatch) -> Op[list[StartResult]]:
     """Insert the batch's runs whose workflow key has none yet (one statement, its own
     commit); results in `batch.runs` order, an existing key's run with `created=False`."""
     runs = batch.runs
+    yield from declare_limits(runs)
     params = {
         "ids": [r.execution_id for r in runs],
         "workflow_ids": [r.workflow_id for r in runs],
         "inputs": [r.input_json for r in runs],
+        "concurrency_keys": [r.concurrency[0] if r.concurrency else None for r in runs],
         **_workflow_params(batch),
     }
     rows = {r["workflow_id"]: r for r in (yield SQL["start_executions"], params)}
@@ -226,6 +237,48 @@ def start_executions(batch: StartBatch) -> Op[list[StartResult]]:
         StartResult(row["id"], row["created"], _STATES[row["state"]])
         for row in (rows[r.workflow_id] for r in runs)
     ]
+
+
+def declare_limits(runs: Sequence[NewRun]) -> Op[None]:
+    """Commit the concurrency limits these runs declare, before they are inserted: their
+    admission reads them (schema/functions/declare_limits.sql). Nothing for unkeyed runs."""
+    declared = {r.concurrency[0]: (r.concurrency[1], r) for r in runs if r.concurrency}
+    if not declared:
+        return
+    yield SQL["declare_limits"], {
+        "keys": list(declared), "limits": [limit for limit, _ in declared.values()],
+        "buckets": [r.bucket for _, r in declared.values()],
+        "probes": [r.execution_id for _, r in declared.values()]}
+
+
+def _concurrency_limit(row: Row) -> ConcurrencyLimit:
+    return ConcurrencyLimit(row["key"], row["declared"], row["override"], row["running"],
+                            row["waiting"])
+
+
+def concurrency_limit(key: str) -> Op[ConcurrencyLimit | None]:
+    """A concurrency key as its shard holds it; None when no start has declared it."""
+    rows = yield SQL["concurrency_limit"], {"key": key, "probe": _key_probe(key)}
+    return _concurrency_limit(rows[0]) if rows else None
+
+
+def set_concurrency_limit(key: str, override: int | None) -> Op[ConcurrencyLimit | None]:
+    """An operator's limit for `key` (None: the declared one again), promoting waiting runs
+    when it grew; the key as it now is, None when no start has declared it."""
+    rows = yield SQL["set_concurrency_limit"], {
+        "key": key, "override": override, "probe": _key_probe(key)}
+    return _concurrency_limit(rows[0]) if rows else None
+
+
+def busiest_keys(shard_map: ShardMap, shard: Shard, limit: int) -> Op[list[ConcurrencyLimit]]:
+    """The shard's keys with the most runs waiting for a slot, most first."""
+    rows = yield SQL["busiest_keys"], {"mine": buckets_of(shard_map, shard), "limit": limit}
+    return [_concurrency_limit(r) for r in rows]
+
+
+def _key_probe(key: str) -> uuid.UUID:
+    """An id of the key's bucket: what the fence and ownership checks read."""
+    return new_execution_id(bucket_for_key(key))
 
 
 def get_execution(execution_id: uuid.UUID) -> Op[Execution | None]:
@@ -299,7 +352,9 @@ def signal_with_start(request: StartSignalled) -> Op[SignalWithStartResult]:
     """One statement (shardq.signal_with_start_v2); a refused signal raises SignalRefused
     (only an existing run can refuse, so nothing was created then)."""
     (new,) = request.start.runs
+    yield from declare_limits(request.start.runs)
     rows = yield SQL["signal_with_start"], {
+        "concurrency_key": new.concurrency[0] if new.concurrency else None,
         **_workflow_params(request.start), "workflow_id": new.workflow_id,
         "new_id": new.execution_id, "input": new.input_json, "name": request.name,
         "payload": request.payload_json, "key": request.idempotency_key,

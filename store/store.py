@@ -35,6 +35,7 @@ from shardq.core.models import (
     BufferedSignal,
     Claim,
     CommitOutcome,
+    ConcurrencyLimit,
     Event,
     Execution,
     HistoryEvent,
@@ -274,9 +275,10 @@ class Store:
                                    {"grace_s": overdue_grace_s, **mine}).fetchone()
             states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"], mine)}
             due = {r["priority"]: r["n"] for r in conn.execute(SQL["due_by_priority"], mine)}
-        assert signals is not None and overdue is not None
+            waiting = conn.execute(SQL["concurrency_waiting"], mine).fetchone()
+        assert signals is not None and overdue is not None and waiting is not None
         return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
-                           due)
+                           due, waiting["runs"], waiting["keys"])
 
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,
@@ -395,6 +397,22 @@ class Store:
         return self._locking(shard, execution_id, "a priority change",
                              lambda: statements.set_priority_attempt(
                                  execution_id, tenant=tenant, priority=priority))
+
+    def concurrency_limit(self, shard: Shard, key: str) -> ConcurrencyLimit | None:
+        """A concurrency key as its shard holds it; None when no start declared it."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.concurrency_limit(key))
+
+    def set_concurrency_limit(self, shard: Shard, key: str,
+                              override: int | None) -> ConcurrencyLimit | None:
+        """An operator's limit for `key` (None: back to the declared one)."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.set_concurrency_limit(key, override))
+
+    def busiest_keys(self, shard: Shard, limit: int) -> list[ConcurrencyLimit]:
+        """The shard's keys with the most runs waiting for a slot, most first."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.busiest_keys(self.map, shard, limit))
 
     def _locking(self, shard: Shard, execution_id: uuid.UUID, what: str,
                  attempt: Callable[[], statements.Op[State]]) -> State:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardq.core.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
-from shardq.core.rules import check_name, check_priority, check_schema
+from shardq.core.rules import check_concurrency, check_name, check_priority, check_schema
 from shardq.workflow.contracts import (
     QuerySpec,
     SignalSpec,
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from shardq.workflow.context import WorkflowContext
 
 WorkflowFn = Callable[["WorkflowContext"], Any]
+Concurrency = tuple[str, int] | Callable[[Any], tuple[str, int] | None]
+"""A workflow's concurrency: (key, limit) for every run, or a function of the input."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class WorkflowDef:
     """A class-based workflow's class: each run of its code gets a new instance."""
     priority: int = 0
     """The priority of a start that names none (0-9, higher claimed first)."""
+    concurrency: Concurrency | None = None
+    """A concurrency key and its limit for every run, or a function of a run's input
+    returning one (or None: that run is not limited); docs/flow-control.md."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_history, bool) or not isinstance(self.max_history, int) or (
@@ -61,11 +66,33 @@ class WorkflowDef:
                                       "number of seconds")
         try:
             check_priority(self.priority)
+            if self.concurrency is not None and not callable(self.concurrency):
+                check_concurrency(self.concurrency)
         except InvalidArgument as exc:
             raise InvalidArgument(f"workflow {self.name}: {exc}") from None
         if self.input_schema is not None:
             check_schema(self.input_schema, f"workflow {self.name} input")
         check_signals(self.signals, self.name)
+
+    def concurrency_of(self, value: Any) -> tuple[str, int] | None:
+        """The concurrency key and limit of a run started with input `value`, checked."""
+        declared = self.concurrency
+        if declared is None:
+            return None
+        if not callable(declared):
+            return check_concurrency(declared)
+        try:
+            chosen = declared(value)
+        except Exception as exc:  # the user's function: its failure refuses the start
+            raise InvalidArgument(f"workflow {self.name}: its concurrency function raised "
+                                  f"{type(exc).__name__}: {exc}") from None
+        if chosen is None:
+            return None
+        try:
+            return check_concurrency(chosen)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"workflow {self.name}: its concurrency function: "
+                                  f"{exc}") from None
 
     def signal(self, name: str) -> SignalSpec | None:
         """The published contract of signal `name`, if the workflow publishes one."""
@@ -92,7 +119,7 @@ class WorkflowDef:
 
 
 _SETTINGS = frozenset({"max_history", "max_wait_s", "retention_s", "input_schema", "signals",
-                       "priority"})
+                       "priority", "concurrency"})
 T = TypeVar("T")
 
 
@@ -136,7 +163,7 @@ class Registry:
     ) -> Callable[[WorkflowFn], WorkflowFn]:
         """Decorator: `@registry.workflow("checkout", version=2)` on `def checkout(ctx): ...`.
 
-        `limits`: max_history, max_wait_s, retention_s, priority, and the published
+        `limits`: max_history, max_wait_s, retention_s, priority, concurrency, and the published
         contract's input_schema and signals (see WorkflowDef)."""
 
         def register(fn: WorkflowFn) -> WorkflowFn:

@@ -125,11 +125,15 @@ BEGIN
     VALUES (p_id, w.position, 'interrupt.decided', p_name, standing);
     DELETE FROM shardq.waits wt WHERE wt.execution_id = p_id;
     -- Due now; the row is not the run's first, so its claim reads history.
-    INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
-    VALUES (p_id, now(), 1, (SELECT e.priority FROM shardq.executions e WHERE e.id = p_id))
+    INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority, concurrency_key)
+    SELECT p_id, now(), 1, e.priority, e.concurrency_key
+    FROM shardq.executions e WHERE e.id = p_id
     ON CONFLICT (execution_id) DO UPDATE SET run_at = now() WHERE cur.lease_token IS NULL
     RETURNING cur.priority INTO woken_priority;
-    PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(woken_priority));
+    -- None when the run waits for a slot of its key (shardq.admit_task queued it).
+    IF woken_priority IS NOT NULL THEN
+        PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(woken_priority));
+    END IF;
     RETURN QUERY SELECT 'accepted'::text, standing, NULL::text;
 END
 $$;

@@ -117,14 +117,15 @@ BEGIN
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
             -- The task row is not the run's first: its claim reads history.
-            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
-            SELECT n.execution_id, now(), 1,
-                   (SELECT e.priority FROM shardq.executions e WHERE e.id = n.execution_id)
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority,
+                                             concurrency_key)
+            SELECT n.execution_id, now(), 1, e.priority, e.concurrency_key
             FROM inserted n
             CROSS JOIN LATERAL (
                 SELECT w.kind, w.name, w.request FROM shardq.waits w
                 WHERE w.execution_id = n.execution_id OFFSET 0
             ) w
+            JOIN shardq.executions e ON e.id = n.execution_id
             WHERE (w.kind = 'signal' AND w.name = n.name)
                OR (w.kind = 'condition' AND w.request->'signals' ? n.name)
                OR starts_with(n.name, 'shardq:update:')
@@ -191,10 +192,11 @@ BEGIN
             FROM inserted n
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
-            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority)
-            SELECT w.execution_id, now(), 1,
-                   (SELECT e.priority FROM shardq.executions e WHERE e.id = w.execution_id)
+            INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority,
+                                             concurrency_key)
+            SELECT w.execution_id, now(), 1, e.priority, e.concurrency_key
             FROM shardq.waits w JOIN inserted n ON n.execution_id = w.execution_id
+            JOIN shardq.executions e ON e.id = w.execution_id
             WHERE (w.kind = 'signal' AND w.name = p_names[i])
                OR (w.kind = 'condition' AND w.request->'signals' ? p_names[i])
                OR starts_with(p_names[i], 'shardq:update:')

@@ -4,7 +4,8 @@
 -- (unless a keyed repeat), exactly as deliver_signals decides, which this
 -- calls for the delivery itself and whose answer it passes on. A new run of a
 -- declarative workflow is created with its gates (p_gates), and a new run with
--- p_priority (an existing run keeps its own).
+-- p_priority and p_concurrency_key (an existing run keeps its own; a keyed
+-- start declares its key's limit first, shardq.declare_limits).
 --
 -- Racing callers with one workflow key: the first INSERT wins and the others
 -- wait on the unique index until it commits, then find its row (a new
@@ -23,7 +24,8 @@ CREATE OR REPLACE FUNCTION shardq.signal_with_start_v2(
     p_max_pending       integer,
     p_max_pending_total integer,
     p_gates             text[],
-    p_priority          smallint
+    p_priority          smallint,
+    p_concurrency_key   text
 ) RETURNS TABLE (
     execution_id uuid,
     created      boolean,
@@ -40,14 +42,16 @@ DECLARE
     is_new boolean := false;
 BEGIN
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                   input, gates, priority)
+                                   input, gates, priority, concurrency_key)
     VALUES (p_new_id, p_tenant, p_workflow_name, p_workflow_version, p_workflow_id, p_input,
-            p_gates, p_priority)
+            p_gates, p_priority, p_concurrency_key)
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id INTO run;
     IF run IS NOT NULL THEN
         is_new := true;
-        INSERT INTO shardq.tasks (execution_id, run_at, priority) VALUES (run, now(), p_priority);
+        -- A keyed run over its limit waits in key_queue (shardq.admit_task).
+        INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key)
+        VALUES (run, now(), p_priority, p_concurrency_key);
         PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(p_priority));
     ELSE
         SELECT x.id INTO run FROM shardq.executions x

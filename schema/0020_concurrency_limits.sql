@@ -1,0 +1,71 @@
+-- Concurrency limits per key (docs/flow-control.md, docs/design/flow-control.md).
+--
+-- A run started with a concurrency key is placed by the key (its bucket is the
+-- key's), so every run of one key, its limit row and its waiting queue live on
+-- one shard, and admission is one shard's transaction. A keyed run's task row
+-- is its slot: a task row is inserted only while the key has fewer task rows
+-- than its limit (shardq.admit_task, a BEFORE INSERT trigger); otherwise the
+-- run waits in key_queue, which no claim reads, so runs waiting for a slot cost
+-- a claim nothing. When a keyed task row goes (the run finished or parked on a
+-- signal or a person), shardq.release_slot promotes the key's next queued run
+-- in the same transaction. A lease that expires keeps its row, so a dead
+-- worker's slot is held until its run is claimed again and ends, never given
+-- to another run while the lease could still be live.
+--
+-- Unkeyed runs pay nothing: the columns are NULL (no rewrite, no index entry
+-- in the partial index), and both triggers have a WHEN clause that the
+-- executor checks without calling a function.
+ALTER TABLE shardq.executions ADD COLUMN concurrency_key text;
+ALTER TABLE shardq.tasks ADD COLUMN concurrency_key text;
+CREATE INDEX tasks_keyed ON shardq.tasks (concurrency_key) WHERE concurrency_key IS NOT NULL;
+
+-- A key's limit: the one its latest start declared, unless an operator set one
+-- (`shardq limits set`), which wins until reset. `bucket` is the key's, so a
+-- move copies and cleans the row with the bucket's runs.
+CREATE TABLE shardq.concurrency_keys (
+    key        text PRIMARY KEY,
+    bucket     integer NOT NULL,
+    declared   integer NOT NULL CHECK (declared > 0),
+    override   integer CHECK (override > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys (bucket);
+
+-- Runs due but waiting for a slot of their key, promoted highest priority
+-- first, then oldest. `claims` is the task row's as it would have been
+-- inserted (0: a new run, whose first claim reads no history).
+CREATE TABLE shardq.key_queue (
+    execution_id    uuid PRIMARY KEY,
+    concurrency_key text NOT NULL,
+    priority        smallint NOT NULL,
+    claims          integer NOT NULL,
+    queued_at       timestamptz NOT NULL DEFAULT now()
+-- A queue: rows come and go as slots free, so vacuumed as often as tasks.
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+CREATE INDEX key_queue_next ON shardq.key_queue (concurrency_key, priority DESC, queued_at);
+
+-- The triggers' bodies are schema/functions/admit_task.sql and release_slot.sql,
+-- applied after the migrations (or already, by a migrator that applies the
+-- functions first); a stub, where there is none yet, lets the triggers be
+-- created here.
+DO $do$
+BEGIN
+    IF to_regprocedure('shardq.admit_task()') IS NULL THEN
+        CREATE FUNCTION shardq.admit_task() RETURNS trigger LANGUAGE plpgsql
+        AS $$ BEGIN RETURN NEW; END $$;
+    END IF;
+    IF to_regprocedure('shardq.release_slot()') IS NULL THEN
+        CREATE FUNCTION shardq.release_slot() RETURNS trigger LANGUAGE plpgsql
+        AS $$ BEGIN RETURN NULL; END $$;
+    END IF;
+END
+$do$;
+CREATE TRIGGER tasks_admit BEFORE INSERT ON shardq.tasks
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL) EXECUTE FUNCTION shardq.admit_task();
+CREATE TRIGGER tasks_release AFTER DELETE ON shardq.tasks
+    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL) EXECUTE FUNCTION shardq.release_slot();
+
+-- signal_with_start_v2 takes the new run's concurrency key: its file creates it
+-- again with the parameter.
+DROP FUNCTION IF EXISTS shardq.signal_with_start_v2(
+    text, text, integer, text, uuid, jsonb, text, jsonb, text, integer, integer, text[], smallint);

@@ -1,0 +1,30 @@
+-- The limits a batch of keyed starts declares, before the start inserts its
+-- runs (the start's admission reads them): new keys are created, a changed
+-- limit replaces the declared one, and a key whose row changed has its queue
+-- promoted, as its limit may have grown. An operator's override is kept.
+-- Fenced like the start (shardq.fence, `probes`: an id of each key's bucket),
+-- so a key row is never written where its bucket does not live.
+CREATE OR REPLACE FUNCTION shardq.declare_limits(
+    p_keys text[], p_buckets integer[], p_limits integer[], p_probes uuid[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    changed text[];
+BEGIN
+    PERFORM shardq.fence(p_probes);
+    WITH declared AS (
+        INSERT INTO shardq.concurrency_keys AS k (key, bucket, declared)
+        -- Sorted: two starts lock the rows they share in the same order.
+        SELECT d.key, d.bucket, d.lim
+        FROM unnest(p_keys, p_buckets, p_limits) AS d(key, bucket, lim)
+        ORDER BY d.key
+        ON CONFLICT (key) DO UPDATE SET declared = excluded.declared, updated_at = now()
+        WHERE k.declared <> excluded.declared
+        RETURNING k.key
+    )
+    SELECT array_agg(key ORDER BY key) INTO changed FROM declared;
+    IF changed IS NOT NULL THEN
+        PERFORM shardq.promote_queued(c) FROM unnest(changed) AS c;
+    END IF;
+END
+$$;

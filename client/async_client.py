@@ -32,11 +32,13 @@ from shardq.client.requests import (
     QueryAsked,
     SignalBatch,
     UpdateWait,
+    busiest,
     cancel_target,
     check_takes_updates,
     check_update_landed,
     definition_of,
     finished_refuses_update,
+    limit_change,
     list_query,
     merged_runs,
     new_run_state,
@@ -51,8 +53,10 @@ from shardq.client.requests import (
     update_with_start_request,
     validate_update,
 )
+from shardq.core.errors import ConcurrencyKeyNotFound
 from shardq.core.models import (
     BufferedSignal,
+    ConcurrencyLimit,
     DecisionResult,
     Execution,
     HistoryEvent,
@@ -67,14 +71,14 @@ from shardq.core.models import (
     UpdateResult,
     WaitInfo,
 )
-from shardq.core.rules import Limits, check_name
+from shardq.core.rules import Limits, check_name, check_page_size
 from shardq.shards.async_fanout import each_shard, fan_out, rerouted
 from shardq.shards.async_pools import AsyncShardPools
 from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
-from shardq.shards.routing import bucket_of, parse_execution_id
+from shardq.shards.routing import bucket_for_key, bucket_of, parse_execution_id
 from shardq.store.async_store import AsyncStore
-from shardq.store.listing import DEFAULT_PAGE, PartialInterruptPage, PartialPage
+from shardq.store.listing import DEFAULT_PAGE, MAX_PAGE, PartialInterruptPage, PartialPage
 from shardq.store.params import NewRun, SignalDelivery
 from shardq.workflow.contracts import UpdateSpec
 from shardq.workflow.rebuild import rebuild_state
@@ -183,6 +187,28 @@ class AsyncClient:
 
         return await fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                              parallel=len(runs) >= PARALLEL_START_MIN)
+
+    # -- concurrency limits -----------------------------------------------------
+
+    async def concurrency_limit(self, key: str) -> ConcurrencyLimit | None:
+        """Client.concurrency_limit."""
+        checked, _ = limit_change(key, None)
+        return await self._routed(lambda m: self.store.concurrency_limit(
+            m.for_bucket(bucket_for_key(checked)), checked))
+
+    async def set_concurrency_limit(self, key: str, limit: int | None) -> ConcurrencyLimit:
+        """Client.set_concurrency_limit."""
+        checked, override = limit_change(key, limit)
+        found = await self._routed(lambda m: self.store.set_concurrency_limit(
+            m.for_bucket(bucket_for_key(checked)), checked, override))
+        if found is None:
+            raise ConcurrencyKeyNotFound(checked)
+        return found
+
+    async def busiest_concurrency_keys(self, limit: int = 20) -> list[ConcurrencyLimit]:
+        """Client.busiest_concurrency_keys."""
+        size = check_page_size(limit, MAX_PAGE)
+        return busiest([await self.store.busiest_keys(s, size) for s in self.map.shards], size)
 
     # -- reading -------------------------------------------------------------
 

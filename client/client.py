@@ -18,11 +18,13 @@ from shardq.client.requests import (
     QueryAsked,
     SignalBatch,
     UpdateWait,
+    busiest,
     cancel_target,
     check_takes_updates,
     check_update_landed,
     definition_of,
     finished_refuses_update,
+    limit_change,
     list_query,
     merged_runs,
     new_run_state,
@@ -57,8 +59,6 @@ from shardq.core.models import (
 )
 from shardq.core.rules import (
     Limits,
-    check_concurrency_key,
-    check_concurrency_limit,
     check_name,
     check_page_size,
 )
@@ -154,32 +154,22 @@ class Client:
     # -- starting ------------------------------------------------------------
 
     def start(
-        self,
-        workflow: str | WorkflowDef,
-        workflow_id: str,
+        self, workflow: str | WorkflowDef, workflow_id: str,
         input: Any = None,  # noqa: A002 - the documented API name
-        *,
-        tenant: str = DEFAULT_TENANT,
-        priority: int | None = None,
+        *, tenant: str = DEFAULT_TENANT, priority: int | None = None,
         concurrency: tuple[str, int] | None = None,
     ) -> StartResult:
         """Start a run, or return the existing run of this workflow_id (`created=False`).
 
         `priority` (0-9, higher claimed first; default: the workflow's) is the run's for
         its whole life, every turn a signal, a decision or a timer wakes included.
-        `concurrency` (key, limit; default: the workflow's): at most `limit` runs of the
-        key run at once, across every worker and shard (docs/flow-control.md). A limited
-        run lives in its key's bucket, so its workflow_id is unique per key."""
+        `concurrency` (key, limit; default: the workflow's): docs/flow-control.md."""
         return self.start_many(workflow, [(workflow_id, input)], tenant=tenant,
                                priority=priority, concurrency=concurrency)[0]
 
     def start_many(
-        self,
-        workflow: str | WorkflowDef,
-        items: Sequence[tuple[str, Any]],
-        *,
-        tenant: str = DEFAULT_TENANT,
-        priority: int | None = None,
+        self, workflow: str | WorkflowDef, items: Sequence[tuple[str, Any]], *,
+        tenant: str = DEFAULT_TENANT, priority: int | None = None,
         concurrency: tuple[str, int] | None = None,
     ) -> list[StartResult]:
         """Start many runs of one workflow: one commit per shard touched. Idempotent per key."""
@@ -198,19 +188,15 @@ class Client:
     # -- concurrency limits -----------------------------------------------------
 
     def concurrency_limit(self, key: str) -> ConcurrencyLimit | None:
-        """Concurrency key `key` as its shard holds it (its limits, its runs holding a slot
-        and waiting for one); None when no start has declared it."""
-        checked = check_concurrency_key(key)
+        """Key `key`'s limits, runs holding a slot and waiting; None when never declared."""
+        checked, _ = limit_change(key, None)
         return self._routed(lambda m: self.store.concurrency_limit(
             m.for_bucket(bucket_for_key(checked)), checked))
 
     def set_concurrency_limit(self, key: str, limit: int | None) -> ConcurrencyLimit:
-        """Give a key an operator's limit, which wins over the declared one until reset
-        (`limit=None`); no restart. A limit that grew lets waiting runs start at once; one
-        that shrank lets the runs holding slots finish. ConcurrencyKeyNotFound when no
-        start has declared the key."""
-        checked = check_concurrency_key(key)
-        override = None if limit is None else check_concurrency_limit(limit)
+        """An operator's limit for `key`, over the declared one until reset (None); a higher
+        one starts waiting runs at once (docs/flow-control.md)."""
+        checked, override = limit_change(key, limit)
         found = self._routed(lambda m: self.store.set_concurrency_limit(
             m.for_bucket(bucket_for_key(checked)), checked, override))
         if found is None:
@@ -220,8 +206,7 @@ class Client:
     def busiest_concurrency_keys(self, limit: int = 20) -> list[ConcurrencyLimit]:
         """The keys with the most runs waiting for a slot, most first, over every shard."""
         size = check_page_size(limit, MAX_PAGE)
-        merged = [k for shard in self.map.shards for k in self.store.busiest_keys(shard, size)]
-        return sorted(merged, key=lambda k: (-k.waiting, k.key))[:size]
+        return busiest([self.store.busiest_keys(s, size) for s in self.map.shards], size)
 
     # -- reading -------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from shardq.core.errors import (
 )
 from shardq.core.models import (
     INTERRUPT_ACTIONS,
+    ConcurrencyLimit,
     Decision,
     DecisionResult,
     Execution,
@@ -45,6 +46,8 @@ from shardq.core.models import (
 from shardq.core.rules import (
     Limits,
     check_concurrency,
+    check_concurrency_key,
+    check_concurrency_limit,
     check_label,
     check_name,
     check_page_size,
@@ -142,6 +145,17 @@ def new_runs(definition: WorkflowDef, tenant: str, items: Sequence[tuple[str, An
         seen.add(run.workflow_id)
         runs.append(run)
     return runs
+
+
+def limit_change(key: object, limit: object) -> tuple[str, int | None]:
+    """An operator's limit change, checked: the key and its limit (None: reset)."""
+    return check_concurrency_key(key), None if limit is None else check_concurrency_limit(limit)
+
+
+def busiest(per_shard: Sequence[list[ConcurrencyLimit]], size: int) -> list[ConcurrencyLimit]:
+    """The shards' busiest keys merged: the most runs waiting first, `size` of them."""
+    merged = [k for keys in per_shard for k in keys]
+    return sorted(merged, key=lambda k: (-k.waiting, k.key))[:size]
 
 
 def run_priority(definition: WorkflowDef, priority: int | None) -> int:

@@ -297,7 +297,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE plpgsql STABLE
--- FUNCTION shardq.set_concurrency_limit(p_key text, p_override integer)
+-- FUNCTION shardq.set_concurrency_limit(p_key text, p_override integer, p_probe uuid)
 --   RETURNS TABLE(key text, declared integer, override integer, running bigint, waiting bigint)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.signal_refusal(p_target uuid, p_tenant text, p_name text, p_max_pending integer, p_max_pending_total integer, p_run_tenant text, p_finished text, p_earlier_id bigint, p_gate_closed boolean, p_pending bigint, p_pending_total bigint)

@@ -23,6 +23,7 @@ import psycopg
 
 from shardq.core.models import (
     BufferedSignal,
+    ConcurrencyLimit,
     Execution,
     HistoryEvent,
     PendingInterrupt,
@@ -106,6 +107,16 @@ class AsyncStore:
     ) -> uuid.UUID | None:
         return await self._run(shard, statements.find_run(
             tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id))
+
+    async def concurrency_limit(self, shard: Shard, key: str) -> ConcurrencyLimit | None:
+        return await self._run(shard, statements.concurrency_limit(key))
+
+    async def set_concurrency_limit(self, shard: Shard, key: str,
+                                    override: int | None) -> ConcurrencyLimit | None:
+        return await self._run(shard, statements.set_concurrency_limit(key, override))
+
+    async def busiest_keys(self, shard: Shard, limit: int) -> list[ConcurrencyLimit]:
+        return await self._run(shard, statements.busiest_keys(self.map, shard, limit))
 
     async def deliver_signals(
         self, shard: Shard, tenant: str, signals: Sequence[SignalDelivery]

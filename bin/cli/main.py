@@ -3,6 +3,7 @@
 The root group and its options are here; each group of commands has a module:
 
 - workflow.py: `workflow ...`, start, signal, inspect, decide and cancel runs;
+- limits.py: `limits ...`, concurrency limits per key;
 - outbox.py: `outbox ...` (what the outboxes owe) and the `outbox-relay` daemon;
 - shards.py: `shards`, the shard map and each shard's state;
 - operations.py: `migrate`, `stale`, `purge` and the `metrics` exporter;
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from shardq.bin.cli import dev, operations, outbox, serve, worker, workflow
+from shardq.bin.cli import dev, limits, operations, outbox, serve, worker, workflow
 from shardq.bin.cli import shards as shard_map
 from shardq.bin.cli.common import EXIT_USAGE, Settings, fail
 from shardq.bin.logs import configure as configure_logging
@@ -55,7 +56,7 @@ def cli(
     ctx.obj.log_format = log_format
 
 
-for command in (*workflow.COMMANDS, *outbox.COMMANDS, *shard_map.COMMANDS,
+for command in (*workflow.COMMANDS, *limits.COMMANDS, *outbox.COMMANDS, *shard_map.COMMANDS,
                 *operations.COMMANDS, *worker.COMMANDS, *serve.COMMANDS, *dev.COMMANDS):
     cli.add_command(command)
 

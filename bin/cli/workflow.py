@@ -382,6 +382,9 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
         f"{execution.id}  {execution.workflow_name} v{execution.workflow_version}  "
         f"{execution.workflow_id}  {execution.state.value}  priority {execution.priority}"
     ]
+    if execution.concurrency_key is not None:
+        lines.append(f"  concurrency key {execution.concurrency_key!r}"
+                     + (": waiting for a slot" if execution.waiting_for_slot else ""))
     if wait is not None:
         deadline = f", deadline {wait.deadline.isoformat()}" if wait.deadline else ""
         lines.append(f"  waits on {wait.kind} {wait.name!r} for "

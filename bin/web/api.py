@@ -164,7 +164,8 @@ def _execution(e: Execution) -> dict[str, Any]:
             "workflow_version": e.workflow_version, "workflow_id": e.workflow_id,
             "state": e.state.value, "input": e.input, "output": e.output, "error": e.error,
             "cancel_requested": e.cancel_requested, "created_at": e.created_at.isoformat(),
-            "priority": e.priority,
+            "priority": e.priority, "concurrency_key": e.concurrency_key,
+            "waiting_for_slot": e.waiting_for_slot,
             "finished_at": e.finished_at.isoformat() if e.finished_at else None}
 
 

@@ -35,6 +35,7 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
     "input": ANY_JSON, "output": ANY_JSON, "error": ANY_JSON,
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "string"},
     "priority": {"type": "integer"},
+    "concurrency_key": {"type": ["string", "null"]}, "waiting_for_slot": {"type": "boolean"},
     "finished_at": {"type": ["string", "null"]},
     "open_wait": {"type": ["object", "null"]},
     "pending_signals": {"type": "array", "items": {"type": "object"}},

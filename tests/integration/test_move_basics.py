@@ -25,6 +25,8 @@ from click.testing import CliRunner
 
 from shardq.bin.cli import moves as move_cli
 from shardq.bin.cli.common import Settings
+from shardq.client.client import Client
+from shardq.core.models import ConcurrencyLimit
 from shardq.moves import deployment as move_deployment
 from shardq.moves import mover
 from shardq.moves.models import MoveOptions, MoveResult
@@ -34,10 +36,18 @@ from shardq.shards.config import ShardMap
 from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.errors import ConfigError, MoveRunning
 from shardq.shards.migrations import migrate
-from shardq.shards.routing import BUCKETS, bucket_of, new_execution_id
+from shardq.shards.routing import BUCKETS, bucket_for_key, bucket_of, new_execution_id
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
 
 SIX = ("executions", "history", "signals", "waits", "tasks", "outbox")
 MOVED = (1024, 1535)  # inside shard-0's 0..2047 of a two-shard map
+KEYED = Registry()
+
+
+@KEYED.workflow("keyed")
+def keyed(ctx: WorkflowContext) -> None:
+    """Started, never run here: its runs are rows a move carries."""
 
 
 @dataclass
@@ -92,7 +102,7 @@ def reset(dep: Deployment) -> None:
             # Ends the sessions a killed mover left (an orphaned switch, a lock).
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                          " WHERE datname = current_database() AND pid <> pg_backend_pid()")
-            conn.execute("TRUNCATE " + ", ".join(f"shardq.{t}" for t in SIX)
+            conn.execute("TRUNCATE " + ", ".join(f"shardq.{t}" for t in COPIES)
                          + ", shardq.applied_batches, shardq.move_batches, shardq.moves"
                          " RESTART IDENTITY")
             conn.execute("UPDATE shardq.ownership SET map_version = 1, owned = %s::bit(4096),"
@@ -354,6 +364,37 @@ def test_a_keyed_resignal_after_the_move_collapses_on_the_target(deployment: Dep
     assert keyed == (1,)
 
 
+def test_a_key_moves_with_its_limit_its_slots_and_its_queue(deployment: Deployment) -> None:
+    """A concurrency key lives in its bucket: a move carries its limit row (an operator's
+    limit too), the task rows holding its slots and the runs waiting for one, and the
+    target admits and promotes by them as the source did."""
+    key = next(k for k in (f"acct:{i}" for i in range(10_000))
+               if MOVED[0] <= bucket_for_key(k) <= MOVED[1])
+    with Client.connect(deployment.seeds, KEYED) as client:
+        runs = [r.execution_id for r in client.start_many(
+            "keyed", [(f"k{i}", None) for i in range(5)], concurrency=(key, 2))]
+        client.set_concurrency_limit(key, 3)
+
+        mover.move(deployment.seeds, *MOVED, "shard-1", options())
+
+        with psycopg.connect(deployment.urls[1]) as conn:
+            assert conn.execute(
+                "SELECT declared, override FROM shardq.concurrency_keys WHERE key = %s",
+                (key,)).fetchone() == (2, 3)
+            assert conn.execute("SELECT count(*) FROM shardq.tasks WHERE concurrency_key = %s",
+                                (key,)).fetchone() == (3,)
+            assert conn.execute("SELECT count(*) FROM shardq.key_queue WHERE concurrency_key"
+                                " = %s", (key,)).fetchone() == (2,)
+        for url in deployment.urls[:1]:
+            with psycopg.connect(url) as conn:
+                assert conn.execute("SELECT (SELECT count(*) FROM shardq.concurrency_keys),"
+                                    " (SELECT count(*) FROM shardq.key_queue)").fetchone() == (0, 0)
+        # On the target: a cancel of a run holding a slot promotes one waiting there.
+        client.cancel(runs[0])
+        assert client.concurrency_limit(key) == ConcurrencyLimit(key, 2, 3, 3, 1)
+        assert [client.get(r).waiting_for_slot for r in runs].count(True) == 1
+
+
 def test_the_freeze_waits_for_a_writer_that_held_an_xid_and_copies_its_write(
     deployment: Deployment,
 ) -> None:
@@ -389,7 +430,7 @@ def test_the_freeze_waits_for_a_writer_that_held_an_xid_and_copies_its_write(
 
 def test_copy_column_lists_name_every_column_of_each_table(deployment: Deployment) -> None:
     with psycopg.connect(deployment.urls[0]) as conn:
-        for table in SIX:
+        for table in COPIES:
             columns = [r[0] for r in conn.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema ="
                 " 'shardq' AND table_name = %s ORDER BY ordinal_position", (table,))]

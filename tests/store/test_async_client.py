@@ -176,6 +176,20 @@ TABLE: list[tuple[str, Call]] = [
     ("set_priority-finished", lambda c, x: c.set_priority(x["done"], 4)),
     ("set_priority-bad", lambda c, x: c.set_priority(x["a"], 10)),
     ("set_priority-other-tenant", lambda c, x: c.set_priority(x["c"], 1, tenant="other")),
+    ("start_many-keyed", lambda c, x: c.start_many(
+        "cart", [("k1", {"customer": "c"}), ("k2", {"customer": "c"})],
+        concurrency=("acct:1", 1))),
+    ("start-bad-key", lambda c, x: c.start("cart", "k3", {"customer": "c"},
+                                           concurrency=("", 1))),
+    ("concurrency_limit", lambda c, x: c.concurrency_limit("acct:1")),
+    ("concurrency_limit-unknown", lambda c, x: c.concurrency_limit("acct:2")),
+    ("concurrency_limit-bad", lambda c, x: c.concurrency_limit("a\x00")),
+    ("set_concurrency_limit", lambda c, x: c.set_concurrency_limit("acct:1", 2)),
+    ("set_concurrency_limit-reset", lambda c, x: c.set_concurrency_limit("acct:1", None)),
+    ("set_concurrency_limit-unknown", lambda c, x: c.set_concurrency_limit("acct:2", 2)),
+    ("set_concurrency_limit-zero", lambda c, x: c.set_concurrency_limit("acct:1", 0)),
+    ("busiest_concurrency_keys", lambda c, x: c.busiest_concurrency_keys()),
+    ("busiest_concurrency_keys-zero", lambda c, x: c.busiest_concurrency_keys(0)),
     ("cancel", lambda c, x: c.cancel(x["b"], actor="ops")),
     ("cancel-again", lambda c, x: c.cancel(x["b"])),
     ("cancel-other-tenant", lambda c, x: c.cancel(x["c"], tenant="other")),
@@ -208,7 +222,8 @@ def _empty(shard_map: ShardMap) -> None:
     for shard in shard_map.shards:
         with psycopg.connect(shard.url, autocommit=True) as conn:
             conn.execute("TRUNCATE shardq.history, shardq.signals, shardq.waits, shardq.tasks, "
-                         "shardq.outbox, shardq.executions RESTART IDENTITY")
+                         "shardq.outbox, shardq.executions, shardq.concurrency_keys, "
+                         "shardq.key_queue RESTART IDENTITY")
 
 
 def test_every_call_answers_and_refuses_as_the_sync_client(

@@ -240,6 +240,12 @@ def families(
     due = GaugeMetricFamily("shardq_due_tasks", "Runs due now and not running, by priority "
                             "(every level 0-9, so a level that drained reads 0)",
                             labels=["shard", "priority"])
+    slot_waits = GaugeMetricFamily("shardq_concurrency_waiting",
+                                   "Runs due but waiting for a slot of their concurrency key "
+                                   "(`shardq limits list` names the keys)", labels=["shard"])
+    slot_keys = GaugeMetricFamily("shardq_concurrency_keys_waiting",
+                                  "Concurrency keys with a run waiting for a slot",
+                                  labels=["shard"])
     outbox_pending = GaugeMetricFamily("shardq_outbox_pending",
                                        "Cross-shard signals not delivered yet",
                                        labels=["source_shard", "target_shard"])
@@ -270,6 +276,8 @@ def families(
             runs.add_metric([shard.name, state.value], health.runs_by_state.get(state.value, 0))
         for level in range(MAX_PRIORITY + 1):
             due.add_metric([shard.name, str(level)], health.due_by_priority.get(level, 0))
+        slot_waits.add_metric([shard.name], health.concurrency_waiting)
+        slot_keys.add_metric([shard.name], health.concurrency_keys_waiting)
         by_target: dict[str, list[float]] = {}
         for b in scrape.outbox:
             t = by_target.setdefault(shard_map.for_bucket(b.target_bucket).name, [0, 0, 0, 0])
@@ -283,5 +291,5 @@ def families(
             outbox_retrying.add_metric(labels, retrying)
             outbox_failed.add_metric(labels, failed)
             outbox_age.add_metric(labels, oldest)
-    return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, due, outbox_pending,
-            outbox_retrying, outbox_age, outbox_failed]
+    return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, due, slot_waits,
+            slot_keys, outbox_pending, outbox_retrying, outbox_age, outbox_failed]

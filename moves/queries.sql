@@ -230,12 +230,21 @@ FROM STDIN (FORMAT BINARY)
 -- at its commit there (the bucket is frozen) and runs again on the target, as
 -- after a lost lease. A leased task is due now (a heartbeat may have moved its
 -- run_at to the lease's expiry).
--- A keyed run's task row is its slot: copied as it is, it holds the slot on the
--- target (the session sets shardq.moving, so admission does not run again).
+-- Except a keyed run's (schema/0020): its task row is its slot, and its lease
+-- is copied as it is, so the target runs it again only when the lease has
+-- passed (the source's heartbeats stop at the freeze). Its turn may still be
+-- running on the source until then: released at once, the target would run
+-- the key's runs beside it, past the key's limit. The session sets
+-- shardq.moving, so the copy is not admitted again.
 COPY (SELECT execution_id,
-             CASE WHEN lease_token IS NOT NULL THEN least(run_at, now()) ELSE run_at END,
-             claims, NULL::text, NULL::uuid, cancel_requested, NULL::timestamptz, priority,
-             concurrency_key
+             CASE WHEN lease_token IS NOT NULL AND concurrency_key IS NULL
+                  THEN least(run_at, now()) ELSE run_at END,
+             claims,
+             CASE WHEN concurrency_key IS NOT NULL THEN lease_owner END,
+             CASE WHEN concurrency_key IS NOT NULL THEN lease_token END,
+             cancel_requested,
+             CASE WHEN concurrency_key IS NOT NULL THEN leased_until END,
+             priority, concurrency_key
       FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_tasks
@@ -246,12 +255,12 @@ FROM STDIN (FORMAT BINARY)
 -- name: copy_out_concurrency_keys
 -- A key lives in its bucket (schema/0020): its limit row goes with the bucket
 -- range, whether or not the key has runs now, so an operator's limit moves too.
-COPY (SELECT key, bucket, declared, override, updated_at
+COPY (SELECT key, bucket, declared, override, held, updated_at
       FROM shardq.concurrency_keys WHERE bucket BETWEEN %(first)s AND %(last)s)
 TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_concurrency_keys
-COPY shardq.concurrency_keys (key, bucket, declared, override, updated_at)
+COPY shardq.concurrency_keys (key, bucket, declared, override, held, updated_at)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_key_queue

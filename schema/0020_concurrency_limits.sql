@@ -3,32 +3,36 @@
 -- A run started with a concurrency key is placed by the key (its bucket is the
 -- key's), so every run of one key, its limit row and its waiting queue live on
 -- one shard, and admission is one shard's transaction. A keyed run's task row
--- is its slot: a task row is inserted only while the key has fewer task rows
--- than its limit (shardq.admit_task, a BEFORE INSERT trigger); otherwise the
--- run waits in key_queue, which no claim reads, so runs waiting for a slot cost
--- a claim nothing. When a keyed task row goes (the run finished or parked on a
--- signal or a person), shardq.release_slot promotes the key's next queued run
--- in the same transaction. A lease that expires keeps its row, so a dead
--- worker's slot is held until its run is claimed again and ends, never given
--- to another run while the lease could still be live.
+-- is its slot: a task row is inserted only while the key holds fewer than its
+-- limit (shardq.admit_task, a BEFORE INSERT trigger, counts them in the key's
+-- row, `held`); otherwise the run waits in key_queue, which no claim reads, so
+-- runs waiting for a slot cost a claim nothing. When a keyed task row goes (the
+-- run finished or parked on a signal or a person), shardq.release_slot gives
+-- the slot to the key's next queued run in the same transaction. A lease that
+-- expires keeps its row, so a dead worker's slot is held until its run is
+-- claimed again and ends, never given to another run while the lease could
+-- still be live.
 --
--- Unkeyed runs pay nothing: the columns are NULL (no rewrite, no index entry
--- in the partial index), and both triggers have a WHEN clause that the
--- executor checks without calling a function.
+-- Unkeyed runs pay nothing: the columns are NULL (no rewrite), no index reads
+-- them, and both triggers have a WHEN clause the executor checks without
+-- calling a function.
 ALTER TABLE shardq.executions ADD COLUMN concurrency_key text;
 ALTER TABLE shardq.tasks ADD COLUMN concurrency_key text;
-CREATE INDEX tasks_keyed ON shardq.tasks (concurrency_key) WHERE concurrency_key IS NOT NULL;
 
 -- A key's limit: the one its latest start declared, unless an operator set one
--- (`shardq limits set`), which wins until reset. `bucket` is the key's, so a
--- move copies and cleans the row with the bucket's runs.
+-- (`shardq limits set`), which wins until reset; `held`, the key's task rows
+-- (kept by the triggers, so admission reads one row, not an index of every
+-- slot a busy key ever held). `bucket` is the key's, so a move copies and
+-- cleans the row with the bucket's runs. No index holds `held`, which changes
+-- on every admission and release: those updates stay HOT.
 CREATE TABLE shardq.concurrency_keys (
     key        text PRIMARY KEY,
     bucket     integer NOT NULL,
     declared   integer NOT NULL CHECK (declared > 0),
     override   integer CHECK (override > 0),
+    held       integer NOT NULL DEFAULT 0 CHECK (held >= 0),
     updated_at timestamptz NOT NULL DEFAULT now()
-);
+) WITH (fillfactor = 70);
 CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys (bucket);
 
 -- Runs due but waiting for a slot of their key, promoted highest priority

@@ -18,8 +18,9 @@ CREATE TABLE shardq.concurrency_keys (
     bucket integer NOT NULL,
     declared integer NOT NULL,
     override integer,
+    held integer NOT NULL DEFAULT 0,
     updated_at timestamp with time zone NOT NULL DEFAULT now()
-);
+) WITH (fillfactor=70);
 
 CREATE TABLE shardq.executions (
     id uuid NOT NULL,
@@ -178,6 +179,7 @@ CREATE TABLE shardq.waits (
 
 ALTER TABLE shardq.applied_batches ADD CONSTRAINT applied_batches_pkey PRIMARY KEY (move_id, batch);
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_declared_check CHECK ((declared > 0));
+ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_held_check CHECK ((held >= 0));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_override_check CHECK ((override > 0));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_pkey PRIMARY KEY (key);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
@@ -232,7 +234,6 @@ CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
-CREATE INDEX tasks_keyed ON shardq.tasks USING btree (concurrency_key) WHERE (concurrency_key IS NOT NULL);
 CREATE INDEX tasks_urgent ON shardq.tasks USING btree (priority DESC, run_at) WHERE (priority > 0);
 CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
@@ -240,9 +241,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 
 -- VIEW shardq.events (execution_id uuid, seq bigint, position integer, kind text, name text, payload jsonb, recorded_at timestamp with time zone)
 
--- FUNCTION shardq.admission_lock()
---   RETURNS void
---   LANGUAGE sql VOLATILE
+-- FUNCTION shardq.admission_lock_key()
+--   RETURNS bigint
+--   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.admit_task()
 --   RETURNS trigger
 --   LANGUAGE plpgsql VOLATILE
@@ -285,7 +286,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.owns(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql STABLE
--- FUNCTION shardq.promote_queued(p_key text)
+-- FUNCTION shardq.promote_queued(p_key text, p_free integer)
 --   RETURNS integer
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)

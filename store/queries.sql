@@ -53,8 +53,7 @@ SELECT shardq.declare_limits(%(keys)s::text[], %(buckets)s::int[], %(limits)s::i
 -- name: concurrency_limit
 -- One concurrency key: its limits, its runs holding a slot, its runs waiting.
 -- `probe`: an id of the key's bucket, refused when this shard does not own it.
-SELECT k.key, k.declared, k.override,
-       (SELECT count(*) FROM shardq.tasks t WHERE t.concurrency_key = k.key) AS running,
+SELECT k.key, k.declared, k.override, k.held AS running,
        (SELECT count(*) FROM shardq.key_queue q WHERE q.concurrency_key = k.key) AS waiting
 FROM shardq.concurrency_keys k
 WHERE k.key = %(key)s AND (SELECT shardq.owns(ARRAY[%(probe)s::uuid]))
@@ -68,9 +67,7 @@ FROM shardq.set_concurrency_limit(%(key)s, %(override)s, %(probe)s)
 -- name: busiest_keys
 -- The keys of this shard's buckets with the most runs waiting for a slot.
 -- Reads the whole queue: an operator's question, not a scrape's.
-SELECT k.key, k.declared, k.override,
-       (SELECT count(*) FROM shardq.tasks t WHERE t.concurrency_key = k.key) AS running,
-       w.waiting
+SELECT k.key, k.declared, k.override, k.held AS running, w.waiting
 FROM (SELECT q.concurrency_key, count(*) AS waiting FROM shardq.key_queue q
       WHERE (SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
          OR get_bit(%(mine)s::bit(4096), shardq.bucket(q.execution_id)) = 1

@@ -50,7 +50,8 @@ from shardq.workflow.registry import Registry
 
 from .support import Daemon, TcpProxy
 
-TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions")
+TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions", "concurrency_keys",
+          "key_queue")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
 
 

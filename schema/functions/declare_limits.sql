@@ -24,7 +24,11 @@ BEGIN
     )
     SELECT array_agg(key ORDER BY key) INTO changed FROM declared;
     IF changed IS NOT NULL THEN
-        PERFORM shardq.promote_queued(c) FROM unnest(changed) AS c;
+        PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
+        PERFORM shardq.promote_queued(k.key, coalesce(k.override, k.declared) - k.held)
+        FROM shardq.concurrency_keys k
+        WHERE k.key = ANY(changed) AND coalesce(k.override, k.declared) > k.held
+        ORDER BY k.key;
     END IF;
 END
 $$;

@@ -15,10 +15,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM shardq.promote_queued(p_key);
+    PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
+    PERFORM shardq.promote_queued(k.key, coalesce(k.override, k.declared) - k.held)
+    FROM shardq.concurrency_keys k
+    WHERE k.key = p_key AND coalesce(k.override, k.declared) > k.held;
     RETURN QUERY
-    SELECT k.key, k.declared, k.override,
-           (SELECT count(*) FROM shardq.tasks t WHERE t.concurrency_key = k.key),
+    SELECT k.key, k.declared, k.override, k.held::bigint,
            (SELECT count(*) FROM shardq.key_queue q WHERE q.concurrency_key = k.key)
     FROM shardq.concurrency_keys k WHERE k.key = p_key;
 END

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import time
 from collections.abc import Callable
@@ -118,6 +120,30 @@ def test_stale_waits_overdue_runs_and_the_worker_s_own_counters(
         # Two steps per checkout; a replay returns recorded steps and runs none.
         assert value(own, "shardq_worker_step_attempts_total", outcome="completed") == 6
         assert (value(own, "shardq_worker_turn_seconds_count") or 0) >= 6
+
+
+def test_runs_waiting_for_a_concurrency_slot_are_counted_per_shard_not_per_key(
+    shard_map: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    port = free_port()
+    exporter = spawn(urls(shard_map), "metrics", "--port", str(port), "--cache-seconds", "0")
+    exporter.wait_for("store exporter on")
+
+    def waiting(samples: Any) -> tuple[float, float]:
+        runs = [value(samples, "shardq_concurrency_waiting", shard=s.name)
+                for s in shard_map.shards]
+        keys = [value(samples, "shardq_concurrency_keys_waiting", shard=s.name)
+                for s in shard_map.shards]
+        assert None not in runs and None not in keys, "a shard without its series"
+        return sum(v or 0 for v in runs), sum(v or 0 for v in keys)
+
+    assert waiting(scrape(port)) == (0, 0)
+    with Client.connect(shard_map, registry) as client:
+        for key, n in (("metrics:a", 3), ("metrics:b", 2)):
+            client.start_many("checkout", [(f"{key}-{i}", {"order_id": i, "items": []})
+                                           for i in range(n)], concurrency=(key, 1))
+    # One of each key holds its slot; the others wait: 2 + 1 runs, on 2 keys.
+    assert waiting(scrape(port)) == (3, 2)
 
 
 def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(

@@ -1,0 +1,8 @@
+-- The advisory lock every concurrency admission and release on a shard holds
+-- until its transaction ends (see admit_task.sql for why one, not one per key).
+-- IMMUTABLE: a constant folded where it is called; b"shardqcl" as a number, as
+-- the mover and migrator keys are made (shards/versions.py).
+CREATE OR REPLACE FUNCTION shardq.admission_lock_key() RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 8316003855878939500::bigint
+$$;

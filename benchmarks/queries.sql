@@ -111,7 +111,7 @@ SELECT (SELECT count(*) FROM shardq.tasks) + (SELECT count(*) FROM shardq.key_qu
 
 -- name: analyze_keyed
 -- The key tables after a bulk start of keyed runs, as autovacuum would analyze
--- them (99 % of the runs wait in key_queue); both sides of the ratio run it.
+-- them (most of a keyed backlog waits in key_queue); both sides of the ratio run it.
 ANALYZE shardq.key_queue, shardq.concurrency_keys
 
 -- name: vacuum_queue

@@ -68,6 +68,9 @@ KILL_AT = 0.1
 """The share of the violations drain done when one worker is SIGKILLed."""
 RANGE_BUCKETS = 256
 """The bucket ranges the busiest is picked from (16 at the suite's 4,096 buckets)."""
+"""The bucket ranges the busiest is picked from (16 at the suite's 4,096 buckets)."""
+MAX_EXAMPLES = 1_000
+"""Violating samples kept with their rows (the count goes on past it)."""
 
 
 def limits(b: Bench) -> dict[str, Any]:
@@ -110,6 +113,7 @@ def limits(b: Bench) -> dict[str, Any]:
         "limit_violations": violations["violations"],
         "limit_most_live": violations["most_live"],
         "limit_samples": violations["samples"],
+        "limit_violations_real": violations["violations_explained"]["real"],
         "violations_drain": violations,
         "probes": probes, "probe_priority": PROBE_PRIORITY, "flood_floor": floor,
         "flood_runs_started": next(fed) * FLOOD_BATCH, "flood_s": round(flood_s, 1),
@@ -222,6 +226,7 @@ class Sampler:
         due = last = time.monotonic()
         try:
             while not self.stop.is_set():
+                began = time.time()
                 try:
                     per_shard = self._poller.each("keyed_live_leases")
                 except Exception as exc:  # reported; a sample missed
@@ -229,7 +234,7 @@ class Sampler:
                     per_shard = None
                 now = time.monotonic()
                 if per_shard is not None:
-                    self._record(per_shard, now)
+                    self._record(per_shard, began)
                     self.gaps.append(1000 * (now - last))
                     last = now
                 due += SAMPLE_S
@@ -238,7 +243,7 @@ class Sampler:
         finally:
             self._poller.close()
 
-    def _record(self, per_shard: list[list[dict[str, Any]]], now: float) -> None:
+    def _record(self, per_shard: list[list[dict[str, Any]]], started: float) -> None:
         counts: Counter[str] = Counter()
         ids: dict[str, list[str]] = {}
         for shard, rows in enumerate(per_shard):
@@ -251,9 +256,45 @@ class Sampler:
         over = {k: c for k, c in counts.items() if c > self.limit}
         if over:
             self.violations += 1
-            if len(self.examples) < 10:
-                self.examples.append({"t": round(now, 3), "over": over,
+            if len(self.examples) < MAX_EXAMPLES:
+                self.examples.append({"at": started, "over": over,
                                       "rows": {k: ids[k] for k in over}})
+
+    def explain(self, urls: list[str]) -> dict[str, Any]:
+        """Each violating sample's rows beside where their runs live now and when they
+        finished (read before the tables are emptied). Two kinds of row are not a
+        second run running: the same run on two shards (a move's copy, counted once),
+        and a row on a shard the run has left whose run had finished (on its new
+        shard) before the sample began (the source's copy until the mover's cleanup).
+        `real` counts the samples where a key is over its limit without those."""
+        wanted = sorted({i.split(":", 1)[1] for e in self.examples
+                         for rows in e["rows"].values() for i in rows})
+        finished: dict[str, tuple[int, float | None]] = {}
+        for shard, url in enumerate(urls):
+            for r in query(url, "runs_finished", {"ids": wanted}):
+                finished[r["id"]] = (shard, r["finished"])
+        real = 0
+        for e in self.examples:
+            live_over = False
+            for key, rows in e["rows"].items():
+                live: set[str] = set()
+                described = []
+                for row in rows:
+                    shard, run = row.split(":", 1)
+                    now_on, done = finished.get(run, (None, None))
+                    left = now_on is not None and now_on != int(shard[1:])
+                    if not (left and done is not None and done < e["at"]):
+                        live.add(run)
+                    described.append({
+                        "shard": int(shard[1:]), "run": run, "run_now_on": now_on,
+                        "finished_s_before_sample": (round(e["at"] - done, 3)
+                                                     if done is not None else None)})
+                e["rows"][key] = described
+                live_over |= len(live) > self.limit
+            e["at"] = round(e["at"], 3)
+            real += live_over
+        return {"explained": len(self.examples), "real": real,
+                "move_copies_only": len(self.examples) - real}
 
     def __enter__(self) -> Sampler:
         self.thread.start()
@@ -323,6 +364,7 @@ def _violations(b: Bench) -> dict[str, Any]:
     problems = b.stop_fleet()
     end = b.finished("noop_keyed", prefix, n)
     _check_empty(b, "violations drain")
+    explained = sampler.explain(b.urls)
     b.reset()
     back = subprocess.run(_move_command(f"{first}-{last}", source), env=_env(b),
                           capture_output=True, text=True, timeout=600, check=False)
@@ -336,7 +378,8 @@ def _violations(b: Bench) -> dict[str, Any]:
         "samples": sampler.samples, "sample_errors": len(sampler.errors),
         "sample_error_sample": sampler.errors[:3],
         "sample_gap_ms": {k: round(v, 1) for k, v in gaps.items()},
-        "violation_examples": sampler.examples,
+        "violations_explained": explained,
+        "violation_examples": sampler.examples[:10],
         "seconds": round(end - t0, 3),
         "killed_worker_at_s": round(killed_at, 3), "done_at_kill": done_at_kill,
         "moved_buckets": [first, last], "moved_from": source, "moved_to": target,

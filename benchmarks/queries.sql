@@ -105,6 +105,13 @@ GROUP BY 1
 SELECT (SELECT count(*) FROM shardq.tasks) AS tasks,
        (SELECT count(*) FROM shardq.key_queue) AS waiting
 
+-- name: runs_finished
+-- These runs, if on this shard: when each finished (null: not finished).
+SELECT x.id::text AS id, extract(epoch FROM o.recorded_at)::float8 AS finished
+FROM shardq.executions x
+LEFT JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
+WHERE x.id = ANY(%(ids)s::uuid[])
+
 -- name: keyed_open
 -- Runs not finished yet in a keyed drain: task rows (due, leased) and runs waiting for a slot.
 SELECT (SELECT count(*) FROM shardq.tasks) + (SELECT count(*) FROM shardq.key_queue) AS n

@@ -58,6 +58,10 @@ class Sizes:
     http_signals: int = 20_000
     limit_probes: int = 300
     flood_floor: int = 20_000
+    limited_runs: int = 100_000
+    limited_keys: int = 1_000
+    violation_runs: int = 20_000
+    violation_keys: int = 200
 
     @classmethod
     def full(cls) -> Sizes:
@@ -70,7 +74,8 @@ class Sizes:
                    wake_samples=200, cycle_runs=600, steps3_backlogs=(500, 2_000),
                    steps3_seconds=2.0, parked=100_000, parked_repeats=1,
                    relay_signals=600, relay_samples=60, http_signals=2_000,
-                   limit_probes=100, flood_floor=3_000)
+                   limit_probes=100, flood_floor=3_000, limited_runs=10_000,
+                   limited_keys=250, violation_runs=5_000, violation_keys=50)
 
 
 @dataclass

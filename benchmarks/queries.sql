@@ -22,7 +22,7 @@ SELECT EXISTS (SELECT 1 FROM shardq.executions) AS any
 -- worker still finishing a turn rarely deadlocks with it; Shards.truncate
 -- retries when one does.
 TRUNCATE shardq.tasks, shardq.history, shardq.waits, shardq.signals, shardq.outbox,
-         shardq.executions
+         shardq.executions, shardq.key_queue, shardq.concurrency_keys
 
 -- name: listeners
 -- Worker wake listeners connected to this shard (the readiness barrier).
@@ -90,6 +90,36 @@ WHERE x.tenant = 'default' AND x.workflow_name = 'claim_probe'
 -- Tasks due and not leased: the backlog a flood keeps up (limits).
 SELECT count(*) AS n FROM shardq.tasks
 WHERE run_at <= now() AND (leased_until IS NULL OR leased_until <= now())
+
+-- name: keyed_live_leases
+-- Per concurrency key, its task rows under a live lease (limits: the sampler
+-- of limit_violations, every 10 ms per shard); the ids tell a run counted on
+-- two shards (a move's copy) from two runs.
+SELECT concurrency_key AS key, count(*) AS n, array_agg(execution_id::text) AS ids
+FROM shardq.tasks
+WHERE concurrency_key IS NOT NULL AND leased_until > now()
+GROUP BY 1
+
+-- name: keyed_leftovers
+-- After a keyed drain: task rows and runs still waiting for a slot (both must be 0).
+SELECT (SELECT count(*) FROM shardq.tasks) AS tasks,
+       (SELECT count(*) FROM shardq.key_queue) AS waiting
+
+-- name: runs_finished
+-- These runs, if on this shard: when each finished (null: not finished).
+SELECT x.id::text AS id, extract(epoch FROM o.recorded_at)::float8 AS finished
+FROM shardq.executions x
+LEFT JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
+WHERE x.id = ANY(%(ids)s::uuid[])
+
+-- name: keyed_open
+-- Runs not finished yet in a keyed drain: task rows (due, leased) and runs waiting for a slot.
+SELECT (SELECT count(*) FROM shardq.tasks) + (SELECT count(*) FROM shardq.key_queue) AS n
+
+-- name: analyze_keyed
+-- The key tables after a bulk start of keyed runs, as autovacuum would analyze
+-- them (most of a keyed backlog waits in key_queue); both sides of the ratio run it.
+ANALYZE shardq.key_queue, shardq.concurrency_keys
 
 -- name: vacuum_queue
 -- After bulk-loading parked runs: what autovacuum does after a million inserts.

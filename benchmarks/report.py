@@ -33,6 +33,10 @@ TARGETS = (
     ("reshard_client_errors", "<=", 0.0, "errors clients of moving runs saw"),
     ("priority_p99_ratio", "<=", 2.0,
      "time to claim of priority work, p99: during a flood of priority-0 work / idle"),
+    ("limited_over_unlimited", ">=", 0.9,
+     "drain of one-step runs, limit 1 per key / the same runs with no limit"),
+    ("limit_violations", "<=", 0.0,
+     "samples (every 10 ms) where a key held more live leases than its limit"),
 )
 
 
@@ -101,6 +105,11 @@ def headline(scenarios: dict[str, Result]) -> Result:
                    priority_idle_p99_ms=lim["idle_time_to_claim_ms"].get("p99"),
                    priority_flood_p99_ms=lim["flood_time_to_claim_ms"].get("p99"),
                    priority0_flood_p99_ms=lim["flood_p0_time_to_claim_ms"].get("p99"))
+        if "limited_over_unlimited" in lim:  # results saved before limits were measured
+            out.update({k: lim[k] for k in (
+                "limited_over_unlimited", "limited_runs_per_s", "unlimited_runs_per_s",
+                "limit_violations", "limit_violations_real", "limit_most_live",
+                "limit_samples")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

@@ -15,7 +15,9 @@ product imports the benchmarks or the benchmarks import a tool of the product:
   `ctx.signal_external`, on one shard or through the outbox relay (relay);
 - `fanout_source`: one run signalling many, in one call or one call each (relay);
 - `claim_probe`: record when its first step ran, i.e. soon after it was claimed
-  (limits: time to claim by priority).
+  (limits: time to claim by priority);
+- `noop_keyed`: `noop` under a concurrency limit of 1 per key `k:<input k>`
+  (limits: a limited drain beside `noop`'s, and limit_violations).
 
 `park` and `nap` runs are also written straight into the tables by the parked
 fixture (parked.py); tests/acceptance/test_benchmarks.py checks those rows equal what the
@@ -44,6 +46,21 @@ def _nothing() -> None:
 @registry.workflow("noop")
 def noop(ctx: WorkflowContext) -> None:
     """One step that does nothing: the cheapest durable job."""
+    ctx.step("run", _nothing)
+
+
+KEYED_LIMIT = 1
+"""The concurrency limit of every key of `noop_keyed`."""
+
+
+def key_of(value: Any) -> tuple[str, int]:
+    """`noop_keyed`'s concurrency: key `k:<k>` of its input, limit KEYED_LIMIT."""
+    return f"k:{value['k']}", KEYED_LIMIT
+
+
+@registry.workflow("noop_keyed", concurrency=key_of)
+def noop_keyed(ctx: WorkflowContext) -> None:
+    """`noop` with at most KEYED_LIMIT runs of its key at once."""
     ctx.step("run", _nothing)
 
 

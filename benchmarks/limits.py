@@ -113,7 +113,6 @@ def limits(b: Bench) -> dict[str, Any]:
         "limit_violations": violations["violations"],
         "limit_most_live": violations["most_live"],
         "limit_samples": violations["samples"],
-        "limit_violations_real": violations["violations_explained"]["real"],
         "violations_drain": violations,
         "probes": probes, "probe_priority": PROBE_PRIORITY, "flood_floor": floor,
         "flood_runs_started": next(fed) * FLOOD_BATCH, "flood_s": round(flood_s, 1),
@@ -244,57 +243,20 @@ class Sampler:
             self._poller.close()
 
     def _record(self, per_shard: list[list[dict[str, Any]]], started: float) -> None:
-        counts: Counter[str] = Counter()
-        ids: dict[str, list[str]] = {}
-        for shard, rows in enumerate(per_shard):
+        # A run counts once: during a move its task row is on the source and on the
+        # target (a keyed run's lease moves with it), one run holding one slot.
+        live: dict[str, set[str]] = {}
+        for rows in per_shard:
             for r in rows:
-                counts[r["key"]] += int(r["n"])
-                ids.setdefault(r["key"], []).extend(f"s{shard}:{i}" for i in r["ids"])
+                live.setdefault(r["key"], set()).update(r["ids"])
         self.samples += 1
-        most = max(counts.values(), default=0)
+        most = max((len(ids) for ids in live.values()), default=0)
         self.most_live = max(self.most_live, most)
-        over = {k: c for k, c in counts.items() if c > self.limit}
+        over = {k: sorted(ids) for k, ids in live.items() if len(ids) > self.limit}
         if over:
             self.violations += 1
             if len(self.examples) < MAX_EXAMPLES:
-                self.examples.append({"at": started, "over": over,
-                                      "rows": {k: ids[k] for k in over}})
-
-    def explain(self, urls: list[str]) -> dict[str, Any]:
-        """Each violating sample's rows beside where their runs live now and when they
-        finished (read before the tables are emptied). Two kinds of row are not a
-        second run running: the same run on two shards (a move's copy, counted once),
-        and a row on a shard the run has left whose run had finished (on its new
-        shard) before the sample began (the source's copy until the mover's cleanup).
-        `real` counts the samples where a key is over its limit without those."""
-        wanted = sorted({i.split(":", 1)[1] for e in self.examples
-                         for rows in e["rows"].values() for i in rows})
-        finished: dict[str, tuple[int, float | None]] = {}
-        for shard, url in enumerate(urls):
-            for r in query(url, "runs_finished", {"ids": wanted}):
-                finished[r["id"]] = (shard, r["finished"])
-        real = 0
-        for e in self.examples:
-            live_over = False
-            for key, rows in e["rows"].items():
-                live: set[str] = set()
-                described = []
-                for row in rows:
-                    shard, run = row.split(":", 1)
-                    now_on, done = finished.get(run, (None, None))
-                    left = now_on is not None and now_on != int(shard[1:])
-                    if not (left and done is not None and done < e["at"]):
-                        live.add(run)
-                    described.append({
-                        "shard": int(shard[1:]), "run": run, "run_now_on": now_on,
-                        "finished_s_before_sample": (round(e["at"] - done, 3)
-                                                     if done is not None else None)})
-                e["rows"][key] = described
-                live_over |= len(live) > self.limit
-            e["at"] = round(e["at"], 3)
-            real += live_over
-        return {"explained": len(self.examples), "real": real,
-                "move_copies_only": len(self.examples) - real}
+                self.examples.append({"at": round(started, 3), "over": over})
 
     def __enter__(self) -> Sampler:
         self.thread.start()
@@ -364,7 +326,6 @@ def _violations(b: Bench) -> dict[str, Any]:
     problems = b.stop_fleet()
     end = b.finished("noop_keyed", prefix, n)
     _check_empty(b, "violations drain")
-    explained = sampler.explain(b.urls)
     b.reset()
     back = subprocess.run(_move_command(f"{first}-{last}", source), env=_env(b),
                           capture_output=True, text=True, timeout=600, check=False)
@@ -378,7 +339,6 @@ def _violations(b: Bench) -> dict[str, Any]:
         "samples": sampler.samples, "sample_errors": len(sampler.errors),
         "sample_error_sample": sampler.errors[:3],
         "sample_gap_ms": {k: round(v, 1) for k, v in gaps.items()},
-        "violations_explained": explained,
         "violation_examples": sampler.examples[:10],
         "seconds": round(end - t0, 3),
         "killed_worker_at_s": round(killed_at, 3), "done_at_kill": done_at_kill,

@@ -93,8 +93,8 @@ WHERE run_at <= now() AND (leased_until IS NULL OR leased_until <= now())
 
 -- name: keyed_live_leases
 -- Per concurrency key, its task rows under a live lease (limits: the sampler
--- of limit_violations, every 10 ms per shard); the ids tell a run counted on
--- two shards (a move's copy) from two runs.
+-- of limit_violations, every 10 ms per shard); the ids tell one run on two
+-- shards (a move copies a keyed run's lease with it) from two runs.
 SELECT concurrency_key AS key, count(*) AS n, array_agg(execution_id::text) AS ids
 FROM shardq.tasks
 WHERE concurrency_key IS NOT NULL AND leased_until > now()
@@ -104,13 +104,6 @@ GROUP BY 1
 -- After a keyed drain: task rows and runs still waiting for a slot (both must be 0).
 SELECT (SELECT count(*) FROM shardq.tasks) AS tasks,
        (SELECT count(*) FROM shardq.key_queue) AS waiting
-
--- name: runs_finished
--- These runs, if on this shard: when each finished (null: not finished).
-SELECT x.id::text AS id, extract(epoch FROM o.recorded_at)::float8 AS finished
-FROM shardq.executions x
-LEFT JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
-WHERE x.id = ANY(%(ids)s::uuid[])
 
 -- name: keyed_open
 -- Runs not finished yet in a keyed drain: task rows (due, leased) and runs waiting for a slot.

@@ -108,7 +108,7 @@ def headline(scenarios: dict[str, Result]) -> Result:
         if "limited_over_unlimited" in lim:  # results saved before limits were measured
             out.update({k: lim[k] for k in (
                 "limited_over_unlimited", "limited_runs_per_s", "unlimited_runs_per_s",
-                "limit_violations", "limit_violations_real", "limit_most_live",
+                "limit_violations", "limit_most_live",
                 "limit_samples")})
     if "http" in scenarios:
         h = scenarios["http"]

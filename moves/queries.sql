@@ -235,7 +235,7 @@ FROM STDIN (FORMAT BINARY)
 -- passed (the source's heartbeats stop at the freeze). Its turn may still be
 -- running on the source until then: released at once, the target would run
 -- the key's runs beside it, past the key's limit. The session sets
--- shardq.moving, so the copy is not admitted again.
+-- shardq.slots_counted, so the copy is not admitted again.
 COPY (SELECT execution_id,
              CASE WHEN lease_token IS NOT NULL AND concurrency_key IS NULL
                   THEN least(run_at, now()) ELSE run_at END,
@@ -316,7 +316,7 @@ LIMIT %(limit)s
 -- name: delete_runs
 -- Every row of these runs, in one statement (the tables have no foreign keys
 -- between them): outbox rows they sent, tasks, places in a key's queue, waits,
--- signals, history, runs. The session has set shardq.moving (move_session): a
+-- signals, history, runs. The session has set shardq.slots_counted (move_session): a
 -- slot freed here is not given to a queued run of a bucket that left.
 WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
      t AS (DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])),
@@ -329,7 +329,7 @@ DELETE FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])
 -- name: move_session
 -- For the rest of the transaction, rows are copied and deleted as they are: the
 -- concurrency triggers (schema/0020) neither admit nor promote.
-SELECT set_config('shardq.moving', 'on', true)
+SELECT set_config('shardq.slots_counted', 'on', true)
 
 -- name: delete_leftover_keys
 -- The limit rows of keys in buckets this shard does not own, once their runs are gone.

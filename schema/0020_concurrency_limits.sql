@@ -64,10 +64,18 @@ BEGIN
     END IF;
 END
 $do$;
+-- A writer that counts slots itself sets shardq.slots_counted for the
+-- statement: a move copying and deleting rows as they are, a worker's commit
+-- releasing a batch's slots in one set (shardq.release_slots). Checked only for
+-- keyed rows (AND stops at the first false).
 CREATE TRIGGER tasks_admit BEFORE INSERT ON shardq.tasks
-    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL) EXECUTE FUNCTION shardq.admit_task();
+    FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL
+                       AND current_setting('shardq.slots_counted', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION shardq.admit_task();
 CREATE TRIGGER tasks_release AFTER DELETE ON shardq.tasks
-    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL) EXECUTE FUNCTION shardq.release_slot();
+    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL
+                       AND current_setting('shardq.slots_counted', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION shardq.release_slot();
 
 -- signal_with_start_v2 takes the new run's concurrency key: its file creates it
 -- again with the parameter.

@@ -271,6 +271,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.fence(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.fill_slots(p_keys text[])
+--   RETURNS integer
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.finish_tasks(ids uuid[], tokens uuid[])
 --   RETURNS TABLE(execution_id uuid, cancel_requested boolean)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_seqscan=off, enable_bitmapscan=off
@@ -286,14 +289,14 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.owns(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql STABLE
--- FUNCTION shardq.promote_queued(p_key text, p_free integer)
---   RETURNS integer
---   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)
 --   RETURNS TABLE(execution_id uuid)
 --   LANGUAGE sql STABLE
 -- FUNCTION shardq.release_slot()
 --   RETURNS trigger
+--   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.release_slots(p_keys text[])
+--   RETURNS integer
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text

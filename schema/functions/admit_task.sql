@@ -13,16 +13,14 @@
 -- nothing a holder of it waits for. The price: keyed commits on one shard
 -- queue for it; unkeyed ones never take it.
 --
--- A move copies rows as they are, already admitted on the source: its
--- sessions set shardq.moving and these triggers step aside.
+-- A move copies rows as they are, already admitted on the source, and a
+-- worker's commit promotes in one set (release_slots.sql): they set
+-- shardq.slots_counted, and the trigger's WHEN clause skips it (schema/0020).
 CREATE OR REPLACE FUNCTION shardq.admit_task() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     free boolean;
 BEGIN
-    IF current_setting('shardq.moving', true) = 'on' THEN
-        RETURN NEW;
-    END IF;
     PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
     -- INSERT ... ON CONFLICT runs this trigger before it finds the conflict: a
     -- row already there holds the run's slot, and the conflict path updates it.

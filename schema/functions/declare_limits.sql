@@ -1,7 +1,7 @@
 -- The limits a batch of keyed starts declares, before the start inserts its
 -- runs (the start's admission reads them): new keys are created, a changed
--- limit replaces the declared one, and a key whose row changed has its queue
--- promoted, as its limit may have grown. An operator's override is kept.
+-- limit replaces the declared one, and a key whose row changed fills the
+-- slots it may have gained. An operator's override is kept.
 -- Fenced like the start (shardq.fence, `probes`: an id of each key's bucket),
 -- so a key row is never written where its bucket does not live.
 CREATE OR REPLACE FUNCTION shardq.declare_limits(
@@ -12,6 +12,8 @@ DECLARE
     changed text[];
 BEGIN
     PERFORM shardq.fence(p_probes);
+    -- Before the key rows: every holder of it may go on to lock them.
+    PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
     WITH declared AS (
         INSERT INTO shardq.concurrency_keys AS k (key, bucket, declared)
         -- Sorted: two starts lock the rows they share in the same order.
@@ -24,11 +26,7 @@ BEGIN
     )
     SELECT array_agg(key ORDER BY key) INTO changed FROM declared;
     IF changed IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
-        PERFORM shardq.promote_queued(k.key, coalesce(k.override, k.declared) - k.held)
-        FROM shardq.concurrency_keys k
-        WHERE k.key = ANY(changed) AND coalesce(k.override, k.declared) > k.held
-        ORDER BY k.key;
+        PERFORM shardq.fill_slots(changed);
     END IF;
 END
 $$;

@@ -20,11 +20,27 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    done     uuid[];
+    cancels  boolean[];
+    released text[];
 BEGIN
-    RETURN QUERY
-    DELETE FROM shardq.tasks t
-    WHERE t.execution_id = ANY(ids)
-      AND t.lease_token = tokens[array_position(ids, t.execution_id)]
-    RETURNING t.execution_id, t.cancel_requested;
+    -- Slots of keyed runs are released for the whole batch at once, below
+    -- (release_slots.sql), not row by row by the tasks_release trigger.
+    PERFORM set_config('shardq.slots_counted', 'on', true);
+    WITH gone AS (
+        DELETE FROM shardq.tasks t
+        WHERE t.execution_id = ANY(ids)
+          AND t.lease_token = tokens[array_position(ids, t.execution_id)]
+        RETURNING t.execution_id, t.cancel_requested, t.concurrency_key
+    )
+    SELECT array_agg(g.execution_id), array_agg(g.cancel_requested),
+           array_agg(g.concurrency_key) FILTER (WHERE g.concurrency_key IS NOT NULL)
+    INTO done, cancels, released FROM gone g;
+    PERFORM set_config('shardq.slots_counted', '', true);
+    IF released IS NOT NULL THEN
+        PERFORM shardq.release_slots(released);
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(done, cancels);
 END
 $$;

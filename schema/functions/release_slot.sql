@@ -1,23 +1,10 @@
--- A keyed run's task row went (it finished, parked on a signal or a person,
--- or was cancelled): an AFTER DELETE trigger on tasks (schema/0020) that gives
--- the freed slot back to its key and, when the key has a free slot now (its
--- limit may have been lowered), to the key's next queued run, in the same
--- transaction.
+-- A keyed run's task row went, one row at a time (a cancel, a parked run
+-- woken and parked again; a worker's commit releases its batch in one set
+-- instead, release_slots.sql): an AFTER DELETE trigger on tasks (schema/0020).
 CREATE OR REPLACE FUNCTION shardq.release_slot() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    free integer;
 BEGIN
-    IF current_setting('shardq.moving', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
-    UPDATE shardq.concurrency_keys k SET held = k.held - 1
-    WHERE k.key = OLD.concurrency_key
-    RETURNING coalesce(k.override, k.declared) - k.held INTO free;
-    IF free > 0 THEN
-        PERFORM shardq.promote_queued(OLD.concurrency_key, free);
-    END IF;
+    PERFORM shardq.release_slots(ARRAY[OLD.concurrency_key]);
     RETURN NULL;
 END
 $$;

@@ -10,15 +10,14 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM shardq.fence(ARRAY[p_probe]);
+    -- Before the key row: every holder of it may go on to lock it.
+    PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
     UPDATE shardq.concurrency_keys k SET override = p_override, updated_at = now()
     WHERE k.key = p_key;
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock(shardq.admission_lock_key());
-    PERFORM shardq.promote_queued(k.key, coalesce(k.override, k.declared) - k.held)
-    FROM shardq.concurrency_keys k
-    WHERE k.key = p_key AND coalesce(k.override, k.declared) > k.held;
+    PERFORM shardq.fill_slots(ARRAY[p_key]);
     RETURN QUERY
     SELECT k.key, k.declared, k.override, k.held::bigint,
            (SELECT count(*) FROM shardq.key_queue q WHERE q.concurrency_key = k.key)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo

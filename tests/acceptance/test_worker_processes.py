@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -367,6 +368,56 @@ def test_paused_worker_cannot_commit_after_another_worker_took_the_run_over(
     b.send(signal.SIGTERM)
     assert a.wait_exit(30) == 0, a.stderr()
     assert b.wait_exit(30) == 0, b.stderr()
+
+
+@pytest.mark.slow
+def test_a_lease_that_expires_while_its_holder_is_paused_keeps_the_key_s_only_slot(
+    shard_map: ShardMap, client: Client, spawn: Spawn, tmp_path: Path
+) -> None:
+    """Concurrency limit 1: worker A is paused inside run 1's step; its lease expires and
+    worker B takes run 1 over, in the same slot: run 2 of the key waits all along, and no
+    moment has two runs of the key under a live lease. A's late checkpoint is refused."""
+    trace = tmp_path / "trace"
+    slow = {"steps": 2, "seconds": 1.0, "trace": str(trace)}
+    first, second = (r.execution_id for r in client.start_many(
+        "slow_steps", [("key-1", slow), ("key-2", slow)], concurrency=("paused-key", 1)))
+    url = shard_map.for_execution(first).url
+    live: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            live.append(scalar(url, "SELECT count(*) FROM shardq.tasks WHERE concurrency_key"
+                                    " = 'paused-key' AND leased_until > now()"))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        a = spawn("a", urls_of(shard_map), "--lease", "2")
+        wait_for(lambda: leased(shard_map, first) and traced(trace, "key-1") == [],
+                 30, "worker A to start run 1's step 0", a.stderr)
+        pause_between_transactions(a, urls_of(shard_map))
+        wait_for(lambda: (task(shard_map, first) or (None, False))[1], 10,
+                 "A's lease to expire")
+        assert client.get(second).waiting_for_slot  # the expired lease kept the slot
+
+        b = spawn("b", urls_of(shard_map), "--lease", "2")
+        assert client.wait(first, timeout=30).output == [0, 1], b.stderr()
+        assert client.wait(second, timeout=30).output == [0, 1], b.stderr()
+        a.send(signal.SIGCONT)
+        wait_for(lambda: "lease lost" in a.stderr(), 15, "A's refused checkpoint", a.stderr)
+    finally:
+        stop.set()
+        sampler.join()
+    assert max(live) == 1 and len(live) > 100
+    # Run 2 started only after run 1 ended: its steps follow all of run 1's.
+    lines = [ln for ln in trace.read_text().split("\n") if ln]
+    assert lines.index("key-2 0") > lines.index("key-1 1")
+    assert scalar(url, "SELECT held FROM shardq.concurrency_keys WHERE key = 'paused-key'") == 0
+    for w in (a, b):
+        w.send(signal.SIGTERM)
+        assert w.wait_exit(30) == 0, w.stderr()
 
 
 # -- signals -------------------------------------------------------------------------

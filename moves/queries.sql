@@ -316,8 +316,8 @@ LIMIT %(limit)s
 -- name: delete_runs
 -- Every row of these runs, in one statement (the tables have no foreign keys
 -- between them): outbox rows they sent, tasks, places in a key's queue, waits,
--- signals, history, runs. The session has set shardq.slots_counted (move_session): a
--- slot freed here is not given to a queued run of a bucket that left.
+-- signals, history, runs. A key's slots are not given back here: its row and
+-- its queue leave with the bucket (delete_leftover_keys), the target has them.
 WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
      t AS (DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])),
      q AS (DELETE FROM shardq.key_queue WHERE execution_id = ANY(%(ids)s::uuid[])),
@@ -327,8 +327,8 @@ WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uu
 DELETE FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: move_session
--- For the rest of the transaction, rows are copied and deleted as they are: the
--- concurrency triggers (schema/0020) neither admit nor promote.
+-- For the rest of the transaction, task rows are copied in as they are: the
+-- admission trigger (schema/0020) does not admit them again.
 SELECT set_config('shardq.slots_counted', 'on', true)
 
 -- name: delete_leftover_keys

@@ -294,14 +294,12 @@ class MoveStore:
             "first": first, "last": last, "limit": limit})]
 
     def move_session(self, conn: DictConnection) -> None:
-        """Until `conn`'s transaction ends, rows are copied and deleted as they are: no
-        concurrency admission or promotion (schema/0020)."""
+        """Until `conn`'s transaction ends, task rows are copied in as they are: no
+        concurrency admission (schema/0020)."""
         conn.execute(SQL["move_session"])
 
     def delete_runs(self, conn: DictConnection, ids: Sequence[uuid.UUID]) -> None:
-        """Delete every row of these runs, in every table, in one statement; in the
-        caller's transaction, which this makes a move's (move_session)."""
-        self.move_session(conn)
+        """Delete every row of these runs, in every table, in one statement."""
         conn.execute(SQL["delete_runs"], {"ids": list(ids)})
 
     def delete_leftover_keys(self, conn: DictConnection, first: int, last: int) -> None:

@@ -7,15 +7,16 @@
 -- limit (shardq.admit_task, a BEFORE INSERT trigger, counts them in the key's
 -- row, `held`); otherwise the run waits in key_queue, which no claim reads, so
 -- runs waiting for a slot cost a claim nothing. When a keyed task row goes (the
--- run finished or parked on a signal or a person), shardq.release_slot gives
--- the slot to the key's next queued run in the same transaction. A lease that
+-- run finished, parked on a signal or a person, or was cancelled), its writer
+-- gives the slot back (shardq.release_slots), and the key's next queued run
+-- gets it in the same transaction. A lease that
 -- expires keeps its row, so a dead worker's slot is held until its run is
 -- claimed again and ends, never given to another run while the lease could
 -- still be live.
 --
 -- Unkeyed runs pay nothing: the columns are NULL (no rewrite), no index reads
--- them, and both triggers have a WHEN clause the executor checks without
--- calling a function.
+-- them, and the admission trigger has a WHEN clause the executor checks
+-- without calling a function.
 ALTER TABLE shardq.executions ADD COLUMN concurrency_key text;
 ALTER TABLE shardq.tasks ADD COLUMN concurrency_key text;
 
@@ -48,34 +49,28 @@ CREATE TABLE shardq.key_queue (
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 CREATE INDEX key_queue_next ON shardq.key_queue (concurrency_key, priority DESC, queued_at);
 
--- The triggers' bodies are schema/functions/admit_task.sql and release_slot.sql,
--- applied after the migrations (or already, by a migrator that applies the
--- functions first); a stub, where there is none yet, lets the triggers be
--- created here.
+-- The trigger's body is schema/functions/admit_task.sql, applied after the
+-- migrations (or already, by a migrator that applies the functions first); a
+-- stub, where there is none yet, lets the trigger be created here.
 DO $do$
 BEGIN
     IF to_regprocedure('shardq.admit_task()') IS NULL THEN
         CREATE FUNCTION shardq.admit_task() RETURNS trigger LANGUAGE plpgsql
         AS $$ BEGIN RETURN NEW; END $$;
     END IF;
-    IF to_regprocedure('shardq.release_slot()') IS NULL THEN
-        CREATE FUNCTION shardq.release_slot() RETURNS trigger LANGUAGE plpgsql
-        AS $$ BEGIN RETURN NULL; END $$;
-    END IF;
 END
 $do$;
 -- A writer that counts slots itself sets shardq.slots_counted for the
--- statement: a move copying and deleting rows as they are, a worker's commit
--- releasing a batch's slots in one set (shardq.release_slots). Checked only for
--- keyed rows (AND stops at the first false).
+-- statement: a move copying rows as they are, shardq.fill_slots promoting
+-- queued runs it has counted. Checked only for keyed rows (AND stops at the
+-- first false). Releases have no trigger: every statement that deletes task
+-- rows outside a move gives their slots back itself (shardq.release_slots),
+-- a batch at a time, where an AFTER DELETE row trigger would fetch every
+-- deleted row of every run, keyed or not, once more.
 CREATE TRIGGER tasks_admit BEFORE INSERT ON shardq.tasks
     FOR EACH ROW WHEN (NEW.concurrency_key IS NOT NULL
                        AND current_setting('shardq.slots_counted', true) IS DISTINCT FROM 'on')
     EXECUTE FUNCTION shardq.admit_task();
-CREATE TRIGGER tasks_release AFTER DELETE ON shardq.tasks
-    FOR EACH ROW WHEN (OLD.concurrency_key IS NOT NULL
-                       AND current_setting('shardq.slots_counted', true) IS DISTINCT FROM 'on')
-    EXECUTE FUNCTION shardq.release_slot();
 
 -- signal_with_start_v2 takes the new run's concurrency key: its file creates it
 -- again with the parameter.

@@ -292,9 +292,6 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)
 --   RETURNS TABLE(execution_id uuid)
 --   LANGUAGE sql STABLE
--- FUNCTION shardq.release_slot()
---   RETURNS trigger
---   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.release_slots(p_keys text[])
 --   RETURNS integer
 --   LANGUAGE plpgsql VOLATILE

@@ -319,7 +319,7 @@ ORDER BY id
 -- run waiting for a person has that interrupt decided as `cancel` (replay
 -- stops there), by the caller's actor.
 WITH tasks AS (
-    DELETE FROM shardq.tasks WHERE execution_id = %(id)s
+    DELETE FROM shardq.tasks WHERE execution_id = %(id)s RETURNING concurrency_key
 ), queued AS (
     -- A run waiting for a slot of its concurrency key leaves the queue.
     DELETE FROM shardq.key_queue WHERE execution_id = %(id)s
@@ -331,9 +331,19 @@ WITH tasks AS (
            jsonb_build_object('action', 'cancel', 'payload', NULL, 'decision_id', NULL,
                               'actor', %(actor)s::text, 'decided_at', now())
     FROM waits w WHERE w.kind = 'interrupt'
+), ended AS (
+    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+    VALUES (%(id)s, NULL, 'run.cancelled', 'run', '{}')
 )
-INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-VALUES (%(id)s, NULL, 'run.cancelled', 'run', '{}')
+-- The concurrency key whose slot the run held, if any: the caller gives it
+-- back (release_slot), as every deleter of a keyed task row does.
+SELECT (SELECT t.concurrency_key FROM tasks t) AS released
+
+-- name: release_slot
+-- Give one keyed task row's slot back, after its row was deleted in this
+-- transaction: its key's next queued run gets it. Body:
+-- schema/functions/release_slots.sql.
+SELECT shardq.release_slots(ARRAY[%(key)s::text])
 
 -- name: request_cancel
 -- A worker holds the run: it ends cancelled at that worker's next commit

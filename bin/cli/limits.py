@@ -12,6 +12,7 @@ from shardq.bin.cli.common import (
     check_limit,
     emit,
     errors_as_exit_codes,
+    json_option,
     open_client,
     pass_settings,
 )
@@ -59,6 +60,7 @@ def _line(k: ConcurrencyLimit) -> str:
 
 
 @limits.command("show")
+@json_option
 @key_argument
 @pass_settings
 def limits_show(settings: Settings, key: str) -> None:
@@ -74,6 +76,7 @@ def limits_show(settings: Settings, key: str) -> None:
 
 
 @limits.command("set")
+@json_option
 @key_argument
 @click.argument("limit", type=int, callback=_check_limit)
 @pass_settings
@@ -87,6 +90,7 @@ def limits_set(settings: Settings, key: str, limit: int) -> None:
 
 
 @limits.command("reset")
+@json_option
 @key_argument
 @pass_settings
 def limits_reset(settings: Settings, key: str) -> None:
@@ -97,6 +101,7 @@ def limits_reset(settings: Settings, key: str) -> None:
 
 
 @limits.command("list")
+@json_option
 @click.option("--limit", "count", default=20, show_default=True, callback=check_limit,
               help="How many keys, 1..1000.")
 @pass_settings

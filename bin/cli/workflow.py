@@ -145,6 +145,30 @@ priority_option = click.option(
     "--priority", type=int, callback=_check_priority, metavar="0-9",
     help="The new run's priority, higher claimed first (default: the workflow's own, "
          "else 0).")
+
+
+def _check_concurrency(_ctx: click.Context, param: click.Parameter,
+                       value: str | None) -> tuple[str, int] | None:
+    """KEY=LIMIT, read by the client's rules (the key may hold '=': the last one splits)."""
+    from shardq.core.errors import InvalidArgument
+    from shardq.core.rules import check_concurrency
+
+    if value is None:
+        return None
+    key, sep, limit = value.rpartition("=")
+    if not sep or not (limit.isascii() and limit.lstrip("-").isdigit()):
+        raise click.BadParameter(f"{value!r} is not KEY=LIMIT (LIMIT a whole number)",
+                                 param=param)
+    try:
+        return check_concurrency((key, int(limit)))
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+concurrency_option = click.option(
+    "--concurrency", callback=_check_concurrency, metavar="KEY=LIMIT",
+    help="At most LIMIT runs of KEY at once (default: the workflow's own, if it declares "
+         "one).")
 key_option = click.option(
     "--idempotency-key", callback=_check_key,
     help="Repeats with this key are delivered once (per run).",
@@ -165,16 +189,18 @@ def _signal_text(delivered: bool, created: bool | None = None) -> str:
 @click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
               help="The run's input: JSON text, @FILE or - for stdin.")
 @priority_option
+@concurrency_option
 @pass_settings
 def workflow_start(
     settings: Settings, app: str | None, tenant: str, name: str, workflow_id: str,
-    input_value: Any, priority: int | None,
+    input_value: Any, priority: int | None, concurrency: tuple[str, int] | None,
 ) -> None:
     """Start NAME with the business key WORKFLOW_ID (idempotent on the key)."""
     with errors_as_exit_codes():
         registry = load_registry(app)
     with open_client(settings, registry) as client, errors_as_exit_codes():
-        result = client.start(name, workflow_id, input_value, tenant=tenant, priority=priority)
+        result = client.start(name, workflow_id, input_value, tenant=tenant, priority=priority,
+                              concurrency=concurrency)
     emit(
         settings,
         {"execution_id": str(result.execution_id), "created": result.created,

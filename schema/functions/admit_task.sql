@@ -13,8 +13,8 @@
 -- nothing a holder of it waits for. The price: keyed commits on one shard
 -- queue for it; unkeyed ones never take it.
 --
--- A move copies rows as they are, already admitted on the source, and a
--- worker's commit promotes in one set (release_slots.sql): they set
+-- A move copies rows as they are, already admitted on the source, and
+-- fill_slots.sql promotes runs it has counted itself: they set
 -- shardq.slots_counted, and the trigger's WHEN clause skips it (schema/0020).
 CREATE OR REPLACE FUNCTION shardq.admit_task() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -293,16 +293,13 @@ BEGIN
     FROM unnest(c_ids, c_actions) AS c(id, action)
     WHERE all_fenced OR c.id = ANY(fenced);
     IF deleting IS NOT NULL AND NOT fused THEN
-        -- Slots of keyed runs go back for the batch at once (release_slots.sql),
-        -- not row by row by the tasks_release trigger.
-        PERFORM set_config('shardq.slots_counted', 'on', true);
+        -- Slots of keyed runs go back for the batch at once (release_slots.sql).
         WITH gone AS (
             DELETE FROM shardq.tasks t WHERE t.execution_id = ANY(deleting)
             RETURNING t.concurrency_key
         )
         SELECT array_agg(g.concurrency_key) INTO released
         FROM gone g WHERE g.concurrency_key IS NOT NULL;
-        PERFORM set_config('shardq.slots_counted', '', true);
         IF released IS NOT NULL THEN
             PERFORM shardq.release_slots(released);
         END IF;

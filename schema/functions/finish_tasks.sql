@@ -25,9 +25,7 @@ DECLARE
     cancels  boolean[];
     released text[];
 BEGIN
-    -- Slots of keyed runs are released for the whole batch at once, below
-    -- (release_slots.sql), not row by row by the tasks_release trigger.
-    PERFORM set_config('shardq.slots_counted', 'on', true);
+    -- Slots of keyed runs go back for the whole batch at once (release_slots.sql).
     WITH gone AS (
         DELETE FROM shardq.tasks t
         WHERE t.execution_id = ANY(ids)
@@ -37,7 +35,6 @@ BEGIN
     SELECT array_agg(g.execution_id), array_agg(g.cancel_requested),
            array_agg(g.concurrency_key) FILTER (WHERE g.concurrency_key IS NOT NULL)
     INTO done, cancels, released FROM gone g;
-    PERFORM set_config('shardq.slots_counted', '', true);
     IF released IS NOT NULL THEN
         PERFORM shardq.release_slots(released);
     END IF;

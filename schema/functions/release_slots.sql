@@ -3,10 +3,11 @@
 -- limit may have been lowered meanwhile) gives it to a queued run
 -- (fill_slots.sql). Answers how many were promoted.
 --
--- A worker's commit that ends a batch of keyed runs (commit_turns_v2,
--- finish_tasks) calls it once for the batch, where a row trigger ran several
--- statements per run: measured, ~85 us of server time per limited job, most of
--- the gap between a limited drain and an unlimited one.
+-- Every statement that deletes task rows outside a move calls it for the rows
+-- it deleted: a worker's commit (commit_turns_v2, finish_tasks) once for its
+-- batch, a cancel for its run. The first cut released row by row in a trigger,
+-- several statements per run: measured, ~85 us of server time per limited
+-- job, most of the gap between a limited drain and an unlimited one.
 --
 -- Under the admission lock, taken first (see admit_task.sql): `held` is exact,
 -- and no one else changes the key rows meanwhile.

@@ -6,6 +6,7 @@ nothing (docs/flow-control.md)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
-from ..support import all_rows, wait_until
+from ..support import all_rows, run_cli, wait_until
 
 registry = Registry()
 
@@ -265,3 +266,27 @@ def test_a_concurrency_function_that_fails_refuses_the_start(
 def test_an_unknown_key_cannot_be_given_a_limit(client: Client) -> None:
     with pytest.raises(ConcurrencyKeyNotFound):
         client.set_concurrency_limit("never-declared", 2)
+
+
+def test_the_command_line_starts_limited_runs_and_shows_and_changes_their_limit(
+    shard_map: ShardMap,
+) -> None:
+    shards = ",".join(s.url for s in shard_map.shards)
+    app = "shardq.tests.integration.test_concurrency_limits:registry"
+    for wid in ("cli-1", "cli-2", "cli-3"):
+        started = run_cli("--shards", shards, "workflow", "start", "chore", wid, "--app", app,
+                          "--concurrency", "team=blue=1", "--json")
+        assert started.returncode == 0, started.stderr
+    waiting = json.loads(started.stdout)["execution_id"]
+    shown = run_cli("--shards", shards, "workflow", "show", waiting, "--no-history")
+    assert "concurrency key 'team=blue': waiting for a slot" in shown.stdout, shown.stderr
+    limit = run_cli("--shards", shards, "limits", "show", "team=blue", "--json")
+    assert json.loads(limit.stdout) == {"key": "team=blue", "limit": 1, "declared": 1,
+                                        "override": None, "running": 1, "waiting": 2}
+    raised = run_cli("--shards", shards, "limits", "set", "team=blue", "5")
+    assert raised.stdout.strip() == ("team=blue  limit 5 (set by an operator; declared 1)  "
+                                     "running 3  waiting 0"), raised.stderr
+    listed = run_cli("--shards", shards, "limits", "list")
+    assert listed.stdout.strip() == "no run waits for a slot"
+    reset = run_cli("--shards", shards, "limits", "reset", "team=blue", "--json")
+    assert json.loads(reset.stdout)["limit"] == 1

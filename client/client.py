@@ -489,7 +489,7 @@ class Client:
         key = request.idempotency_key
         found = self._routed(lambda m: self.store.find_run(
             m.for_bucket(run.bucket), tenant=tenant, workflow_name=definition.name,
-            workflow_id=workflow_id))
+            workflow_id=workflow_id, bucket=run.bucket))
         if found is not None and key is not None:
             earlier = self._routed(
                 lambda m: self.store.signal_by_key(m.for_bucket(run.bucket), found, key))

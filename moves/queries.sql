@@ -407,9 +407,13 @@ ANALYZE shardq.key_queue
 -- == C: cleanup, on the source ==
 
 -- name: mark_clean
--- Clean again once nothing is frozen and no run of a bucket it does not own is left.
+-- Clean again once nothing is frozen and no run of a bucket it does not own is
+-- left, nor a concurrency key's row (a cleanup killed between a range's runs
+-- and its keys: a move of the range back would find the key's row here).
 UPDATE shardq.ownership o
 SET unclean = false
 WHERE o.unclean AND o.writable = o.owned
   AND NOT EXISTS (SELECT 1 FROM shardq.executions e
                   WHERE get_bit(o.owned, shardq.bucket(e.id)) = 0)
+  AND NOT EXISTS (SELECT 1 FROM shardq.concurrency_keys k
+                  WHERE get_bit(o.owned, k.bucket) = 0)

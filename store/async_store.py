@@ -103,10 +103,10 @@ class AsyncStore:
         return await self._run(shard, statements.workflows_of(ids))
 
     async def find_run(
-        self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str
+        self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str, bucket: int
     ) -> uuid.UUID | None:
         return await self._run(shard, statements.find_run(
-            tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id))
+            tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id, bucket=bucket))
 
     async def concurrency_limit(self, shard: Shard, key: str) -> ConcurrencyLimit | None:
         return await self._run(shard, statements.concurrency_limit(key))

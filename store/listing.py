@@ -190,6 +190,10 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         sa.Column("execution_id", uuid_type, primary_key=True),
         sa.Column("kind", sa.Text),
     )
+    key_queue = sa.Table(
+        "key_queue", metadata,
+        sa.Column("execution_id", uuid_type, primary_key=True),
+    )
     x = executions.c
     # Every column of `Execution`, state and outcome derived.
     outcome = (
@@ -241,9 +245,13 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
             interrupt = parked.c.kind == "interrupt"
             on = sa.and_(parked.c.execution_id == x.id,
                          interrupt if state is State.INPUT_REQUIRED else sa.not_(interrupt))
-        else:  # running or pending: a task row
+        elif state is State.RUNNING:  # a task row
             queued = tasks.alias("queued")
             driver, on = queued, queued.c.execution_id == x.id
+        else:  # pending: a task row, or a place in its concurrency key's queue
+            due = sa.union_all(sa.select(tasks.c.execution_id),
+                               sa.select(key_queue.c.execution_id)).subquery("due")
+            driver, on = due, due.c.execution_id == x.id
         stmt = stmt.join(driver, on).where(sa.func.shardq.run_state(x.id) == state.value)
     compiled = stmt.compile(
         dialect=postgresql.psycopg.dialect(),  # type: ignore[no-untyped-call]

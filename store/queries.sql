@@ -266,8 +266,16 @@ SELECT 1 FROM shardq.tasks WHERE execution_id = %(id)s
 -- name: lock_execution
 -- Executions rows are written after start only by a priority change: the lock
 -- serializes cancellers, priority changes and signal senders to one run.
-SELECT tenant, shardq.run_state(id) AS state FROM shardq.executions WHERE id = %(id)s
+SELECT tenant, shardq.run_state(id) AS state, concurrency_key FROM shardq.executions
+WHERE id = %(id)s
 FOR UPDATE
+
+-- name: admission_lock
+-- The shard's concurrency admission lock (schema/functions/admit_task.sql),
+-- until the transaction ends: taken by a canceller or a priority change of a
+-- limited run after its run's locks, so a promotion of the run (which holds it)
+-- has committed before, and is seen, or starts after, and sees the change.
+SELECT pg_advisory_xact_lock(shardq.admission_lock_key())
 
 -- name: set_priority
 -- A live run's new priority, on both rows, which the caller has locked (task row
@@ -482,7 +490,8 @@ GROUP BY priority
 -- Runs by state, counted where each state lives, as shardq.run_state() reads
 -- one run: finished by their outcome event (history_outcome, index only),
 -- running by a live lease, waiting and input_required by an open wait whose
--- run holds no live lease, pending by a task with neither.
+-- run holds no live lease, pending by a task with neither or a place in a
+-- concurrency key's queue without a wait.
 SELECT substr(kind, 5) AS state, count(*) AS n FROM shardq.history h
 WHERE kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
@@ -502,7 +511,13 @@ WHERE NOT EXISTS (SELECT 1 FROM shardq.tasks t WHERE t.execution_id = w.executio
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(w.execution_id)) = 1)
 GROUP BY 1
 UNION ALL
-SELECT 'pending', count(*) FROM shardq.tasks t
+SELECT 'pending', count(*) + (
+    -- Runs waiting for a slot of their concurrency key: pending too.
+    SELECT count(*) FROM shardq.key_queue q
+    WHERE NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = q.execution_id)
+      AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+           OR get_bit(%(mine)s::bit(4096), shardq.bucket(q.execution_id)) = 1))
+FROM shardq.tasks t
 WHERE (t.leased_until IS NULL OR t.leased_until <= now())
   AND NOT EXISTS (SELECT 1 FROM shardq.waits w WHERE w.execution_id = t.execution_id)
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))

@@ -44,7 +44,7 @@ from shardq.core.models import (
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.connections import connection_lost
 from shardq.shards.errors import ShardqError, refusal
-from shardq.shards.routing import BUCKETS, bucket_for, bucket_for_key, new_execution_id
+from shardq.shards.routing import BUCKETS, bucket_for_key, new_execution_id
 from shardq.shards.sqlfile import load_queries
 from shardq.store import listing
 from shardq.store.params import (
@@ -320,8 +320,11 @@ def workflows_of(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, tuple[str, int]
     return {r["id"]: (r["workflow_name"], r["workflow_version"]) for r in rows}
 
 
-def find_run(*, tenant: str, workflow_name: str, workflow_id: str) -> Op[uuid.UUID | None]:
-    probe = new_execution_id(bucket_for(tenant, workflow_name, workflow_id))
+def find_run(*, tenant: str, workflow_name: str, workflow_id: str,
+             bucket: int) -> Op[uuid.UUID | None]:
+    """The run of this workflow key in `bucket`, the one its start would take (a
+    limited workflow's runs are in their concurrency key's bucket)."""
+    probe = new_execution_id(bucket)
     rows = yield SQL["find_executions"], {
         "tenant": tenant, "workflow_name": workflow_name, "workflow_ids": [workflow_id],
         "probes": [probe]}
@@ -430,8 +433,13 @@ def _locked_run(execution_id: uuid.UUID, tenant: str) -> Op[tuple[State, bool]]:
     if target is None or target["tenant"] != tenant:
         raise ExecutionNotFound(f"execution {execution_id} not found")
     state = State(target["state"])
-    if not state.terminal and lease is None and (yield SQL["task_exists"], {"id": execution_id}):
-        raise _TaskAppeared
+    if not state.terminal and lease is None:
+        if target["concurrency_key"] is not None:
+            # A run with no task row may be waiting for a slot: a promotion that
+            # gives it one must not race the change (it holds this lock).
+            yield SQL["admission_lock"], {}
+        if (yield SQL["task_exists"], {"id": execution_id}):
+            raise _TaskAppeared
     return state, lease is not None and lease["leased"]
 
 

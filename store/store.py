@@ -325,12 +325,13 @@ class Store:
             return statements.run(conn, statements.update_outcome(execution_id, update_id))
 
     def find_run(
-        self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str
+        self, shard: Shard, *, tenant: str, workflow_name: str, workflow_id: str, bucket: int
     ) -> uuid.UUID | None:
         """The run of this workflow key, if one was started."""
         with self.connection(shard) as conn:
             return statements.run(conn, statements.find_run(
-                tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id))
+                tenant=tenant, workflow_name=workflow_name, workflow_id=workflow_id,
+                bucket=bucket))
 
     def signal_by_key(
         self, shard: Shard, execution_id: uuid.UUID, key: str

@@ -11,6 +11,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     promoted integer;
     top      smallint;
+    counted  text := current_setting('shardq.slots_counted', true);
 BEGIN
     PERFORM set_config('shardq.slots_counted', 'on', true);
     WITH next AS (
@@ -37,7 +38,8 @@ BEGIN
         WHERE k.key = w.concurrency_key
     )
     SELECT count(*), max(priority) INTO promoted, top FROM woken;
-    PERFORM set_config('shardq.slots_counted', '', true);
+    -- As it was: a caller that counts slots itself keeps it on.
+    PERFORM set_config('shardq.slots_counted', coalesce(counted, ''), true);
     IF promoted > 0 THEN
         PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(top));
     END IF;

@@ -13,15 +13,20 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from shardq.client.client import Client
 from shardq.core.errors import ConcurrencyKeyNotFound, InvalidArgument
-from shardq.core.models import State
+from shardq.core.models import StaleBounds, State
 from shardq.shards.config import ShardMap
+from shardq.shards.routing import bucket_for, bucket_for_key
+from shardq.store import statements
 from shardq.store.store import Store
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
+from shardq.workflow.contracts import update
 from shardq.workflow.registry import Registry
 
 from ..support import all_rows, run_cli, wait_until
@@ -49,6 +54,23 @@ def parks(ctx: WorkflowContext) -> str:
 @registry.workflow("bad_key_fn", concurrency=lambda i: i["pair"])
 def bad_key_fn(ctx: WorkflowContext) -> str:
     return "never"
+
+
+@registry.workflow_class("basket", concurrency=lambda i: (f"basket:{i['owner']}", 1))
+class Basket:
+    """Items arrive as `add` updates (answered with their count) until "close"."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def run(self, ctx: WorkflowContext) -> list[str]:
+        ctx.receive("close")
+        return self.items
+
+    @update("add")
+    def add(self, item: str) -> int:
+        self.items.append(item)
+        return len(self.items)
 
 
 def live_leases_by_key(shard_map: ShardMap) -> dict[str, int]:
@@ -127,6 +149,13 @@ def test_runs_over_the_limit_wait_without_a_task_row_and_are_never_claimed(
     assert [e.waiting_for_slot for e in shown] == [False, True, True, True, True]
     assert {e.state for e in shown} == {State.PENDING}
     assert {e.concurrency_key for e in shown} == {"customer:one"}
+    # Listed and counted as pending, as `get` says, the ones waiting for a slot too.
+    pending = client.list_runs(state=State.PENDING, limit=100).items
+    assert sorted(e.id for e in pending) == sorted(r.execution_id for r in runs)
+    counted = [store.health(shard, StaleBounds(), overdue_grace_s=60, timeout_s=5)
+               for shard in shard_map.shards]
+    assert sum(h.runs_by_state.get("pending", 0) for h in counted) == 5
+    assert sum(h.concurrency_waiting for h in counted) == 4
     claims = [c for shard in shard_map.shards
               for c in store.claim(shard, owner="t", limit=10, lease_s=30.0)[0]]
     assert [c.execution_id for c in claims] == [runs[0].execution_id]
@@ -290,3 +319,45 @@ def test_the_command_line_starts_limited_runs_and_shows_and_changes_their_limit(
     assert listed.stdout.strip() == "no run waits for a slot"
     reset = run_cli("--shards", shards, "limits", "reset", "team=blue", "--json")
     assert json.loads(reset.stdout)["limit"] == 1
+
+
+def test_a_cancel_of_a_waiting_run_and_the_promotion_it_races_strand_no_run(
+    client: Client, shard_map: ShardMap,
+) -> None:
+    """The queue's head is cancelled while the slot holder ends (here: is cancelled too)
+    and its slot goes to the head: the promotion waits for the cancel (both hold the
+    shard's admission lock), so the next run gets the slot, not a run already gone."""
+    holder, head, last = (r.execution_id for r in client.start_many(
+        "sync", [(f"q{i}", {"customer": "queue", "limit": 1}) for i in range(3)]))
+    shard = shard_map.for_execution(holder)
+    with psycopg.connect(shard.url, row_factory=dict_row) as conn:  # one open transaction
+        assert statements.run(conn, statements.cancel_attempt(
+            head, tenant="default", actor=None)) is State.CANCELLED
+        ending = threading.Thread(target=client.cancel, args=(holder,))
+        ending.start()
+        time.sleep(0.5)  # the holder's cancel reaches the promotion and waits there
+        conn.commit()
+    ending.join(10)
+    assert [client.get(r).state for r in (holder, head, last)] == [
+        State.CANCELLED, State.CANCELLED, State.PENDING]
+    assert not client.get(last).waiting_for_slot
+    assert task_rows_by_key(shard_map, "customer:queue") == {"customer:queue": 1}
+    assert queued(shard_map, "customer:queue") == [] and miscounted(shard_map) == []
+
+
+def test_update_with_start_finds_a_limited_run_in_its_key_s_bucket(
+    client: Client, shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    """A limited run lives in its key's bucket, not its workflow id's: the lookup by
+    workflow id that update_with_start makes goes there (a workflow id whose own bucket
+    is on the other shard shows it)."""
+    home = shard_map.for_bucket(bucket_for_key("basket:ann"))
+    wid = next(w for w in (f"b-{i}" for i in range(1000))
+               if shard_map.for_bucket(bucket_for("default", "basket", w)) != home)
+    start_worker(registry, poll_interval_s=0.2)
+    first = client.update_with_start("basket", wid, {"owner": "ann"}, "add", "apple", wait=10)
+    again = client.update_with_start("basket", wid, {"owner": "ann"}, "add", "pear", wait=10)
+    assert first.created and not again.created
+    assert (first.response, again.response) == (1, 2)
+    assert again.execution_id == first.execution_id
+    assert shard_map.for_execution(first.execution_id) == home

@@ -341,7 +341,7 @@ READS: dict[str, Write] = {
         client.map.for_execution(run), run, 1),
     "find by key": lambda store, client, run: store.find_run(
         client.map.for_execution(run), tenant="default", workflow_name="fence_parked",
-        workflow_id=_workflow_id(client, run)),
+        workflow_id=_workflow_id(client, run), bucket=bucket_of(run)),
 }
 
 
@@ -362,7 +362,8 @@ def test_a_lookup_by_key_of_a_run_cleaned_up_after_it_moved_away_is_refused(
     ownership("release", run)
     rows(shard.url, "DELETE FROM shardq.executions WHERE id = %s RETURNING 1", run)
     with pytest.raises(NotOwner) as caught:
-        store.find_run(shard, tenant="default", workflow_name="fence_parked", workflow_id=key)
+        store.find_run(shard, tenant="default", workflow_name="fence_parked", workflow_id=key,
+                       bucket=bucket_of(run))
     assert caught.value.bucket == bucket_of(run)
 
 

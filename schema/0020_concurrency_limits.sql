@@ -72,7 +72,8 @@ CREATE TRIGGER tasks_admit BEFORE INSERT ON shardq.tasks
                        AND current_setting('shardq.slots_counted', true) IS DISTINCT FROM 'on')
     EXECUTE FUNCTION shardq.admit_task();
 
--- signal_with_start_v2 takes the new run's concurrency key: its file creates it
--- again with the parameter.
+-- signal_with_start_v2 takes the new run's concurrency key, and finish_tasks
+-- answers each deleted row's key: their files create them again.
 DROP FUNCTION IF EXISTS shardq.signal_with_start_v2(
     text, text, integer, text, uuid, jsonb, text, jsonb, text, integer, integer, text[], smallint);
+DROP FUNCTION IF EXISTS shardq.finish_tasks(uuid[], uuid[]);

@@ -275,7 +275,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   RETURNS integer
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.finish_tasks(ids uuid[], tokens uuid[])
---   RETURNS TABLE(execution_id uuid, cancel_requested boolean)
+--   RETURNS TABLE(execution_id uuid, cancel_requested boolean, concurrency_key text)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_seqscan=off, enable_bitmapscan=off
 -- FUNCTION shardq.first_unset_bucket(ids uuid[], mask bit)
 --   RETURNS integer

@@ -126,10 +126,15 @@ BEGIN
     IF fused THEN
         SELECT coalesce(array_agg(r.id ORDER BY r.ord), '{}'),
                coalesce(array_agg(r.ord::integer ORDER BY r.ord), '{}'),
-               coalesce(array_agg(g.cancel_requested ORDER BY r.ord), '{}')
-        INTO fenced, fenced_ords, cancels
+               coalesce(array_agg(g.cancel_requested ORDER BY r.ord), '{}'),
+               array_agg(g.concurrency_key) FILTER (WHERE g.concurrency_key IS NOT NULL)
+        INTO fenced, fenced_ords, cancels, released
         FROM unnest(c_ids) WITH ORDINALITY AS r(id, ord)
         JOIN shardq.finish_tasks(c_ids, c_tokens) AS g ON g.execution_id = r.id;
+        -- Slots of keyed runs go back for the batch at once (release_slots.sql).
+        IF released IS NOT NULL THEN
+            PERFORM shardq.release_slots(released);
+        END IF;
     ELSE
         -- Lock the task rows still leased with each commit's token, in id order so
         -- two batches never deadlock. The wide executions row is not touched: a

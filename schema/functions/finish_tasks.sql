@@ -1,6 +1,7 @@
 -- The fence and the end of a batch of runs that all finish (commit_turns_v2's
 -- fused path): delete each task row still leased with its commit's token, and
--- answer the rows deleted. Deleting is what fences them: the DELETE locks each
+-- answer the rows deleted, with the concurrency key of each limited one, whose
+-- slot the caller gives back for the whole batch (release_slots.sql). Deleting is what fences them: the DELETE locks each
 -- row once, where locking first (`FOR UPDATE`, a heap LOCK record of its own)
 -- and deleting later writes the row twice (docs/design/db-cost.md, "D").
 --
@@ -13,31 +14,18 @@
 -- small picks one of those. So the two are off for this function's plans
 -- (tests/integration/test_lock_order.py holds the rows in reverse heap order).
 CREATE OR REPLACE FUNCTION shardq.finish_tasks(ids uuid[], tokens uuid[])
-RETURNS TABLE (execution_id uuid, cancel_requested boolean)
+RETURNS TABLE (execution_id uuid, cancel_requested boolean, concurrency_key text)
 LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
-DECLARE
-    done     uuid[];
-    cancels  boolean[];
-    released text[];
 BEGIN
-    -- Slots of keyed runs go back for the whole batch at once (release_slots.sql).
-    WITH gone AS (
-        DELETE FROM shardq.tasks t
-        WHERE t.execution_id = ANY(ids)
-          AND t.lease_token = tokens[array_position(ids, t.execution_id)]
-        RETURNING t.execution_id, t.cancel_requested, t.concurrency_key
-    )
-    SELECT array_agg(g.execution_id), array_agg(g.cancel_requested),
-           array_agg(g.concurrency_key) FILTER (WHERE g.concurrency_key IS NOT NULL)
-    INTO done, cancels, released FROM gone g;
-    IF released IS NOT NULL THEN
-        PERFORM shardq.release_slots(released);
-    END IF;
-    RETURN QUERY SELECT * FROM unnest(done, cancels);
+    RETURN QUERY
+    DELETE FROM shardq.tasks t
+    WHERE t.execution_id = ANY(ids)
+      AND t.lease_token = tokens[array_position(ids, t.execution_id)]
+    RETURNING t.execution_id, t.cancel_requested, t.concurrency_key;
 END
 $$;

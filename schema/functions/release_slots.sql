@@ -4,8 +4,8 @@
 -- (fill_slots.sql). Answers how many were promoted.
 --
 -- Every statement that deletes task rows outside a move calls it for the rows
--- it deleted: a worker's commit (commit_turns_v2, finish_tasks) once for its
--- batch, a cancel for its run. The first cut released row by row in a trigger,
+-- it deleted: a worker's commit (commit_turns_v2, with the keys finish_tasks
+-- answers on its fused path) once for its batch, a cancel for its run. The first cut released row by row in a trigger,
 -- several statements per run: measured, ~85 us of server time per limited
 -- job, most of the gap between a limited drain and an unlimited one.
 --

@@ -189,12 +189,13 @@ SELECT (SELECT max(seq) FROM shardq.history WHERE execution_id = ANY(%(ids)s::uu
 
 -- name: copy_out_executions
 COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates,
-             priority, concurrency_key
+             priority, concurrency_key, concurrency_limit
       FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_executions
 COPY shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input,
-                        created_at, gates, priority, concurrency_key) FROM STDIN (FORMAT BINARY)
+                        created_at, gates, priority, concurrency_key, concurrency_limit)
+FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_history
 COPY (SELECT execution_id, seq, position, kind, name, payload, recorded_at

@@ -17,7 +17,10 @@
 -- Unkeyed runs pay nothing: the columns are NULL (no rewrite), no index reads
 -- them, and the admission trigger has a WHEN clause the executor checks
 -- without calling a function.
-ALTER TABLE shardq.executions ADD COLUMN concurrency_key text;
+-- The run's key, and the limit its start declared: admission re-creates a key's
+-- row from it when the key's row went idle and was deleted (purge_idle_keys).
+ALTER TABLE shardq.executions ADD COLUMN concurrency_key text,
+                              ADD COLUMN concurrency_limit integer;
 ALTER TABLE shardq.tasks ADD COLUMN concurrency_key text;
 
 -- A key's limit: the one its latest start declared, unless an operator set one
@@ -35,6 +38,9 @@ CREATE TABLE shardq.concurrency_keys (
     updated_at timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 70);
 CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys (bucket);
+-- The housekeeping's scan for idle keys (purge_idle_keys). updated_at changes
+-- when a start declares the key, not when a slot is taken or given back.
+CREATE INDEX concurrency_keys_idle ON shardq.concurrency_keys (updated_at);
 
 -- Runs due but waiting for a slot of their key, promoted highest priority
 -- first, then oldest. `claims` is the task row's as it would have been

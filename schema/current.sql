@@ -32,7 +32,8 @@ CREATE TABLE shardq.executions (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     gates text[],
     priority smallint NOT NULL DEFAULT 0,
-    concurrency_key text
+    concurrency_key text,
+    concurrency_limit integer
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -222,6 +223,7 @@ ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARR
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
 CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys USING btree (bucket);
+CREATE INDEX concurrency_keys_idle ON shardq.concurrency_keys USING btree (updated_at);
 CREATE INDEX history_finished ON shardq.history USING btree (recorded_at) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX key_queue_next ON shardq.key_queue USING btree (concurrency_key, priority DESC, queued_at);
@@ -304,7 +306,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.signal_refusal(p_target uuid, p_tenant text, p_name text, p_max_pending integer, p_max_pending_total integer, p_run_tenant text, p_finished text, p_earlier_id bigint, p_gate_closed boolean, p_pending bigint, p_pending_total bigint)
 --   RETURNS TABLE(reason_code text, detail text)
 --   LANGUAGE sql STABLE
--- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[], p_priority smallint, p_concurrency_key text)
+-- FUNCTION shardq.signal_with_start_v2(p_tenant text, p_workflow_name text, p_workflow_version integer, p_workflow_id text, p_new_id uuid, p_input jsonb, p_name text, p_payload jsonb, p_key text, p_max_pending integer, p_max_pending_total integer, p_gates text[], p_priority smallint, p_concurrency_key text, p_concurrency_limit integer)
 --   RETURNS TABLE(execution_id uuid, created boolean, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)

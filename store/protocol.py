@@ -71,3 +71,8 @@ class WorkerStore(Protocol):
         """Delete up to `limit` finished runs past retention; how many, or None when
         another purger holds the shard."""
         ...
+
+    def purge_idle_keys(self, shard: Shard, *, idle_s: float, limit: int) -> int:
+        """Delete up to `limit` concurrency keys idle for `idle_s` (no slot held, no run
+        waiting, no operator limit); how many."""
+        ...

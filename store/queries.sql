@@ -17,15 +17,15 @@
 WITH input AS (
     SELECT *
     FROM unnest(%(ids)b::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[],
-                %(concurrency_keys)s::text[])
-        AS i(id, workflow_id, input, concurrency_key)
+                %(concurrency_keys)s::text[], %(concurrency_limits)s::int[])
+        AS i(id, workflow_id, input, concurrency_key, concurrency_limit)
     WHERE (SELECT shardq.fence(%(ids)b::uuid[]))
 ), inserted AS (
     INSERT INTO shardq.executions
         (id, tenant, workflow_name, workflow_version, workflow_id, input, gates, priority,
-         concurrency_key)
+         concurrency_key, concurrency_limit)
     SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input,
-           %(gates)s::text[], %(priority)s, concurrency_key
+           %(gates)s::text[], %(priority)s, concurrency_key, concurrency_limit
     FROM input
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id, workflow_id, concurrency_key
@@ -307,7 +307,8 @@ SELECT execution_id, created, signal_id, earlier_id, earlier_name, reason_code, 
 FROM shardq.signal_with_start_v2(
     %(tenant)s, %(workflow_name)s, %(workflow_version)s, %(workflow_id)s, %(new_id)s,
     %(input)s::jsonb, %(name)s, %(payload)s::jsonb, %(key)s, %(max_pending)s,
-    %(max_pending_total)s, %(gates)s::text[], %(priority)s::smallint, %(concurrency_key)s
+    %(max_pending_total)s, %(gates)s::text[], %(priority)s::smallint, %(concurrency_key)s,
+    %(concurrency_limit)s::int
 )
 
 -- name: open_wait
@@ -552,6 +553,26 @@ WITH doomed AS (
 )
 DELETE FROM shardq.executions x WHERE x.id IN (SELECT id FROM doomed)
 RETURNING x.id
+
+-- name: purge_idle_keys
+-- Delete a batch of concurrency keys idle for `idle_s`: no slot held, no run
+-- waiting, no operator limit, not declared by a start since. Their rows would
+-- otherwise pile up, one per key ever used (a key per customer). A run of the
+-- key woken later brings its row back (admit_task.sql, from the run's limit);
+-- a start declares it anew. Under the admission lock: no admission is half
+-- way through a key deleted here.
+WITH locked AS (
+    SELECT pg_advisory_xact_lock(shardq.admission_lock_key())
+)
+DELETE FROM shardq.concurrency_keys k
+WHERE k.key IN (
+    SELECT i.key FROM shardq.concurrency_keys i, locked
+    WHERE i.updated_at < now() - make_interval(secs => %(idle_s)s)
+      AND i.held = 0 AND i.override IS NULL
+      AND NOT EXISTS (SELECT 1 FROM shardq.key_queue q WHERE q.concurrency_key = i.key)
+    ORDER BY i.updated_at
+    LIMIT %(limit)s)
+RETURNING k.key
 
 -- name: purge_count
 -- How many runs a purge would delete now (`shardq purge --dry-run`).

@@ -222,6 +222,7 @@ def start_executions(batch: StartBatch) -> Op[list[StartResult]]:
         "workflow_ids": [r.workflow_id for r in runs],
         "inputs": [r.input_json for r in runs],
         "concurrency_keys": [r.concurrency[0] if r.concurrency else None for r in runs],
+        "concurrency_limits": [r.concurrency[1] if r.concurrency else None for r in runs],
         **_workflow_params(batch),
     }
     rows = {r["workflow_id"]: r for r in (yield SQL["start_executions"], params)}
@@ -358,6 +359,7 @@ def signal_with_start(request: StartSignalled) -> Op[SignalWithStartResult]:
     yield from declare_limits(request.start.runs)
     rows = yield SQL["signal_with_start"], {
         "concurrency_key": new.concurrency[0] if new.concurrency else None,
+        "concurrency_limit": new.concurrency[1] if new.concurrency else None,
         **_workflow_params(request.start), "workflow_id": new.workflow_id,
         "new_id": new.execution_id, "input": new.input_json, "name": request.name,
         "payload": request.payload_json, "key": request.idempotency_key,

@@ -297,6 +297,14 @@ class Store:
             }).fetchall()
         return len(gone)
 
+    def purge_idle_keys(self, shard: Shard, *, idle_s: float, limit: int) -> int:
+        """Delete up to `limit` concurrency keys idle for `idle_s` (no slot held, no run
+        waiting, no operator limit, not declared since), in one short transaction; how
+        many."""
+        with self.transaction(shard) as conn:
+            return len(conn.execute(SQL["purge_idle_keys"], {
+                "idle_s": idle_s, "limit": limit}).fetchall())
+
     def purge_count(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool
     ) -> int:

@@ -156,6 +156,9 @@ class MemoryStore:
         return {c.execution_id for c in commits
                 if not self._holds(c.execution_id, c.lease_token)}
 
+    def purge_idle_keys(self, shard: Shard, *, idle_s: float, limit: int) -> int:
+        return 0  # the fake keeps no concurrency keys: it admits every run
+
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,
         limit: int,

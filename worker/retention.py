@@ -24,6 +24,9 @@ from shardq.workflow.registry import DEFAULT_RETENTION_S, Registry
 log = logging.getLogger(__name__)
 
 PURGE_BATCH = 500
+KEY_IDLE_S = 3600.0
+"""How long a concurrency key holds no slot, has no run waiting and is not declared by a
+start before its row is deleted (a woken run of the key brings it back)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,14 @@ def purge(
                 break
     if total:
         log.info("purged finished runs", extra={"shard": shard.name, "runs": total})
+    keys = 0
+    while True:
+        gone = store.purge_idle_keys(shard, idle_s=KEY_IDLE_S, limit=batch)
+        keys += gone
+        if gone < batch:
+            break
+    if keys:
+        log.info("purged idle concurrency keys", extra={"shard": shard.name, "keys": keys})
     return total
 
 

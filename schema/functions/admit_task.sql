@@ -30,8 +30,20 @@ BEGIN
     SELECT k.held < coalesce(k.override, k.declared) INTO free
     FROM shardq.concurrency_keys k WHERE k.key = NEW.concurrency_key;
     IF free IS NULL THEN
-        -- Every start declares its key first (shardq.declare_limits), in the
-        -- bucket's shard: a missing row is a bug, not a reason to run unlimited.
+        -- The key's row went idle and the housekeeping deleted it (no slot held, no
+        -- run waiting, no operator limit): a woken run brings it back with the limit
+        -- its start declared. A start declares its key just before (declare_limits,
+        -- which keeps an idle key's row from being deleted under it).
+        INSERT INTO shardq.concurrency_keys (key, bucket, declared)
+        SELECT NEW.concurrency_key, shardq.bucket(NEW.execution_id), e.concurrency_limit
+        FROM shardq.executions e
+        WHERE e.id = NEW.execution_id AND e.concurrency_limit IS NOT NULL
+        ON CONFLICT (key) DO NOTHING;
+        SELECT k.held < coalesce(k.override, k.declared) INTO free
+        FROM shardq.concurrency_keys k WHERE k.key = NEW.concurrency_key;
+    END IF;
+    IF free IS NULL THEN
+        -- No limit anywhere: a bug, not a reason to run unlimited.
         RAISE EXCEPTION 'concurrency key % has no limit on this shard', NEW.concurrency_key;
     END IF;
     IF free THEN

@@ -1,7 +1,8 @@
 -- The limits a batch of keyed starts declares, before the start inserts its
 -- runs (the start's admission reads them): new keys are created, a changed
--- limit replaces the declared one, and a key whose row changed fills the
--- slots it may have gained. An operator's override is kept.
+-- limit replaces the declared one, and each key fills the slots it may have
+-- gained (a key whose queue is empty, the usual case, finds nothing to fill).
+-- An operator's override is kept.
 -- Fenced like the start (shardq.fence, `probes`: an id of each key's bucket),
 -- so a key row is never written where its bucket does not live.
 CREATE OR REPLACE FUNCTION shardq.declare_limits(
@@ -9,7 +10,7 @@ CREATE OR REPLACE FUNCTION shardq.declare_limits(
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    changed text[];
+    declared_keys text[];
 BEGIN
     PERFORM shardq.fence(p_probes);
     -- Before the key rows: every holder of it may go on to lock them.
@@ -20,13 +21,14 @@ BEGIN
         SELECT d.key, d.bucket, d.lim
         FROM unnest(p_keys, p_buckets, p_limits) AS d(key, bucket, lim)
         ORDER BY d.key
+        -- Every declared key is touched (updated_at), so the housekeeping, which
+        -- deletes keys idle for an hour, never deletes one a start is about to use.
         ON CONFLICT (key) DO UPDATE SET declared = excluded.declared, updated_at = now()
-        WHERE k.declared <> excluded.declared
         RETURNING k.key
     )
-    SELECT array_agg(key ORDER BY key) INTO changed FROM declared;
-    IF changed IS NOT NULL THEN
-        PERFORM shardq.fill_slots(changed);
+    SELECT array_agg(key ORDER BY key) INTO declared_keys FROM declared;
+    IF declared_keys IS NOT NULL THEN
+        PERFORM shardq.fill_slots(declared_keys);
     END IF;
 END
 $$;

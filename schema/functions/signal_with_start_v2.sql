@@ -4,7 +4,7 @@
 -- (unless a keyed repeat), exactly as deliver_signals decides, which this
 -- calls for the delivery itself and whose answer it passes on. A new run of a
 -- declarative workflow is created with its gates (p_gates), and a new run with
--- p_priority and p_concurrency_key (an existing run keeps its own; a keyed
+-- p_priority, p_concurrency_key and its limit (an existing run keeps its own; a keyed
 -- start declares its key's limit first, shardq.declare_limits).
 --
 -- Racing callers with one workflow key: the first INSERT wins and the others
@@ -25,7 +25,8 @@ CREATE OR REPLACE FUNCTION shardq.signal_with_start_v2(
     p_max_pending_total integer,
     p_gates             text[],
     p_priority          smallint,
-    p_concurrency_key   text
+    p_concurrency_key   text,
+    p_concurrency_limit integer
 ) RETURNS TABLE (
     execution_id uuid,
     created      boolean,
@@ -42,9 +43,10 @@ DECLARE
     is_new boolean := false;
 BEGIN
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                   input, gates, priority, concurrency_key)
+                                   input, gates, priority, concurrency_key,
+                                   concurrency_limit)
     VALUES (p_new_id, p_tenant, p_workflow_name, p_workflow_version, p_workflow_id, p_input,
-            p_gates, p_priority, p_concurrency_key)
+            p_gates, p_priority, p_concurrency_key, p_concurrency_limit)
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id INTO run;
     IF run IS NOT NULL THEN

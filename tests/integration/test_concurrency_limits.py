@@ -24,6 +24,7 @@ from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for, bucket_for_key
 from shardq.store import statements
 from shardq.store.store import Store
+from shardq.worker.retention import KEY_IDLE_S, RetentionPlan, purge
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.contracts import update
@@ -361,3 +362,41 @@ def test_update_with_start_finds_a_limited_run_in_its_key_s_bucket(
     assert (first.response, again.response) == (1, 2)
     assert again.execution_id == first.execution_id
     assert shard_map.for_execution(first.execution_id) == home
+
+
+def keys_on(shard_map: ShardMap) -> dict[str, tuple[int, int]]:
+    return {k: (d, h) for k, d, h in all_rows(
+        shard_map, "SELECT key, declared, held FROM shardq.concurrency_keys")}
+
+
+def test_an_idle_key_s_row_is_purged_and_a_woken_run_brings_it_back(
+    client: Client, store: Store, shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    run = client.start("parks", "idle-1").execution_id
+    start_worker(registry, poll_interval_s=0.2)
+    wait_until(lambda: client.get(run).state is State.WAITING, what="parked")
+    shard = shard_map.for_execution(run)
+    plan = RetentionPlan.of(registry)
+    purge(store, shard, plan)
+    assert keys_on(shard_map) == {"parking": (1, 0)}  # declared a moment ago: kept
+    all_rows(shard_map, "UPDATE shardq.concurrency_keys SET updated_at = now() - "
+             "make_interval(secs => %s) RETURNING 1", KEY_IDLE_S + 60)
+    purge(store, shard, plan)
+    assert keys_on(shard_map) == {}
+    client.signal(run, "go")  # the wake needs a slot: the key comes back with its limit
+    assert client.wait(run, timeout=10).state is State.COMPLETED
+    assert keys_on(shard_map) == {"parking": (1, 0)}
+
+
+def test_a_key_holding_a_slot_with_runs_waiting_or_an_operator_limit_is_never_idle(
+    client: Client, store: Store, shard_map: ShardMap,
+) -> None:
+    client.start_many("sync", [(f"h{i}", {"customer": "busy", "limit": 1}) for i in range(2)])
+    client.start("sync", "o1", {"customer": "ops", "limit": 1})
+    client.set_concurrency_limit("customer:ops", 4)
+    client.cancel(client.list_runs(limit=100).items[-1].id)  # o1: no slot, no queue left
+    all_rows(shard_map, "UPDATE shardq.concurrency_keys SET updated_at = now() - "
+             "make_interval(secs => %s) RETURNING 1", KEY_IDLE_S + 60)
+    for shard in shard_map.shards:
+        purge(store, shard, RetentionPlan.of(registry))
+    assert keys_on(shard_map) == {"customer:busy": (1, 1), "customer:ops": (1, 0)}

@@ -9,14 +9,14 @@
 -- runs waiting for a slot cost a claim nothing. When a keyed task row goes (the
 -- run finished, parked on a signal or a person, or was cancelled), its writer
 -- gives the slot back (shardq.release_slots), and the key's next queued run
--- gets it in the same transaction. A lease that
--- expires keeps its row, so a dead worker's slot is held until its run is
--- claimed again and ends, never given to another run while the lease could
--- still be live.
+-- gets it in the same transaction. A lease that expires keeps its row, so a
+-- dead worker's slot is held until its run is claimed again and ends, never
+-- given to another run while the lease could still be live.
 --
 -- Unkeyed runs pay nothing: the columns are NULL (no rewrite), no index reads
 -- them, and the admission trigger has a WHEN clause the executor checks
 -- without calling a function.
+
 -- The run's key, and the limit its start declared: admission re-creates a key's
 -- row from it when the key's row went idle and was deleted (purge_idle_keys).
 ALTER TABLE shardq.executions ADD COLUMN concurrency_key text,
@@ -25,8 +25,8 @@ ALTER TABLE shardq.tasks ADD COLUMN concurrency_key text;
 
 -- A key's limit: the one its latest start declared, unless an operator set one
 -- (`shardq limits set`), which wins until reset; `held`, the key's task rows
--- (kept by the triggers, so admission reads one row, not an index of every
--- slot a busy key ever held). `bucket` is the key's, so a move copies and
+-- (kept by admission and by every release, so admission reads one row, not an
+-- index of every slot a busy key ever held). `bucket` is the key's, so a move copies and
 -- cleans the row with the bucket's runs. No index holds `held`, which changes
 -- on every admission and release: those updates stay HOT.
 CREATE TABLE shardq.concurrency_keys (
@@ -44,14 +44,14 @@ CREATE INDEX concurrency_keys_idle ON shardq.concurrency_keys (updated_at);
 
 -- Runs due but waiting for a slot of their key, promoted highest priority
 -- first, then oldest. `claims` is the task row's as it would have been
--- inserted (0: a new run, whose first claim reads no history).
+-- inserted (0: a new run, whose first claim reads no history). A queue: rows
+-- come and go as slots free, so it is vacuumed as often as tasks.
 CREATE TABLE shardq.key_queue (
     execution_id    uuid PRIMARY KEY,
     concurrency_key text NOT NULL,
     priority        smallint NOT NULL,
     claims          integer NOT NULL,
     queued_at       timestamptz NOT NULL DEFAULT now()
--- A queue: rows come and go as slots free, so vacuumed as often as tasks.
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 CREATE INDEX key_queue_next ON shardq.key_queue (concurrency_key, priority DESC, queued_at);
 
@@ -66,6 +66,7 @@ BEGIN
     END IF;
 END
 $do$;
+
 -- A writer that counts slots itself sets shardq.slots_counted for the
 -- statement: a move copying rows as they are, shardq.fill_slots promoting
 -- queued runs it has counted. Checked only for keyed rows (AND stops at the

@@ -1,9 +1,10 @@
 -- The fence and the end of a batch of runs that all finish (commit_turns_v2's
 -- fused path): delete each task row still leased with its commit's token, and
 -- answer the rows deleted, with the concurrency key of each limited one, whose
--- slot the caller gives back for the whole batch (release_slots.sql). Deleting is what fences them: the DELETE locks each
--- row once, where locking first (`FOR UPDATE`, a heap LOCK record of its own)
--- and deleting later writes the row twice (docs/design/db-cost.md, "D").
+-- slot the caller gives back for the whole batch (release_slots.sql).
+-- Deleting is what fences them: the DELETE locks each row once, where locking
+-- first (`FOR UPDATE`, a heap LOCK record of its own) and deleting later
+-- writes the row twice (docs/design/db-cost.md, "D").
 --
 -- In id order, like every other taker of task-row locks: a signal sender
 -- (deliver_signals) locks its targets in id order, and a DELETE that took

@@ -5,9 +5,10 @@
 --
 -- Every statement that deletes task rows outside a move calls it for the rows
 -- it deleted: a worker's commit (commit_turns_v2, with the keys finish_tasks
--- answers on its fused path) once for its batch, a cancel for its run. The first cut released row by row in a trigger,
--- several statements per run: measured, ~85 us of server time per limited
--- job, most of the gap between a limited drain and an unlimited one.
+-- answers on its fused path) once for its batch, a cancel for its run. The
+-- first cut released row by row in a trigger, several statements per run:
+-- measured, ~85 us of server time per limited job, most of the gap between a
+-- limited drain and an unlimited one.
 --
 -- Under the admission lock, taken first (see admit_task.sql): `held` is exact,
 -- and no one else changes the key rows meanwhile.

@@ -271,10 +271,10 @@ def test_a_bad_key_or_limit_is_refused_and_stores_nothing(
     with pytest.raises(InvalidArgument, match=says):
         client.start("chore", "bad", concurrency=concurrency)
     if isinstance(concurrency, tuple) and len(concurrency) == 2:
-        # The same key or limit given to an operator's change.
-        key, limit = concurrency if concurrency[0] != "k" else ("k", concurrency[1])
+        # The same bad key (with a good limit), or bad limit, given to an operator's change.
+        key, limit = concurrency
         with pytest.raises(InvalidArgument, match=says):
-            client.set_concurrency_limit(key, limit if key == "k" else 1)
+            client.set_concurrency_limit(key, 1 if key != "k" else limit)
     assert stored(shard_map) == before
 
 

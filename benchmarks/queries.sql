@@ -266,8 +266,8 @@ WITH src AS (
            'parked-' || i, '{"parked": true}'::jsonb
     FROM src
 ), t AS (
-    INSERT INTO shardq.tasks (execution_id, run_at, claims)
-    SELECT id, wake_at, 1 FROM src WHERE NOT on_signal
+    INSERT INTO shardq.tasks (execution_id, run_at, claims, tenant)
+    SELECT id, wake_at, 1, 'default' FROM src WHERE NOT on_signal
 ), w AS (
     INSERT INTO shardq.waits (execution_id, position, kind, name, deadline)
     SELECT id, 0, CASE WHEN on_signal THEN 'signal' ELSE 'timer' END,

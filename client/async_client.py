@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from shardq.client.flow import agreed_weights, raise_unwritten, weight_change
 from shardq.client.requests import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
@@ -68,6 +69,7 @@ from shardq.core.models import (
     SignalWithStartResult,
     StartResult,
     State,
+    TenantWeights,
     UpdateResult,
     WaitInfo,
 )
@@ -188,7 +190,7 @@ class AsyncClient:
         return await fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                              parallel=len(runs) >= PARALLEL_START_MIN)
 
-    # -- concurrency limits -----------------------------------------------------
+    # -- flow control: concurrency limits, tenants' weights -----------------------
 
     async def concurrency_limit(self, key: str) -> ConcurrencyLimit | None:
         """Client.concurrency_limit."""
@@ -209,6 +211,19 @@ class AsyncClient:
         """Client.busiest_concurrency_keys."""
         size = check_page_size(limit, MAX_PAGE)
         return busiest([await self.store.busiest_keys(s, size) for s in self.map.shards], size)
+
+    async def set_tenant_weight(self, tenant: str, weight: int | None) -> None:
+        """Client.set_tenant_weight."""
+        checked, chosen = weight_change(tenant, weight)
+        reached = await each_shard(self.map.shards, lambda s: self.store.set_tenant_weight(
+            s, checked, chosen))
+        raise_unwritten(reached, f"the weight of tenant {checked}")
+
+    async def tenant_weights(self) -> TenantWeights:
+        """Client.tenant_weights."""
+        reached = await each_shard(self.map.shards, self.store.tenant_weights)
+        raise_unwritten(reached, "")
+        return agreed_weights({s.name: w for s, w in reached.answers.items()})
 
     # -- reading -------------------------------------------------------------
 

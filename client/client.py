@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from shardq.client.flow import FlowControlCalls
 from shardq.client.requests import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
@@ -18,13 +19,11 @@ from shardq.client.requests import (
     QueryAsked,
     SignalBatch,
     UpdateWait,
-    busiest,
     cancel_target,
     check_takes_updates,
     check_update_landed,
     definition_of,
     finished_refuses_update,
-    limit_change,
     list_query,
     merged_runs,
     new_run_state,
@@ -39,10 +38,8 @@ from shardq.client.requests import (
     update_with_start_request,
     validate_update,
 )
-from shardq.core.errors import ConcurrencyKeyNotFound
 from shardq.core.models import (
     BufferedSignal,
-    ConcurrencyLimit,
     DecisionResult,
     Execution,
     HistoryEvent,
@@ -60,17 +57,15 @@ from shardq.core.models import (
 from shardq.core.rules import (
     Limits,
     check_name,
-    check_page_size,
 )
 from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.fanout import each_shard, fan_out
 from shardq.shards.follow import rerouted
 from shardq.shards.pools import ShardPools
-from shardq.shards.routing import bucket_for_key, bucket_of, parse_execution_id
+from shardq.shards.routing import bucket_of, parse_execution_id
 from shardq.store.listing import (
     DEFAULT_PAGE,
-    MAX_PAGE,
     PartialInterruptPage,
     PartialPage,
 )
@@ -85,7 +80,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 
-class Client:
+class Client(FlowControlCalls):
     """Entry point for applications. Thread-safe; share one per process.
 
     Every call routes by execution id or workflow key to one shard; only `list`
@@ -184,29 +179,6 @@ class Client:
         # Big batches: the shards' commits overlap instead of queueing.
         return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
                        parallel=len(runs) >= PARALLEL_START_MIN)
-
-    # -- concurrency limits -----------------------------------------------------
-
-    def concurrency_limit(self, key: str) -> ConcurrencyLimit | None:
-        """Key `key`'s limits, runs holding a slot and waiting; None when never declared."""
-        checked, _ = limit_change(key, None)
-        return self._routed(lambda m: self.store.concurrency_limit(
-            m.for_bucket(bucket_for_key(checked)), checked))
-
-    def set_concurrency_limit(self, key: str, limit: int | None) -> ConcurrencyLimit:
-        """An operator's limit for `key`, over the declared one until reset (None); a higher
-        one starts waiting runs at once (docs/flow-control.md)."""
-        checked, override = limit_change(key, limit)
-        found = self._routed(lambda m: self.store.set_concurrency_limit(
-            m.for_bucket(bucket_for_key(checked)), checked, override))
-        if found is None:
-            raise ConcurrencyKeyNotFound(checked)
-        return found
-
-    def busiest_concurrency_keys(self, limit: int = 20) -> list[ConcurrencyLimit]:
-        """The keys with the most runs waiting for a slot, most first, over every shard."""
-        size = check_page_size(limit, MAX_PAGE)
-        return busiest([self.store.busiest_keys(s, size) for s in self.map.shards], size)
 
     # -- reading -------------------------------------------------------------
 

@@ -99,6 +99,18 @@ class Execution:
 
 
 @dataclass(frozen=True)
+class TenantWeights:
+    """Tenants' weights in fair claims (docs/flow-control.md), as every shard holds them."""
+
+    weights: dict[str, int]
+    """The weight of each tenant an operator gave one, where every shard agrees; any
+    other tenant weighs 1."""
+    differing: dict[str, dict[str, int]]
+    """Tenants whose weight differs between shards (a `set` that reached only some):
+    tenant -> shard -> weight, a shard without the tenant weighing 1."""
+
+
+@dataclass(frozen=True)
 class ConcurrencyLimit:
     """A concurrency key as its shard holds it (docs/flow-control.md)."""
 

@@ -310,6 +310,10 @@ MAX_CONCURRENCY_KEY = 255
 MAX_CONCURRENCY_LIMIT = 1_000_000
 """The largest concurrency limit: beyond it a limit is no limit, and a typo."""
 
+MAX_TENANT_WEIGHT = 1000
+"""The largest tenant weight: a claim gives every tenant it visits at least one run, so
+a ratio beyond this is not kept anyway (docs/flow-control.md)."""
+
 
 def check_concurrency_key(key: object) -> str:
     """A concurrency key: a non-empty string of at most MAX_CONCURRENCY_KEY characters."""
@@ -328,6 +332,16 @@ def check_concurrency_limit(limit: object) -> int:
         raise InvalidArgument(f"concurrency limit must be a whole number within "
                               f"1..{MAX_CONCURRENCY_LIMIT}, got {limit!r}")
     return limit
+
+
+def check_tenant_weight(weight: object) -> int:
+    """A tenant's weight in fair claims: a whole number within 1..MAX_TENANT_WEIGHT (not a
+    bool)."""
+    if isinstance(weight, bool) or not isinstance(weight, int) or not (
+            1 <= weight <= MAX_TENANT_WEIGHT):
+        raise InvalidArgument(f"tenant weight must be a whole number within "
+                              f"1..{MAX_TENANT_WEIGHT}, got {weight!r}")
+    return weight
 
 
 def check_concurrency(value: object) -> tuple[str, int]:

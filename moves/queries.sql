@@ -245,12 +245,12 @@ COPY (SELECT execution_id,
              CASE WHEN concurrency_key IS NOT NULL THEN lease_token END,
              cancel_requested,
              CASE WHEN concurrency_key IS NOT NULL THEN leased_until END,
-             priority, concurrency_key
+             priority, concurrency_key, tenant
       FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_tasks
 COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested,
-                   leased_until, priority, concurrency_key)
+                   leased_until, priority, concurrency_key, tenant)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_concurrency_keys

@@ -165,8 +165,15 @@ CREATE TABLE shardq.tasks (
     cancel_requested boolean NOT NULL DEFAULT false,
     leased_until timestamp with time zone,
     priority smallint NOT NULL DEFAULT 0,
-    concurrency_key text
+    concurrency_key text,
+    tenant text NOT NULL DEFAULT ''::text
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=50);
+
+CREATE TABLE shardq.tenant_weights (
+    tenant text NOT NULL,
+    weight integer NOT NULL,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
 
 CREATE TABLE shardq.waits (
     execution_id uuid NOT NULL,
@@ -219,6 +226,8 @@ ALTER TABLE shardq.shard_maps ADD CONSTRAINT shard_maps_version_check CHECK ((ve
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_idempotency_key_check CHECK ((idempotency_key <> ''::text));
 ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (execution_id, id);
 ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
+ALTER TABLE shardq.tenant_weights ADD CONSTRAINT tenant_weights_pkey PRIMARY KEY (tenant);
+ALTER TABLE shardq.tenant_weights ADD CONSTRAINT tenant_weights_weight_check CHECK (((weight >= 1) AND (weight <= 1000)));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
@@ -236,6 +245,7 @@ CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
 CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
+CREATE INDEX tasks_fair ON shardq.tasks USING btree (tenant, run_at) WHERE (priority = 0);
 CREATE INDEX tasks_urgent ON shardq.tasks USING btree (priority DESC, run_at) WHERE (priority > 0);
 CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
@@ -252,7 +262,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.bucket(id uuid)
 --   RETURNS integer
 --   LANGUAGE sql IMMUTABLE
--- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision, min_priority smallint)
+-- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision, min_priority smallint, after_tenant text)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb, c_steps jsonb[])

@@ -91,6 +91,17 @@ def _check_contents(new: Shard, contents: list[dict[str, Any]], *, ours: bool,
                           "schema beside what it holds")
 
 
+def copy_tenant_weights(source: Shard, target: Shard) -> None:
+    """Give the new shard `target` the tenants' weights `source` holds: every shard
+    applies the same ones in its claims (schema/0021)."""
+    with connect(source, autocommit=True) as conn:
+        rows = conn.execute(SQL["read_tenant_weights"]).fetchall()
+    if rows:
+        with connect(target, autocommit=True) as conn:
+            conn.execute(SQL["copy_tenant_weights"], {
+                "tenants": [r["tenant"] for r in rows], "weights": [r["weight"] for r in rows]})
+
+
 def drop_new_schema(shard: Shard) -> None:
     try:
         with connect(shard, autocommit=True) as conn:

@@ -174,3 +174,13 @@ DROP SCHEMA IF EXISTS shardq CASCADE
 -- name: liveness_probe
 -- A server's answer to "do you answer at all" (shards/liveness.py), on a fresh connection.
 SELECT 1 AS answers
+
+-- name: read_tenant_weights
+-- An operator's tenant weights (schema/0021), which every shard holds alike.
+SELECT tenant, weight FROM shardq.tenant_weights ORDER BY tenant
+
+-- name: copy_tenant_weights
+-- A new shard takes the weights the home shard holds (`shardq shards add`).
+INSERT INTO shardq.tenant_weights (tenant, weight)
+SELECT * FROM unnest(%(tenants)s::text[], %(weights)s::int[])
+ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight, updated_at = now()

@@ -118,6 +118,12 @@ class AsyncStore:
     async def busiest_keys(self, shard: Shard, limit: int) -> list[ConcurrencyLimit]:
         return await self._run(shard, statements.busiest_keys(self.map, shard, limit))
 
+    async def tenant_weights(self, shard: Shard) -> dict[str, int]:
+        return await self._run(shard, statements.tenant_weights())
+
+    async def set_tenant_weight(self, shard: Shard, tenant: str, weight: int | None) -> None:
+        await self._run(shard, statements.set_tenant_weight(tenant, weight))
+
     async def deliver_signals(
         self, shard: Shard, tenant: str, signals: Sequence[SignalDelivery]
     ) -> list[SignalResult]:

@@ -32,8 +32,8 @@ WITH input AS (
 ), tasks AS (
     -- A keyed run over its key's limit waits in key_queue instead (shardq.admit_task,
     -- which reads the limits declare_limits wrote just before).
-    INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key)
-    SELECT id, now(), %(priority)s, concurrency_key FROM inserted
+    INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key, tenant)
+    SELECT id, now(), %(priority)s, concurrency_key, %(tenant)s FROM inserted
 ), notified AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
     -- 'urgent' for runs of a priority: a worker claims those without waiting for a
@@ -75,6 +75,20 @@ FROM (SELECT q.concurrency_key, count(*) AS waiting FROM shardq.key_queue q
 JOIN shardq.concurrency_keys k ON k.key = w.concurrency_key
 ORDER BY w.waiting DESC, k.key
 
+-- name: tenant_weights
+-- The weights an operator gave tenants on this shard (schema/0021); a tenant
+-- with no row weighs 1.
+SELECT tenant, weight FROM shardq.tenant_weights ORDER BY tenant
+
+-- name: set_tenant_weight
+-- An operator's weight for a tenant, or NULL to go back to 1 (the row goes).
+WITH gone AS (
+    DELETE FROM shardq.tenant_weights WHERE tenant = %(tenant)s AND %(weight)s::int IS NULL
+)
+INSERT INTO shardq.tenant_weights AS w (tenant, weight)
+SELECT %(tenant)s, %(weight)s::int WHERE %(weight)s::int IS NOT NULL
+ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight, updated_at = now()
+
 -- name: concurrency_waiting
 -- Runs waiting for a slot, and the keys they wait on (shardq_concurrency_waiting).
 SELECT count(*) AS runs, count(DISTINCT q.concurrency_key) AS keys
@@ -112,8 +126,10 @@ SELECT format('LISTEN %%I', shardq.wake_channel()) AS statement
 
 -- name: claim_tasks
 -- Lease up to `limit` due tasks with what replay needs; the last row carries
--- the seconds until the next task is due. Body: schema/functions/claim_tasks.sql.
-SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s, %(min_priority)s::smallint)
+-- the seconds until the next task is due and, as its tenant, where the next
+-- claim's walk over tenants starts. Body: schema/functions/claim_tasks.sql.
+SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s, %(min_priority)s::smallint,
+                                 %(after_tenant)s)
 
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens. Each column travels as one

@@ -277,6 +277,17 @@ def busiest_keys(shard_map: ShardMap, shard: Shard, limit: int) -> Op[list[Concu
     return [_concurrency_limit(r) for r in rows]
 
 
+def tenant_weights() -> Op[dict[str, int]]:
+    """The weights an operator gave tenants on one shard (a tenant not in it weighs 1)."""
+    rows = yield SQL["tenant_weights"], {}
+    return {r["tenant"]: r["weight"] for r in rows}
+
+
+def set_tenant_weight(tenant: str, weight: int | None) -> Op[None]:
+    """Give `tenant` a weight on one shard, or 1 again (None)."""
+    yield SQL["set_tenant_weight"], {"tenant": tenant, "weight": weight}
+
+
 def _key_probe(key: str) -> uuid.UUID:
     """An id of the key's bucket: what the fence and ownership checks read."""
     return new_execution_id(bucket_for_key(key))

@@ -35,7 +35,6 @@ from shardq.core.models import (
     BufferedSignal,
     Claim,
     CommitOutcome,
-    ConcurrencyLimit,
     Event,
     Execution,
     HistoryEvent,
@@ -55,6 +54,7 @@ from shardq.shards.config import Shard, ShardMap
 from shardq.shards.connections import DictConnection
 from shardq.shards.pools import ShardPools
 from shardq.store import listing, statements
+from shardq.store.flow import FlowControlStore
 from shardq.store.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
 from shardq.store.statements import (
     LOCKED_RUN_ATTEMPTS,
@@ -68,11 +68,14 @@ from shardq.store.statements import (
 log = logging.getLogger(__name__)
 
 
-class Store:
+class Store(FlowControlStore):
     """Shard-aware access to the queue tables; one instance per process is enough."""
 
     def __init__(self, pools: ShardPools) -> None:
         self.pools = pools
+        # Per shard, the tenant this process's last claim stopped at: its next
+        # claim's walk over tenants starts after it (schema/functions/claim_tasks.sql).
+        self._fair_cursor: dict[str, str | None] = {}
 
     @property
     def map(self) -> ShardMap:
@@ -153,8 +156,12 @@ class Store:
             # Tuples: a batch of rows is parsed on the worker's hot path.
             rows = cur.execute(SQL["claim_tasks"], {
                 "owner": owner, "limit": limit, "lease_s": lease_s,
-                "min_priority": min_priority}).fetchall()
-        seconds = rows.pop()[-1]  # the function's last row: next_due_in
+                "min_priority": min_priority,
+                "after_tenant": self._fair_cursor.get(shard.name)}).fetchall()
+        # The function's last row: the cursor of its walk over tenants, next_due_in.
+        last = rows.pop()
+        self._fair_cursor[shard.name] = last[3]
+        seconds = last[-1]
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(
@@ -406,22 +413,6 @@ class Store:
         return self._locking(shard, execution_id, "a priority change",
                              lambda: statements.set_priority_attempt(
                                  execution_id, tenant=tenant, priority=priority))
-
-    def concurrency_limit(self, shard: Shard, key: str) -> ConcurrencyLimit | None:
-        """A concurrency key as its shard holds it; None when no start declared it."""
-        with self.connection(shard) as conn:
-            return statements.run(conn, statements.concurrency_limit(key))
-
-    def set_concurrency_limit(self, shard: Shard, key: str,
-                              override: int | None) -> ConcurrencyLimit | None:
-        """An operator's limit for `key` (None: back to the declared one)."""
-        with self.connection(shard) as conn:
-            return statements.run(conn, statements.set_concurrency_limit(key, override))
-
-    def busiest_keys(self, shard: Shard, limit: int) -> list[ConcurrencyLimit]:
-        """The shard's keys with the most runs waiting for a slot, most first."""
-        with self.connection(shard) as conn:
-            return statements.run(conn, statements.busiest_keys(self.map, shard, limit))
 
     def _locking(self, shard: Shard, execution_id: uuid.UUID, what: str,
                  attempt: Callable[[], statements.Op[State]]) -> State:

@@ -2,15 +2,27 @@
 -- (leased_until unset or past), so an expired lease is due again and any
 -- worker re-claims it. Higher priority first: the levels 9..1 from the
 -- partial index tasks_urgent, one probe for each level present, then the rest
--- of the batch at priority 0 from tasks_due; within a level, by run_at
--- (schema/0019). With min_priority > 0, only levels from it up: the claim a
+-- of the batch at priority 0, shared fairly between tenants (below); within a
+-- level, by run_at (schema/0019). With min_priority > 0, only levels from it up: the claim a
 -- worker makes at once when a NOTIFY says urgent work came due (the payload
 -- 'urgent'), instead of waiting for a full batch of free turn slots. The
 -- lease is written to columns no index holds, so the update stays HOT
 -- (schema/0018); the row keeps its run_at, and claims step over the live
--- leases at the head of tasks_due until a heartbeat moves them. The claimed rows come first; a last row with a NULL
--- execution_id carries the seconds until the next task is due (timer, retry
--- or lease expiry).
+-- leases at the head of tasks_due until a heartbeat moves them. The claimed
+-- rows come first; a last row with a NULL execution_id carries the seconds
+-- until the next task is due (timer, retry or lease expiry) and, as its
+-- tenant, the cursor the caller passes to its next claim.
+--
+-- Fairness (schema/0021): the priority-0 share is divided between the tenants
+-- with task rows, found by a loose scan of tasks_fair from after the caller's
+-- cursor round to the start, at most 32 a claim (so a thousand tenants cost a
+-- claim 32 descents, and the cursor walks on through the rest claim after
+-- claim). Each gets a part of the batch in proportion to its weight, at
+-- least one run, taken from the head of its own due rows; what a tenant
+-- could not use goes, in up to two more rounds, to the tenants that used all
+-- of theirs. What is left after that (tenants past the 32) comes from
+-- tasks_due in due order, so a claim never leaves due work unclaimed that it
+-- had room for.
 --
 -- One statement rather than a pipelined transaction of three: measured here,
 -- a pipelined transaction cost ~1 ms and one statement on an autocommit
@@ -19,7 +31,7 @@
 -- are what keep the due-index scan short beside a million parked timers, and
 -- a generic plan would guess at both.
 CREATE OR REPLACE FUNCTION shardq.claim_tasks(
-    owner text, lim integer, lease_s float8, min_priority smallint)
+    owner text, lim integer, lease_s float8, min_priority smallint, after_tenant text)
 RETURNS TABLE (
     execution_id     uuid,
     lease_token      uuid,
@@ -47,6 +59,21 @@ DECLARE
     -- Rows of priority 1-9 picked (and locked) before the priority-0 pass.
     urgent    uuid[] := '{}';
     level     smallint;
+    -- The fair pass: tenants visited, their weights, the runs each round took.
+    want      integer;
+    tenants   text[] := '{}';
+    weights   integer[];
+    fair      uuid[] := '{}';
+    got       uuid[];
+    share     integer;
+    budget    integer;
+    total     integer;
+    fullest   text[];
+    full_w    integer[];
+    walked    boolean := false;  -- every tenant visited (fewer than the cap)
+    probe     text;
+    lap       boolean := false;
+    cursor_at text := after_tenant;
 BEGIN
     claimable := shardq.unclean_writable();
 
@@ -67,6 +94,77 @@ BEGIN
                   WHERE t.priority > 0 AND t.priority < level);
     END LOOP;
 
+    want := CASE WHEN min_priority > 0 THEN 0 ELSE lim - cardinality(urgent) END;
+    IF want > 0 THEN
+        -- The tenants with priority-0 rows, each one descent of tasks_fair: from
+        -- after the cursor to the last, then from the first up to the cursor.
+        probe := after_tenant;
+        LOOP
+            IF probe IS NULL THEN
+                probe := (SELECT min(t.tenant) FROM shardq.tasks t WHERE t.priority = 0);
+            ELSE
+                probe := (SELECT min(t.tenant) FROM shardq.tasks t
+                          WHERE t.priority = 0 AND t.tenant > probe);
+            END IF;
+            IF probe IS NULL THEN
+                walked := lap OR after_tenant IS NULL;
+                EXIT WHEN walked;
+                lap := true;
+                CONTINUE;
+            END IF;
+            IF lap AND probe > after_tenant OR probe = ANY(tenants) THEN
+                walked := true;
+                EXIT;
+            END IF;
+            tenants := tenants || probe;
+            EXIT WHEN cardinality(tenants) >= 32;
+        END LOOP;
+        weights := ARRAY(
+            SELECT coalesce(w.weight, 1)
+            FROM unnest(tenants) WITH ORDINALITY AS v(tenant, ord)
+            LEFT JOIN shardq.tenant_weights w ON w.tenant = v.tenant
+            ORDER BY v.ord);
+
+        FOR pass IN 1..3 LOOP
+            EXIT WHEN want <= 0 OR cardinality(tenants) = 0;
+            budget := want;
+            total := (SELECT sum(x) FROM unnest(weights) x);
+            fullest := '{}';
+            full_w := '{}';
+            FOR i IN 1..cardinality(tenants) LOOP
+                EXIT WHEN want <= 0;
+                share := least(want, greatest(1, round(budget::numeric * weights[i] / total)));
+                got := ARRAY(
+                    SELECT d.execution_id
+                    FROM shardq.tasks d
+                    WHERE d.tenant = tenants[i] AND d.priority = 0 AND d.run_at <= now()
+                      AND (d.leased_until IS NULL OR d.leased_until <= now())
+                      AND (claimable IS NULL
+                           OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
+                      AND d.execution_id <> ALL(fair)
+                    ORDER BY d.run_at
+                    LIMIT share
+                    FOR UPDATE SKIP LOCKED);
+                fair := fair || got;
+                want := want - cardinality(got);
+                IF cardinality(got) = share THEN
+                    fullest := fullest || tenants[i];
+                    full_w := full_w || weights[i];
+                END IF;
+                IF pass = 1 THEN
+                    cursor_at := tenants[i];
+                END IF;
+            END LOOP;
+            tenants := fullest;
+            weights := full_w;
+        END LOOP;
+        -- Tenants past the cap, or still full after three rounds: the rest in
+        -- due order. Not when every tenant was visited and ran out of due rows.
+        IF want > 0 AND walked AND cardinality(tenants) = 0 THEN
+            want := 0;
+        END IF;
+    END IF;
+
     -- Losing a claim in a server crash only leaves its task due (the turn's
     -- fenced commit then fails), and the turn's own durable commit flushes the
     -- WAL past the claim anyway. Transaction-local: the caller is autocommit.
@@ -79,17 +177,17 @@ BEGIN
             lease_owner = owner,
             leased_until = now() + make_interval(secs => lease_s),
             claims = t.claims + 1
-        WHERE t.execution_id = ANY(urgent || ARRAY(
-            -- Priority 0. A due row of a higher level met here is one the
-            -- loop above found leased or locked by another claim.
+        WHERE t.execution_id = ANY(urgent || fair || ARRAY(
+            -- Priority 0 past the fair pass. Rows it took are locked by this
+            -- transaction, which SKIP LOCKED does not skip: excluded by id.
             SELECT d.execution_id
             FROM shardq.tasks d
             WHERE d.run_at <= now() AND d.priority = 0
               AND (d.leased_until IS NULL OR d.leased_until <= now())
               AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
+              AND d.execution_id <> ALL(fair)
             ORDER BY d.run_at
-            -- min_priority > 0: the worker's fast lane for an urgent wake (none).
-            LIMIT CASE WHEN min_priority > 0 THEN 0 ELSE lim - cardinality(urgent) END
+            LIMIT want
             FOR UPDATE SKIP LOCKED
         ))
         RETURNING t.execution_id, t.lease_token, t.claims, t.cancel_requested, t.priority
@@ -127,7 +225,7 @@ BEGIN
     -- head of tasks_due. That head is read up to 1,000 rows: an expiry past
     -- them is found by the worker's poll instead, a rescue later, not lost.
     RETURN QUERY
-    SELECT NULL::uuid, NULL::uuid, NULL::integer, NULL::text, NULL::text, NULL::integer,
+    SELECT NULL::uuid, NULL::uuid, NULL::integer, cursor_at, NULL::text, NULL::integer,
            NULL::text, NULL::text, NULL::boolean, now(), NULL::text, NULL::text,
            CASE WHEN claimed >= lim THEN 0::float8 ELSE
                extract(epoch FROM least(

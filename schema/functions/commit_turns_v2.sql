@@ -313,8 +313,9 @@ BEGIN
         -- a leased task row): it stays due, rather than left with neither a task
         -- nor a wait, and its next turn finds the decision in its history.
         IF c_states && ARRAY['waiting', 'input_required'] THEN
-            INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key)
-            SELECT c.id, now(), 1, e.priority, e.concurrency_key
+            INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
+                                      tenant)
+            SELECT c.id, now(), 1, e.priority, e.concurrency_key, e.tenant
             FROM unnest(c_ids, c_states) AS c(id, state)
             JOIN shardq.executions e ON e.id = c.id
             WHERE c.id = ANY(deleting) AND c.state IN ('waiting', 'input_required')
@@ -343,8 +344,9 @@ BEGIN
     -- not its first (claims = 1): its next claim reads its history. A run that
     -- waits on several names (a condition) has a row per name.
     IF cardinality(p_ids) > 0 THEN
-        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key)
-        SELECT DISTINCT p.id, now(), 1, e.priority, e.concurrency_key
+        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
+                                  tenant)
+        SELECT DISTINCT p.id, now(), 1, e.priority, e.concurrency_key, e.tenant
         FROM unnest(p_ids, p_names) AS p(id, name)
         JOIN shardq.executions e ON e.id = p.id
         WHERE (all_fenced OR (p.id = ANY(fenced) AND NOT p.id = ANY(cancelling)))

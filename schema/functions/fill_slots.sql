@@ -28,8 +28,10 @@ BEGIN
         DELETE FROM shardq.key_queue q WHERE q.execution_id IN (SELECT execution_id FROM next)
         RETURNING q.execution_id, q.concurrency_key, q.priority, q.claims
     ), woken AS (
-        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key)
-        SELECT g.execution_id, now(), g.claims, g.priority, g.concurrency_key FROM gone g
+        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
+                                  tenant)
+        SELECT g.execution_id, now(), g.claims, g.priority, g.concurrency_key, e.tenant
+        FROM gone g JOIN shardq.executions e ON e.id = g.execution_id
         ON CONFLICT (execution_id) DO NOTHING
         RETURNING priority, concurrency_key
     ), counted AS (

@@ -52,8 +52,8 @@ BEGIN
     IF run IS NOT NULL THEN
         is_new := true;
         -- A keyed run over its limit waits in key_queue (shardq.admit_task).
-        INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key)
-        VALUES (run, now(), p_priority, p_concurrency_key);
+        INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key, tenant)
+        VALUES (run, now(), p_priority, p_concurrency_key, p_tenant);
         PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(p_priority));
     ELSE
         SELECT x.id INTO run FROM shardq.executions x

@@ -84,8 +84,10 @@ def test_queue_tables_carry_churn_settings(fresh_databases: Fresh) -> None:
     assert options is not None
     assert "fillfactor=50" in options[0]
     assert "autovacuum_vacuum_scale_factor=0.01" in options[0]
-    # tasks_urgent is partial: a task of priority 0, the default, never enters it.
-    assert sorted(i[0] for i in indexes) == ["tasks_due", "tasks_pkey", "tasks_urgent"]
+    # tasks_urgent is partial: a task of priority 0, the default, never enters it;
+    # tasks_fair holds only those (schema/0021).
+    assert sorted(i[0] for i in indexes) == [
+        "tasks_due", "tasks_fair", "tasks_pkey", "tasks_urgent"]
 
 
 def test_racing_migrators_apply_each_file_once(fresh_databases: Fresh) -> None:

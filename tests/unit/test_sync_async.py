@@ -48,7 +48,15 @@ PAIRS: list[tuple[type, type, dict[str, str], dict[str, str]]] = [
 
 
 def public(cls: type) -> dict[str, Any]:
-    return {name: value for name, value in vars(cls).items() if not name.startswith("_")}
+    """The public methods of `cls` and of the shardq classes it is made of (mixins such
+    as client/flow.py's), the class's own first."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("shardq."):
+            for name, value in vars(klass).items():
+                if not name.startswith("_"):
+                    found.setdefault(name, value)
+    return found
 
 
 def shape(function: Any) -> list[tuple[str, Any, Any]]:

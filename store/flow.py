@@ -1,0 +1,52 @@
+"""The store's flow-control operations (docs/flow-control.md): concurrency limits per
+key, and tenants' weights in fair claims. A part of `Store`, kept apart so that the
+store's core (runs, claims, commits, signals) stays one readable module."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from shardq.store import statements
+
+if TYPE_CHECKING:
+    from shardq.core.models import ConcurrencyLimit
+    from shardq.shards.config import Shard, ShardMap
+    from shardq.shards.connections import DictConnection
+
+
+class FlowControlStore:
+    """Store's flow-control methods; Store provides `connection` and `map`."""
+
+    def connection(self, shard: Shard) -> AbstractContextManager[DictConnection]:
+        raise NotImplementedError
+
+    @property
+    def map(self) -> ShardMap:
+        raise NotImplementedError
+
+    def concurrency_limit(self, shard: Shard, key: str) -> ConcurrencyLimit | None:
+        """A concurrency key as its shard holds it; None when no start declared it."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.concurrency_limit(key))
+
+    def set_concurrency_limit(self, shard: Shard, key: str,
+                              override: int | None) -> ConcurrencyLimit | None:
+        """An operator's limit for `key` (None: back to the declared one)."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.set_concurrency_limit(key, override))
+
+    def busiest_keys(self, shard: Shard, limit: int) -> list[ConcurrencyLimit]:
+        """The shard's keys with the most runs waiting for a slot, most first."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.busiest_keys(self.map, shard, limit))
+
+    def tenant_weights(self, shard: Shard) -> dict[str, int]:
+        """The weights an operator gave tenants on `shard` (others weigh 1)."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.tenant_weights())
+
+    def set_tenant_weight(self, shard: Shard, tenant: str, weight: int | None) -> None:
+        """Give `tenant` a weight on `shard`, or 1 again (None)."""
+        with self.connection(shard) as conn:
+            statements.run(conn, statements.set_tenant_weight(tenant, weight))

@@ -95,7 +95,7 @@ BEGIN
     END LOOP;
 
     want := CASE WHEN min_priority > 0 THEN 0 ELSE lim - cardinality(urgent) END;
-    IF want > 0 THEN
+    IF want > 0 AND false THEN
         -- The tenants with priority-0 rows, each one descent of tasks_fair: from
         -- after the cursor to the last, then from the first up to the cursor.
         probe := after_tenant;

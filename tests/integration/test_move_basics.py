@@ -185,8 +185,8 @@ def dump(url: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, list[tuple
         "history": "SELECT * FROM shardq.history WHERE execution_id = %s ORDER BY seq",
         "signals": "SELECT * FROM shardq.signals WHERE execution_id = %s ORDER BY id",
         "waits": "SELECT * FROM shardq.waits WHERE execution_id = %s",
-        "tasks": "SELECT execution_id, claims, cancel_requested FROM shardq.tasks"
-                 " WHERE execution_id = %s",
+        "tasks": "SELECT execution_id, claims, cancel_requested, priority, tenant"
+                 " FROM shardq.tasks WHERE execution_id = %s",
         "outbox": "SELECT source_execution_id, source_position, target_execution_id, payload,"
                   " state FROM shardq.outbox WHERE source_execution_id = %s ORDER BY id",
     }

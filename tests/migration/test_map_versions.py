@@ -283,15 +283,22 @@ def test_a_process_started_from_version_1_seeds_routes_by_the_newest_version(
 def test_pools_open_a_shard_a_version_adds_and_close_one_it_drops(
     fresh_databases: Fresh,
 ) -> None:
+    from shardq.client.client import Client
     from shardq.shards.pools import ShardPools
     from shardq.shards.versions import add_shard, remove_shard
+    from shardq.store.store import Store
+    from shardq.workflow.registry import Registry
 
     urls = fresh_databases(3)
     seeds = ShardMap.from_urls(urls[:2])
     migrate(seeds)
     with ShardPools(seeds, follow_every_s=0) as pools:
         assert pools.map.version == 1
+        # Tenants' weights are the same on every shard: a new one takes the home's.
+        Client(Store(pools), Registry()).set_tenant_weight("acme", 4)
         add_shard(seeds, "shard-2", urls[2])
+        assert rows(urls[2], "SELECT tenant, weight FROM shardq.tenant_weights") == [
+            ("acme", 4)]
         # Read from a shard of the current map: the new shard's pool is made on first use.
         assert pools.refresh(at_least=2, via="shard-0").version == 2
         added = pools.map.named(["shard-2"])[0]

@@ -341,6 +341,8 @@ def test_runs_written_before_state_moved_to_narrow_rows_read_the_same(
     # The woken run's task row is not its first: its next claim reads its history.
     assert rows(url, "SELECT claims FROM shardq.tasks WHERE execution_id = %s",
                 ids["woken"]) == [(1,)]
+    # Task rows take their run's tenant (schema/0021): fair claims find them by it.
+    assert rows(url, "SELECT DISTINCT tenant FROM shardq.tasks") == [("default",)]
     assert describe(url) == CURRENT.read_text()
 
 

@@ -246,6 +246,10 @@ def families(
     slot_keys = GaugeMetricFamily("shardq_concurrency_keys_waiting",
                                   "Concurrency keys with a run waiting for a slot",
                                   labels=["shard"])
+    tenants_due = GaugeMetricFamily("shardq_tenants_due",
+                                    "Tenants with runs due now at priority 0 and not running: "
+                                    "the ones a claim shares its batch between",
+                                    labels=["shard"])
     outbox_pending = GaugeMetricFamily("shardq_outbox_pending",
                                        "Cross-shard signals not delivered yet",
                                        labels=["source_shard", "target_shard"])
@@ -278,6 +282,7 @@ def families(
             due.add_metric([shard.name, str(level)], health.due_by_priority.get(level, 0))
         slot_waits.add_metric([shard.name], health.concurrency_waiting)
         slot_keys.add_metric([shard.name], health.concurrency_keys_waiting)
+        tenants_due.add_metric([shard.name], health.tenants_due)
         by_target: dict[str, list[float]] = {}
         for b in scrape.outbox:
             t = by_target.setdefault(shard_map.for_bucket(b.target_bucket).name, [0, 0, 0, 0])
@@ -292,4 +297,4 @@ def families(
             outbox_failed.add_metric(labels, failed)
             outbox_age.add_metric(labels, oldest)
     return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, due, slot_waits,
-            slot_keys, outbox_pending, outbox_retrying, outbox_age, outbox_failed]
+            slot_keys, tenants_due, outbox_pending, outbox_retrying, outbox_age, outbox_failed]

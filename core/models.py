@@ -520,3 +520,6 @@ class ShardHealth:
     """Runs due but waiting for a slot of their concurrency key."""
     concurrency_keys_waiting: int = 0
     """Concurrency keys with a run waiting for a slot."""
+    tenants_due: int = 0
+    """Tenants with runs due now at priority 0 and not running: the ones a claim shares
+    its batch between (docs/flow-control.md)."""

@@ -96,6 +96,22 @@ FROM shardq.key_queue q
 WHERE (SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
    OR get_bit(%(mine)s::bit(4096), shardq.bucket(q.execution_id)) = 1
 
+-- name: tenants_due
+-- Tenants with runs due now at priority 0 and not running (shardq_tenants_due):
+-- the claim's walk over tasks_fair, one descent per tenant, at most 10,000.
+WITH RECURSIVE walk(tenant, n) AS (
+    (SELECT t.tenant, 1 FROM shardq.tasks t WHERE t.priority = 0 ORDER BY t.tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.tenant FROM shardq.tasks t WHERE t.priority = 0 AND t.tenant > w.tenant
+            ORDER BY t.tenant LIMIT 1), w.n + 1
+    FROM walk w WHERE w.tenant IS NOT NULL AND w.n < 10000
+)
+SELECT count(*) AS n FROM walk w
+WHERE w.tenant IS NOT NULL AND EXISTS (
+    SELECT 1 FROM shardq.tasks t
+    WHERE t.priority = 0 AND t.tenant = w.tenant AND t.run_at <= now()
+      AND (t.leased_until IS NULL OR t.leased_until <= now()))
+
 -- name: find_executions
 -- One unique-index probe per key (a plain `= ANY` may scan every run of the
 -- workflow when the planner has no statistics yet). A key's bucket is its run's

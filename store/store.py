@@ -283,9 +283,11 @@ class Store(FlowControlStore):
             states = {r["state"]: r["n"] for r in conn.execute(SQL["runs_by_state"], mine)}
             due = {r["priority"]: r["n"] for r in conn.execute(SQL["due_by_priority"], mine)}
             waiting = conn.execute(SQL["concurrency_waiting"], mine).fetchone()
+            tenants = conn.execute(SQL["tenants_due"]).fetchone()
         assert signals is not None and overdue is not None and waiting is not None
+        assert tenants is not None
         return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
-                           due, waiting["runs"], waiting["keys"])
+                           due, waiting["runs"], waiting["keys"], tenants["n"])
 
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -143,6 +144,31 @@ def test_runs_waiting_for_a_concurrency_slot_are_counted_per_shard_not_per_key(
                                            for i in range(n)], concurrency=(key, 1))
     # One of each key holds its slot; the others wait: 2 + 1 runs, on 2 keys.
     assert waiting(scrape(port)) == (3, 2)
+
+
+def test_tenants_with_due_runs_are_counted_per_shard(
+    shard_map: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    port = free_port()
+    exporter = spawn(urls(shard_map), "metrics", "--port", str(port), "--cache-seconds", "0")
+    exporter.wait_for("store exporter on")
+
+    def tenants(samples: Any) -> list[float | None]:
+        return [value(samples, "shardq_tenants_due", shard=s.name) for s in shard_map.shards]
+
+    assert tenants(scrape(port)) == [0, 0]
+    with Client.connect(shard_map, registry) as client:
+        for tenant in ("acme", "bolt", "cove"):
+            client.start_many("checkout", [(f"{tenant}-{i}", {"order_id": i, "items": []})
+                                           for i in range(20)], tenant=tenant)
+        # A tenant whose only run waits for a later time is not counted.
+        later = client.start("checkout", "later", {"order_id": 9, "items": []}, tenant="dent")
+    with psycopg.connect(shard_map.for_execution(later.execution_id).url,
+                         autocommit=True) as conn:
+        conn.execute("UPDATE shardq.tasks SET run_at = now() + interval '1 hour' "
+                     "WHERE tenant = 'dent'")
+    # Twenty runs of each tenant spread over both shards: each shard has all three.
+    assert tenants(scrape(port)) == [3, 3]
 
 
 def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(

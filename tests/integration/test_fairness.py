@@ -20,13 +20,15 @@ from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import State, TenantWeights
 from shardq.shards.config import Shard, ShardMap
+from shardq.shards.errors import ShardUnavailable
+from shardq.shards.pools import ShardPools
 from shardq.shards.routing import bucket_for
 from shardq.store.store import Store
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
-from ..support import all_rows, run_cli, wait_until
+from ..support import TcpProxy, all_rows, run_cli, wait_until
 
 registry = Registry()
 
@@ -150,6 +152,23 @@ def test_a_weight_is_written_to_every_shard_and_read_back(
         conn.execute("UPDATE shardq.tenant_weights SET weight = 7 WHERE tenant = 'acme'")
     assert client.tenant_weights() == TenantWeights(
         {}, {"acme": {"shard-0": 3, "shard-1": 7}})
+
+
+def test_a_shard_that_does_not_answer_fails_the_set_after_the_others_are_written(
+    shard_map: ShardMap, frozen_rig: tuple[TcpProxy, ShardMap],
+) -> None:
+    proxy, through_proxy = frozen_rig
+    with ShardPools(through_proxy) as pools:
+        client = Client(Store(pools), registry)
+        client.set_tenant_weight("acme", 2)
+        proxy.freeze()
+        with pytest.raises(ShardUnavailable, match=re.escape(
+                "the weight of tenant acme was written on shard-0, not on shard-1")):
+            client.set_tenant_weight("acme", 5)
+        with pytest.raises(ShardUnavailable, match="could not read shard-1"):
+            client.tenant_weights()
+        proxy.thaw()
+    assert all_rows(shard_map, "SELECT weight FROM shardq.tenant_weights") == [(5,), (2,)]
 
 
 @pytest.mark.parametrize(("tenant", "weight", "error"), [

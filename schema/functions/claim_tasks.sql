@@ -13,16 +13,9 @@
 -- until the next task is due (timer, retry or lease expiry) and, as its
 -- tenant, the cursor the caller passes to its next claim.
 --
--- Fairness (schema/0021): the priority-0 share is divided between the tenants
--- with task rows, found by a loose scan of tasks_fair from after the caller's
--- cursor round to the start, at most 32 a claim (so a thousand tenants cost a
--- claim 32 descents, and the cursor walks on through the rest claim after
--- claim). Each gets a part of the batch in proportion to its weight, at
--- least one run, taken from the head of its own due rows; what a tenant
--- could not use goes, in up to two more rounds, to the tenants that used all
--- of theirs. What is left after that (tenants past the 32) comes from
--- tasks_due in due order, so a claim never leaves due work unclaimed that it
--- had room for.
+-- Fairness (schema/0021): the priority-0 part of the batch is first shared
+-- between tenants (shardq.claim_fair); what it leaves comes from tasks_due in
+-- due order, so a claim never leaves due work unclaimed that it had room for.
 --
 -- One statement rather than a pipelined transaction of three: measured here,
 -- a pipelined transaction cost ~1 ms and one statement on an autocommit
@@ -59,20 +52,10 @@ DECLARE
     -- Rows of priority 1-9 picked (and locked) before the priority-0 pass.
     urgent    uuid[] := '{}';
     level     smallint;
-    -- The fair pass: tenants visited, their weights, the runs each round took.
+    -- Priority-0 rows the fair pass picked (and locked), and where its walk over
+    -- tenants stopped (shardq.claim_fair).
     want      integer;
-    tenants   text[] := '{}';
-    weights   integer[];
     fair      uuid[] := '{}';
-    got       uuid[];
-    share     integer;
-    budget    integer;
-    total     integer;
-    fullest   text[];
-    full_w    integer[];
-    walked    boolean := false;  -- every tenant visited (fewer than the cap)
-    probe     text;
-    lap       boolean := false;
     cursor_at text := after_tenant;
 BEGIN
     claimable := shardq.unclean_writable();
@@ -95,74 +78,9 @@ BEGIN
     END LOOP;
 
     want := CASE WHEN min_priority > 0 THEN 0 ELSE lim - cardinality(urgent) END;
-    IF want > 0 AND false THEN
-        -- The tenants with priority-0 rows, each one descent of tasks_fair: from
-        -- after the cursor to the last, then from the first up to the cursor.
-        probe := after_tenant;
-        LOOP
-            IF probe IS NULL THEN
-                probe := (SELECT min(t.tenant) FROM shardq.tasks t WHERE t.priority = 0);
-            ELSE
-                probe := (SELECT min(t.tenant) FROM shardq.tasks t
-                          WHERE t.priority = 0 AND t.tenant > probe);
-            END IF;
-            IF probe IS NULL THEN
-                walked := lap OR after_tenant IS NULL;
-                EXIT WHEN walked;
-                lap := true;
-                CONTINUE;
-            END IF;
-            IF lap AND probe > after_tenant OR probe = ANY(tenants) THEN
-                walked := true;
-                EXIT;
-            END IF;
-            tenants := tenants || probe;
-            EXIT WHEN cardinality(tenants) >= 32;
-        END LOOP;
-        weights := ARRAY(
-            SELECT coalesce(w.weight, 1)
-            FROM unnest(tenants) WITH ORDINALITY AS v(tenant, ord)
-            LEFT JOIN shardq.tenant_weights w ON w.tenant = v.tenant
-            ORDER BY v.ord);
-
-        FOR pass IN 1..3 LOOP
-            EXIT WHEN want <= 0 OR cardinality(tenants) = 0;
-            budget := want;
-            total := (SELECT sum(x) FROM unnest(weights) x);
-            fullest := '{}';
-            full_w := '{}';
-            FOR i IN 1..cardinality(tenants) LOOP
-                EXIT WHEN want <= 0;
-                share := least(want, greatest(1, round(budget::numeric * weights[i] / total)));
-                got := ARRAY(
-                    SELECT d.execution_id
-                    FROM shardq.tasks d
-                    WHERE d.tenant = tenants[i] AND d.priority = 0 AND d.run_at <= now()
-                      AND (d.leased_until IS NULL OR d.leased_until <= now())
-                      AND (claimable IS NULL
-                           OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
-                      AND d.execution_id <> ALL(fair)
-                    ORDER BY d.run_at
-                    LIMIT share
-                    FOR UPDATE SKIP LOCKED);
-                fair := fair || got;
-                want := want - cardinality(got);
-                IF cardinality(got) = share THEN
-                    fullest := fullest || tenants[i];
-                    full_w := full_w || weights[i];
-                END IF;
-                IF pass = 1 THEN
-                    cursor_at := tenants[i];
-                END IF;
-            END LOOP;
-            tenants := fullest;
-            weights := full_w;
-        END LOOP;
-        -- Tenants past the cap, or still full after three rounds: the rest in
-        -- due order. Not when every tenant was visited and ran out of due rows.
-        IF want > 0 AND walked AND cardinality(tenants) = 0 THEN
-            want := 0;
-        END IF;
+    IF want > 0 THEN
+        SELECT f.runs, f.cursor_at, f.rest INTO fair, cursor_at, want
+        FROM shardq.claim_fair(after_tenant, want, claimable) f;
     END IF;
 
     -- Losing a claim in a server crash only leaves its task due (the turn's

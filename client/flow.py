@@ -88,8 +88,10 @@ def raise_unwritten(reached: Reached[R], what: str) -> None:
     if not what:
         raise ShardUnavailable(f"could not read {missed} ({causes})")
     done = ", ".join(s.name for s in reached.answers) or "no shard"
-    raise ShardUnavailable(f"{what} was written on {done}, not on {missed} ({causes}): "
-                           "set it again when every shard answers")
+    # A shard that did not answer may still apply the write when it wakes: unconfirmed,
+    # not "not written".
+    raise ShardUnavailable(f"{what} was written on {done} and not confirmed by {missed} "
+                           f"({causes}): set it again when every shard answers")
 
 
 def agreed_weights(per_shard: Mapping[str, Mapping[str, int]]) -> TenantWeights:

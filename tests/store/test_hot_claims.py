@@ -44,7 +44,7 @@ def test_a_claim_updates_its_rows_in_place_and_leaves_their_due_time(
                                "WHERE execution_id = ANY(%s)", runs))
     with psycopg.connect(shard.url) as conn:  # one transaction: its own stats counters
         claimed = conn.execute(
-            "SELECT execution_id FROM shardq.claim_tasks('t', 10, 30, 0::smallint) "
+            "SELECT execution_id FROM shardq.claim_tasks('t', 10, 30, 0::smallint, NULL) "
             "WHERE execution_id IS NOT NULL").fetchall()
         updated, hot = conn.execute(
             "SELECT pg_stat_get_xact_tuples_updated('shardq.tasks'::regclass),"

@@ -250,6 +250,12 @@ def families(
                                     "Tenants with runs due now at priority 0 and not running: "
                                     "the ones a claim shares its batch between",
                                     labels=["shard"])
+    rate_waiting = GaugeMetricFamily("shardq_rate_limited_steps",
+                                     "Steps parked for a slot of their rate limiter",
+                                     labels=["limiter"])
+    rate_backlog = GaugeMetricFamily("shardq_rate_limiter_backlog_seconds",
+                                     "How long a step asking its rate limiter for a slot now "
+                                     "would wait", labels=["limiter"])
     outbox_pending = GaugeMetricFamily("shardq_outbox_pending",
                                        "Cross-shard signals not delivered yet",
                                        labels=["source_shard", "target_shard"])
@@ -283,6 +289,9 @@ def families(
         slot_waits.add_metric([shard.name], health.concurrency_waiting)
         slot_keys.add_metric([shard.name], health.concurrency_keys_waiting)
         tenants_due.add_metric([shard.name], health.tenants_due)
+        for limiter, waiting, backlog in health.rate_limiters:
+            rate_waiting.add_metric([limiter], waiting)
+            rate_backlog.add_metric([limiter], backlog)
         by_target: dict[str, list[float]] = {}
         for b in scrape.outbox:
             t = by_target.setdefault(shard_map.for_bucket(b.target_bucket).name, [0, 0, 0, 0])
@@ -297,4 +306,5 @@ def families(
             outbox_failed.add_metric(labels, failed)
             outbox_age.add_metric(labels, oldest)
     return [up, waits, stale, stale_age, signals, overdue, overdue_age, runs, due, slot_waits,
-            slot_keys, tenants_due, outbox_pending, outbox_retrying, outbox_age, outbox_failed]
+            slot_keys, tenants_due, rate_waiting, rate_backlog, outbox_pending, outbox_retrying,
+            outbox_age, outbox_failed]

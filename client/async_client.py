@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from shardq.client.flow import agreed_weights, raise_unwritten, weight_change
+from shardq.client.flow import agreed_weights, raise_unwritten, rate_change, weight_change
 from shardq.client.requests import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
@@ -54,7 +54,7 @@ from shardq.client.requests import (
     update_with_start_request,
     validate_update,
 )
-from shardq.core.errors import ConcurrencyKeyNotFound
+from shardq.core.errors import ConcurrencyKeyNotFound, RateLimiterNotFound
 from shardq.core.models import (
     BufferedSignal,
     ConcurrencyLimit,
@@ -63,6 +63,8 @@ from shardq.core.models import (
     HistoryEvent,
     Page,
     PendingInterrupt,
+    RateLimit,
+    RateLimiter,
     RunView,
     SignalRequest,
     SignalResult,
@@ -212,6 +214,28 @@ class AsyncClient:
         size = check_page_size(limit, MAX_PAGE)
         return busiest([await self.store.busiest_keys(s, size) for s in self.map.shards], size)
 
+    async def rate_limiter(self, name: str) -> RateLimiter | None:
+        """Client.rate_limiter."""
+        found = await self.store.rate_limiters(self._home(), check_name(name, "rate limiter"))
+        return found[0] if found else None
+
+    async def rate_limiters(self) -> list[RateLimiter]:
+        """Client.rate_limiters."""
+        return await self.store.rate_limiters(self._home())
+
+    async def set_rate_limit(self, name: str, limit: RateLimit | None) -> RateLimiter:
+        """Client.set_rate_limit."""
+        checked, chosen = rate_change(name, limit)
+        found = await self.store.set_rate_limit(self._home(), checked, chosen)
+        if found is None:
+            raise RateLimiterNotFound(checked)
+        return found
+
+    def _home(self) -> Shard:
+        home = self.map.get(self.map.home)
+        assert home is not None  # a ShardMap's home is one of its shards
+        return home
+
     async def set_tenant_weight(self, tenant: str, weight: int | None) -> None:
         """Client.set_tenant_weight."""
         checked, chosen = weight_change(tenant, weight)
@@ -258,7 +282,9 @@ class AsyncClient:
             lambda m: self.store.waits_and_signals(m.for_execution(ident), [ident]))
         wait, pending = found[ident]
         events = await self._history(ident) if history else []
-        return RunView(execution, wait, pending, events)
+        limited = (await self.store.rate_wait_of(self._home(), ident)
+                   if execution.state is State.PENDING else None)
+        return RunView(execution, wait, pending, events, limited)
 
     async def list_runs(
         self, *, tenant: str | None = DEFAULT_TENANT, state: State | str | None = None,

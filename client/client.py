@@ -215,7 +215,10 @@ class Client(FlowControlCalls):
         wait, pending = self._routed(
             lambda m: self.store.waits_and_signals(m.for_execution(ident), [ident]))[ident]
         events = self._history(ident) if history else []
-        return RunView(execution, wait, pending, events)
+        # A pending run may be parked for a rate limiter's slot, which the home shard keeps.
+        limited = (self.store.rate_wait_of(self._home(), ident)
+                   if execution.state is State.PENDING else None)
+        return RunView(execution, wait, pending, events, limited)
 
     def waiting_on_page(
         self, page: Page

@@ -1,6 +1,7 @@
 """Client calls that read and change flow control (docs/flow-control.md): concurrency
-limits per key, and tenants' weights in fair claims. A part of `Client`, kept apart so
-the client's core (start, signal, read) stays one readable module."""
+limits per key, tenants' weights in fair claims, and rate limiters (on the home shard).
+A part of `Client`, kept apart so the client's core (start, signal, read) stays one
+readable module."""
 
 from __future__ import annotations
 
@@ -8,16 +9,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from shardq.client.requests import busiest, limit_change
-from shardq.core.errors import ConcurrencyKeyNotFound
-from shardq.core.models import ConcurrencyLimit, TenantWeights
-from shardq.core.rules import check_name, check_page_size, check_tenant_weight
+from shardq.core.errors import ConcurrencyKeyNotFound, InvalidArgument, RateLimiterNotFound
+from shardq.core.models import ConcurrencyLimit, RateLimit, RateLimiter, TenantWeights
+from shardq.core.rules import (
+    check_name,
+    check_page_size,
+    check_rate_limit,
+    check_tenant_weight,
+)
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.fanout import Reached, each_shard
 from shardq.shards.routing import bucket_for_key
 from shardq.store.listing import MAX_PAGE
 
 if TYPE_CHECKING:
-    from shardq.shards.config import ShardMap
+    from shardq.shards.config import Shard, ShardMap
     from shardq.store.store import Store
 
 R = TypeVar("R")
@@ -56,6 +62,29 @@ class FlowControlCalls:
         size = check_page_size(limit, MAX_PAGE)
         return busiest([self.store.busiest_keys(s, size) for s in self.map.shards], size)
 
+    def rate_limiter(self, name: str) -> RateLimiter | None:
+        """Rate limiter `name` as the home shard holds it; None when no worker declared it."""
+        found = self.store.rate_limiters(self._home(), check_name(name, "rate limiter"))
+        return found[0] if found else None
+
+    def rate_limiters(self) -> list[RateLimiter]:
+        """Every rate limiter workers have declared, by name."""
+        return self.store.rate_limiters(self._home())
+
+    def set_rate_limit(self, name: str, limit: RateLimit | None) -> RateLimiter:
+        """An operator's numbers for rate limiter `name`, over the declared ones until reset
+        (None). Slots already given keep their times; the next ones follow `limit`."""
+        checked, chosen = rate_change(name, limit)
+        found = self.store.set_rate_limit(self._home(), checked, chosen)
+        if found is None:
+            raise RateLimiterNotFound(checked)
+        return found
+
+    def _home(self) -> Shard:
+        home = self.map.get(self.map.home)
+        assert home is not None  # a ShardMap's home is one of its shards
+        return home
+
     def set_tenant_weight(self, tenant: str, weight: int | None) -> None:
         """Give `tenant` a weight in fair claims (1..1000), on every shard; None: back to 1.
         Takes effect at each shard's next claim. A shard that cannot be reached raises
@@ -71,6 +100,18 @@ class FlowControlCalls:
         reached = each_shard(self.map.shards, self.store.tenant_weights)
         raise_unwritten(reached, "")
         return agreed_weights({s.name: w for s, w in reached.answers.items()})
+
+
+def rate_change(name: object, limit: object) -> tuple[str, RateLimit | None]:
+    """An operator's rate change, checked: the limiter and its numbers (None: back to the
+    declared ones)."""
+    checked = check_name(name, "rate limiter")
+    if limit is None:
+        return checked, None
+    if not isinstance(limit, RateLimit):
+        raise InvalidArgument(f"a rate limit must be a RateLimit(rate, per, burst), got "
+                              f"{limit!r}")
+    return checked, check_rate_limit(limit.rate, limit.per, limit.burst)
 
 
 def weight_change(tenant: object, weight: object) -> tuple[str, int | None]:

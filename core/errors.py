@@ -158,6 +158,15 @@ class ConcurrencyKeyNotFound(WorkflowError):
         self.key = key
 
 
+class RateLimiterNotFound(WorkflowError):
+    """No worker has declared this rate limiter on the home shard, so there is no rate to
+    change."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"rate limiter {name!r} is not known: no worker has declared it")
+        self.name = name
+
+
 class SignalRefused(WorkflowError):
     """The target run cannot take signals any more (it has finished) or has too many pending.
 

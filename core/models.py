@@ -99,6 +99,44 @@ class Execution:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """A rate limiter's numbers (docs/flow-control.md): `rate` steps start per `per`
+    seconds, evenly spaced, `burst` of them at once after a quiet spell."""
+
+    rate: int
+    per: float = 1.0
+    burst: int = 1
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """A rate limiter as the home shard holds it."""
+
+    name: str
+    declared: RateLimit
+    """As the workflow code declares it."""
+    override: RateLimit | None
+    """An operator's (`shardq rates set`), which wins until reset."""
+    waiting: int
+    """Steps parked for a slot of it."""
+    backlog_s: float
+    """How long a step asking for a slot now would wait."""
+
+    @property
+    def limit(self) -> RateLimit:
+        """The numbers that apply."""
+        return self.override or self.declared
+
+
+@dataclass(frozen=True)
+class RateWait:
+    """A run parked for the slot a rate limiter gave one of its steps."""
+
+    limiter: str
+    until: datetime
+
+
+@dataclass(frozen=True)
 class TenantWeights:
     """Tenants' weights in fair claims (docs/flow-control.md), as every shard holds them."""
 
@@ -182,6 +220,8 @@ class RunView:
     pending: list[BufferedSignal]
     """Signals buffered for it, oldest first."""
     history: list[HistoryEvent]
+    rate_limited: RateWait | None = None
+    """The slot of a rate limiter the run is parked for; None when it waits for none."""
 
 
 @dataclass(frozen=True)
@@ -523,3 +563,6 @@ class ShardHealth:
     tenants_due: int = 0
     """Tenants with runs due now at priority 0 and not running: the ones a claim shares
     its batch between (docs/flow-control.md)."""
+    rate_limiters: list[tuple[str, int, float]] = field(default_factory=list)
+    """(limiter, steps parked for a slot, seconds until its next free slot); the home
+    shard's, none elsewhere."""

@@ -34,6 +34,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
 from shardq.core.errors import InvalidArgument, NotSerializable, PayloadInvalid
+from shardq.core.models import RateLimit
 
 # -- names and text ----------------------------------------------------------------
 
@@ -310,6 +311,12 @@ MAX_CONCURRENCY_KEY = 255
 MAX_CONCURRENCY_LIMIT = 1_000_000
 """The largest concurrency limit: beyond it a limit is no limit, and a typo."""
 
+MAX_RATE = 1_000_000
+"""The most steps a rate limiter lets start per period."""
+
+MAX_RATE_PERIOD_S = 31_536_000.0
+"""The longest period of a rate limiter: a year."""
+
 MAX_TENANT_WEIGHT = 1000
 """The largest tenant weight: a claim gives every tenant it visits at least one run, so
 a ratio beyond this is not kept anyway (docs/flow-control.md)."""
@@ -342,6 +349,23 @@ def check_tenant_weight(weight: object) -> int:
         raise InvalidArgument(f"tenant weight must be a whole number within "
                               f"1..{MAX_TENANT_WEIGHT}, got {weight!r}")
     return weight
+
+
+def check_rate_limit(rate: object, per: object, burst: object) -> RateLimit:
+    """A rate limiter's numbers: `rate` and `burst` whole numbers within 1..MAX_RATE (not
+    bools), `per` a number of seconds above 0 and up to MAX_RATE_PERIOD_S."""
+    if isinstance(per, bool) or not isinstance(per, int | float) or not (
+            0 < per <= MAX_RATE_PERIOD_S):  # NaN fails both comparisons
+        raise InvalidArgument(f"rate limit period must be a number of seconds above 0 and "
+                              f"at most {MAX_RATE_PERIOD_S:g}, got {per!r}")
+    return RateLimit(_rate_count(rate, "rate"), float(per), _rate_count(burst, "burst"))
+
+
+def _rate_count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RATE:
+        raise InvalidArgument(f"rate limit {what} must be a whole number within "
+                              f"1..{MAX_RATE}, got {value!r}")
+    return value
 
 
 def check_concurrency(value: object) -> tuple[str, int]:

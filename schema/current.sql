@@ -116,6 +116,25 @@ CREATE TABLE shardq.ownership (
     fence_target text
 );
 
+CREATE TABLE shardq.rate_limiters (
+    name text NOT NULL,
+    rate integer NOT NULL,
+    period_s double precision NOT NULL,
+    burst integer NOT NULL,
+    o_rate integer,
+    o_period_s double precision,
+    o_burst integer,
+    tat timestamp with time zone NOT NULL DEFAULT now()
+) WITH (fillfactor=50);
+
+CREATE TABLE shardq.rate_reservations (
+    execution_id uuid NOT NULL,
+    position integer NOT NULL,
+    attempt integer NOT NULL,
+    limiter text NOT NULL,
+    at timestamp with time zone NOT NULL
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000);
+
 CREATE TABLE shardq.schema_functions (
     name text NOT NULL,
     checksum text NOT NULL,
@@ -216,6 +235,15 @@ ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_map_version_fkey FOREIGN K
 ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_pkey PRIMARY KEY (singleton);
 ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_singleton_check CHECK (singleton);
 ALTER TABLE shardq.ownership ADD CONSTRAINT ownership_writable_is_owned CHECK ((bit_count((writable & (~ owned))) = 0));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_burst_check CHECK ((burst > 0));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_check CHECK ((((o_rate IS NULL) = (o_period_s IS NULL)) AND ((o_rate IS NULL) = (o_burst IS NULL))));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_o_burst_check CHECK ((o_burst > 0));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_o_period_s_check CHECK ((o_period_s > (0)::double precision));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_o_rate_check CHECK ((o_rate > 0));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_period_s_check CHECK ((period_s > (0)::double precision));
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_pkey PRIMARY KEY (name);
+ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_rate_check CHECK ((rate > 0));
+ALTER TABLE shardq.rate_reservations ADD CONSTRAINT rate_reservations_pkey PRIMARY KEY (execution_id, "position", attempt, limiter);
 ALTER TABLE shardq.schema_functions ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name, checksum);
 ALTER TABLE shardq.schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_pkey PRIMARY KEY (singleton);
@@ -241,6 +269,7 @@ CREATE INDEX outbox_due ON shardq.outbox USING btree (next_attempt_at) WHERE (st
 CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'failed'::text);
 CREATE INDEX outbox_pair ON shardq.outbox USING btree (source_execution_id, target_execution_id, id) WHERE (state = 'pending'::text);
 CREATE UNIQUE INDEX outbox_source ON shardq.outbox USING btree (source_execution_id, source_position);
+CREATE INDEX rate_reservations_waiting ON shardq.rate_reservations USING btree (limiter, at);
 CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
@@ -325,6 +354,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)
 --   RETURNS TABLE(execution_id uuid, kind text, name text, started_at timestamp with time zone, deadline timestamp with time zone)
 --   LANGUAGE sql STABLE
+-- FUNCTION shardq.take_rate_slot(p_limiter text, p_run uuid, p_position integer, p_attempt integer, p_park_after double precision)
+--   RETURNS double precision
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.unclean_writable()
 --   RETURNS bit
 --   LANGUAGE plpgsql STABLE

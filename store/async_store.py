@@ -27,6 +27,9 @@ from shardq.core.models import (
     Execution,
     HistoryEvent,
     PendingInterrupt,
+    RateLimit,
+    RateLimiter,
+    RateWait,
     SignalResult,
     SignalWithStartResult,
     StartResult,
@@ -117,6 +120,16 @@ class AsyncStore:
 
     async def busiest_keys(self, shard: Shard, limit: int) -> list[ConcurrencyLimit]:
         return await self._run(shard, statements.busiest_keys(self.map, shard, limit))
+
+    async def rate_limiters(self, shard: Shard, name: str | None = None) -> list[RateLimiter]:
+        return await self._run(shard, statements.rate_limiters(name))
+
+    async def set_rate_limit(self, shard: Shard, name: str,
+                             limit: RateLimit | None) -> RateLimiter | None:
+        return await self._run(shard, statements.set_rate_limit(name, limit))
+
+    async def rate_wait_of(self, shard: Shard, execution_id: uuid.UUID) -> RateWait | None:
+        return await self._run(shard, statements.rate_wait_of(execution_id))
 
     async def tenant_weights(self, shard: Shard) -> dict[str, int]:
         return await self._run(shard, statements.tenant_weights())

@@ -1,6 +1,7 @@
 """The store's flow-control operations (docs/flow-control.md): concurrency limits per
-key, and tenants' weights in fair claims. A part of `Store`, kept apart so that the
-store's core (runs, claims, commits, signals) stays one readable module."""
+key, tenants' weights in fair claims, and rate limiters (on the home shard). A part
+of `Store`, kept apart so that the store's core (runs, claims, commits, signals)
+stays one readable module."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import TYPE_CHECKING
 from shardq.store import statements
 
 if TYPE_CHECKING:
-    from shardq.core.models import ConcurrencyLimit
+    import uuid
+    from collections.abc import Mapping
+
+    from shardq.core.models import ConcurrencyLimit, RateLimit, RateLimiter, RateWait
     from shardq.shards.config import Shard, ShardMap
     from shardq.shards.connections import DictConnection
 
@@ -50,3 +54,33 @@ class FlowControlStore:
         """Give `tenant` a weight on `shard`, or 1 again (None)."""
         with self.connection(shard) as conn:
             statements.run(conn, statements.set_tenant_weight(tenant, weight))
+
+    def take_rate_slot(self, shard: Shard, limiter: str, *, run: uuid.UUID, position: int,
+                       attempt: int, park_after: float) -> float | None:
+        """Seconds until a step's call may start under `limiter` (asked of the home
+        shard); None when the shard holds no such limiter yet."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.take_rate_slot(
+                limiter, run, position, attempt, park_after))
+
+    def declare_rate_limiters(self, shard: Shard, limits: Mapping[str, RateLimit]) -> None:
+        """Write the limiters workflow code declares to `shard` (the home shard)."""
+        if limits:
+            with self.connection(shard) as conn:
+                statements.run(conn, statements.declare_rate_limiters(limits))
+
+    def rate_limiters(self, shard: Shard, name: str | None = None) -> list[RateLimiter]:
+        """The limiters `shard` (the home shard) holds, or the one called `name`."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.rate_limiters(name))
+
+    def set_rate_limit(self, shard: Shard, name: str,
+                       limit: RateLimit | None) -> RateLimiter | None:
+        """An operator's numbers for limiter `name` (None: the declared ones again)."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.set_rate_limit(name, limit))
+
+    def rate_wait_of(self, shard: Shard, execution_id: uuid.UUID) -> RateWait | None:
+        """The slot of a rate limiter run `execution_id` is parked for (the home shard)."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.rate_wait_of(execution_id))

@@ -16,10 +16,10 @@ Only the worker's side is here; the clients' and the operators' calls stay on
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from shardq.core.models import Claim, CommitOutcome, TurnCommit
+from shardq.core.models import Claim, CommitOutcome, RateLimit, TurnCommit
 from shardq.shards.config import Shard, ShardMap
 from shardq.store.params import Lease
 
@@ -75,4 +75,15 @@ class WorkerStore(Protocol):
     def purge_idle_keys(self, shard: Shard, *, idle_s: float, limit: int) -> int:
         """Delete up to `limit` concurrency keys idle for `idle_s` (no slot held, no run
         waiting, no operator limit); how many."""
+        ...
+
+    def take_rate_slot(self, shard: Shard, limiter: str, *, run: uuid.UUID, position: int,
+                       attempt: int, park_after: float) -> float | None:
+        """Seconds until a step's call may start under `limiter` (asked of the home shard;
+        a wait over `park_after` is kept for the call); None when no such limiter is
+        there yet."""
+        ...
+
+    def declare_rate_limiters(self, shard: Shard, limits: Mapping[str, RateLimit]) -> None:
+        """Write the limiters workflow code declares (the home shard)."""
         ...

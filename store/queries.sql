@@ -89,6 +89,53 @@ INSERT INTO shardq.tenant_weights AS w (tenant, weight)
 SELECT %(tenant)s, %(weight)s::int WHERE %(weight)s::int IS NOT NULL
 ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight, updated_at = now()
 
+-- name: take_rate_slot
+-- The seconds until a step's call may start under its rate limiter; NULL when
+-- this (the home) shard has no such limiter. Body:
+-- schema/functions/take_rate_slot.sql.
+SELECT shardq.take_rate_slot(%(limiter)s, %(run)s, %(position)s, %(attempt)s,
+                             %(park_after)s) AS wait_s
+
+-- name: declare_rate_limiters
+-- The limiters a worker's workflow code declares, written to the home shard at
+-- its start and when a step finds its limiter missing. An operator's setting
+-- and the slots taken (tat) are left as they are.
+INSERT INTO shardq.rate_limiters AS l (name, rate, period_s, burst)
+SELECT * FROM unnest(%(names)s::text[], %(rates)s::int[], %(periods)s::float8[],
+                     %(bursts)s::int[])
+ON CONFLICT (name) DO UPDATE
+SET rate = excluded.rate, period_s = excluded.period_s, burst = excluded.burst
+WHERE (l.rate, l.period_s, l.burst) IS DISTINCT FROM
+      (excluded.rate, excluded.period_s, excluded.burst)
+
+-- name: rate_limiters
+-- Every limiter (or one, by name), with the steps waiting for a slot and how far
+-- ahead its slots are given (tat - now: a step asking now waits about that long).
+SELECT l.name, l.rate, l.period_s, l.burst, l.o_rate, l.o_period_s, l.o_burst,
+       greatest(extract(epoch FROM l.tat - now()), 0)::float8 AS backlog_s,
+       (SELECT count(*) FROM shardq.rate_reservations r
+        WHERE r.limiter = l.name AND r.at > now() - interval '1 hour') AS waiting
+FROM shardq.rate_limiters l
+WHERE %(name)s::text IS NULL OR l.name = %(name)s
+ORDER BY l.name
+
+-- name: set_rate_limit
+-- An operator's rate for a limiter (all three NULL: back to the declared one);
+-- the limiter as it now is, nothing when no worker has declared it.
+UPDATE shardq.rate_limiters l
+SET o_rate = %(rate)s, o_period_s = %(period_s)s, o_burst = %(burst)s
+WHERE l.name = %(name)s
+RETURNING l.name, l.rate, l.period_s, l.burst, l.o_rate, l.o_period_s, l.o_burst,
+          greatest(extract(epoch FROM l.tat - now()), 0)::float8 AS backlog_s,
+          (SELECT count(*) FROM shardq.rate_reservations r
+           WHERE r.limiter = l.name AND r.at > now() - interval '1 hour') AS waiting
+
+-- name: rate_reservations_of
+-- The slot a run is parked for, if any (workflow show, the HTTP run view).
+SELECT r.limiter, r.at FROM shardq.rate_reservations r
+WHERE r.execution_id = %(id)s AND r.at > now()
+ORDER BY r.at LIMIT 1
+
 -- name: concurrency_waiting
 -- Runs waiting for a slot, and the keys they wait on (shardq_concurrency_waiting).
 SELECT count(*) AS runs, count(DISTINCT q.concurrency_key) AS keys

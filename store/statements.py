@@ -35,6 +35,9 @@ from shardq.core.models import (
     Execution,
     HistoryEvent,
     PendingInterrupt,
+    RateLimit,
+    RateLimiter,
+    RateWait,
     SignalResult,
     SignalWithStartResult,
     StartResult,
@@ -286,6 +289,52 @@ def tenant_weights() -> Op[dict[str, int]]:
 def set_tenant_weight(tenant: str, weight: int | None) -> Op[None]:
     """Give `tenant` a weight on one shard, or 1 again (None)."""
     yield SQL["set_tenant_weight"], {"tenant": tenant, "weight": weight}
+
+
+def take_rate_slot(limiter: str, run: uuid.UUID, position: int, attempt: int,
+                   park_after: float) -> Op[float | None]:
+    """Seconds until a step's call may start under `limiter` (schema/functions/
+    take_rate_slot.sql); None when the shard holds no such limiter."""
+    rows = yield SQL["take_rate_slot"], {"limiter": limiter, "run": run, "position": position,
+                                         "attempt": attempt, "park_after": park_after}
+    wait = rows[0]["wait_s"]
+    return None if wait is None else float(wait)
+
+
+def declare_rate_limiters(limits: Mapping[str, RateLimit]) -> Op[None]:
+    """Write the limiters workflow code declares (an operator's numbers stay)."""
+    names = sorted(limits)
+    yield SQL["declare_rate_limiters"], {
+        "names": names, "rates": [limits[n].rate for n in names],
+        "periods": [limits[n].per for n in names], "bursts": [limits[n].burst for n in names]}
+
+
+def rate_limiters(name: str | None) -> Op[list[RateLimiter]]:
+    """Every limiter the shard holds, or the one called `name`."""
+    rows = yield SQL["rate_limiters"], {"name": name}
+    return [_rate_limiter(r) for r in rows]
+
+
+def set_rate_limit(name: str, limit: RateLimit | None) -> Op[RateLimiter | None]:
+    """An operator's numbers for limiter `name` (None: the declared ones again); the
+    limiter as it now is, None when no worker has declared it."""
+    rows = yield SQL["set_rate_limit"], {
+        "name": name, "rate": limit and limit.rate, "period_s": limit and limit.per,
+        "burst": limit and limit.burst}
+    return _rate_limiter(rows[0]) if rows else None
+
+
+def rate_wait_of(execution_id: uuid.UUID) -> Op[RateWait | None]:
+    """The slot a run is parked for, if any."""
+    rows = yield SQL["rate_reservations_of"], {"id": execution_id}
+    return RateWait(rows[0]["limiter"], rows[0]["at"]) if rows else None
+
+
+def _rate_limiter(row: dict[str, Any]) -> RateLimiter:
+    override = None if row["o_rate"] is None else RateLimit(
+        row["o_rate"], row["o_period_s"], row["o_burst"])
+    return RateLimiter(row["name"], RateLimit(row["rate"], row["period_s"], row["burst"]),
+                       override, row["waiting"], row["backlog_s"])
 
 
 def _key_probe(key: str) -> uuid.UUID:

@@ -284,10 +284,13 @@ class Store(FlowControlStore):
             due = {r["priority"]: r["n"] for r in conn.execute(SQL["due_by_priority"], mine)}
             waiting = conn.execute(SQL["concurrency_waiting"], mine).fetchone()
             tenants = conn.execute(SQL["tenants_due"]).fetchone()
+            # Rows only on the home shard, which holds every limiter.
+            limiters = [(r["name"], r["waiting"], r["backlog_s"])
+                        for r in conn.execute(SQL["rate_limiters"], {"name": None})]
         assert signals is not None and overdue is not None and waiting is not None
         assert tenants is not None
         return ShardHealth(waits, stale, signals["n"], overdue["n"], overdue["oldest_s"], states,
-                           due, waiting["runs"], waiting["keys"], tenants["n"])
+                           due, waiting["runs"], waiting["keys"], tenants["n"], limiters)
 
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,

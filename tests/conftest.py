@@ -51,7 +51,7 @@ from shardq.workflow.registry import Registry
 from .support import Daemon, TcpProxy
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions", "concurrency_keys",
-          "key_queue", "tenant_weights")
+          "key_queue", "tenant_weights", "rate_limiters", "rate_reservations")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
 
 

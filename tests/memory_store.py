@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,6 +37,7 @@ from shardq.core.models import (
     CommitOutcome,
     HistoryEvent,
     OpenWait,
+    RateLimit,
     State,
     TaskAction,
     TurnCommit,
@@ -82,6 +83,7 @@ class MemoryStore:
         self.tasks: dict[uuid.UUID, _Task] = {}
         self.purger_busy = False
         """True: another purger holds the shard (purge_batch answers None)."""
+        self.rate_limits: dict[str, RateLimit] = {}
         self._seq = itertools.count(1)
         # Insertion order breaks ties of run_at: the fake's clock stands still
         # between calls, where the database's now() would have moved on.
@@ -158,6 +160,13 @@ class MemoryStore:
 
     def purge_idle_keys(self, shard: Shard, *, idle_s: float, limit: int) -> int:
         return 0  # the fake keeps no concurrency keys: it admits every run
+
+    def take_rate_slot(self, shard: Shard, limiter: str, *, run: uuid.UUID, position: int,
+                       attempt: int, park_after: float) -> float | None:
+        return 0.0 if limiter in self.rate_limits else None  # the fake never limits
+
+    def declare_rate_limiters(self, shard: Shard, limits: Mapping[str, RateLimit]) -> None:
+        self.rate_limits.update(limits)
 
     def purge_batch(
         self, shard: Shard, *, retention_s: float, workflows: Sequence[str], listed: bool,

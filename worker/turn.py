@@ -29,6 +29,7 @@ from shardq.core.rules import Limits
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.control import Cancelled, Park, TurnAborted
 from shardq.workflow.journal import Checkpoint, Journal
+from shardq.workflow.rates import RateSlots
 from shardq.workflow.registry import Registry, WorkflowDef
 from shardq.workflow.replay import Replay
 from shardq.workflow.steps import error_payload
@@ -45,6 +46,7 @@ UNKNOWN_VERSION_RETRY_S = 60.0
 def run_turn(
     claim: Claim, registry: Registry, checkpoint: Checkpoint,
     on_this_shard: Callable[[uuid.UUID], bool] | None = None, *, limits: Limits | None = None,
+    rate_slots: RateSlots | None = None,
 ) -> TurnCommit | None:
     """The commit that ends this turn, still to be made; None when the lease was lost.
 
@@ -69,7 +71,7 @@ def run_turn(
     try:
         ctx = WorkflowContext(claim, replay, journal, on_this_shard,
                               state=definition.new_state(), updates=definition.updates,
-                              limits=limits)
+                              limits=limits, rate_slots=rate_slots)
         return _play(definition, ctx, claim, replay, journal)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})

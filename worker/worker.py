@@ -39,6 +39,7 @@ from shardq.store.protocol import WorkerStore
 from shardq.worker.completer import Completer, Result
 from shardq.worker.config import WorkerConfig
 from shardq.worker.leases import beat
+from shardq.worker.limiters import HomeRateSlots
 from shardq.worker.logcontext import about_run
 from shardq.worker.retention import RetentionPlan, purge_served
 from shardq.worker.slots import InFlight, Reservation, TurnItem, TurnQueue
@@ -95,6 +96,7 @@ class Worker:
         self.config = config or WorkerConfig()
         self.registry = registry
         self.store = store
+        self._rate_slots = HomeRateSlots(store, registry.rate_limits)
         # Without a named subset, the worker serves the shards of the current map
         # version: one a newer version adds is served within MAP_CHECK_S; one it
         # drops is let go (_let_go): no more claims, its leases end normally, then
@@ -141,6 +143,8 @@ class Worker:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> Worker:
+        if self.registry.rate_limits:
+            self._rate_slots.declare()
         for completer in self._completers.values():
             completer.start()
         for shard in self.shards:
@@ -492,7 +496,7 @@ class Worker:
         started = time.perf_counter()
         try:
             return run_turn(claim, self.registry, checkpoint, on_this_shard,
-                            limits=self.config.limits)
+                            limits=self.config.limits, rate_slots=self._rate_slots)
         finally:
             TURN_SECONDS.observe(time.perf_counter() - started)
 

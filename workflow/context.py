@@ -20,11 +20,9 @@ from uuid import UUID
 from shardq.core.errors import (
     InvalidArgument,
     NonDeterminismError,
-    NotSerializable,
     SignalTimedOut,
     StepFailed,
 )
-from shardq.core.instruments import STEP_SECONDS
 from shardq.core.models import (
     INTERRUPT_ACTIONS,
     BufferedSignal,
@@ -56,14 +54,14 @@ from shardq.workflow.control import Cancelled, Park
 from shardq.workflow.externals import record_externals
 from shardq.workflow.handlers import StateHandlers
 from shardq.workflow.journal import Journal
+from shardq.workflow.rates import RateSlots, wait_for_slot
 from shardq.workflow.recorded import (
     external_result,
-    json_round_trip,
     signal_of,
 )
 from shardq.workflow.replay import Replay
 from shardq.workflow.retry import RetryPolicy
-from shardq.workflow.steps import STEP_COMPLETED, fail_attempt, run_attempt
+from shardq.workflow.steps import attempt_step, run_attempt
 
 T = TypeVar("T")
 
@@ -80,9 +78,10 @@ class WorkflowContext:
         self, claim: Claim, replay: Replay, journal: Journal,
         on_this_shard: Callable[[uuid.UUID], bool] | None = None,
         *, state: object | None = None, updates: Sequence[UpdateSpec] = (),
-        limits: Limits | None = None,
+        limits: Limits | None = None, rate_slots: RateSlots | None = None,
     ) -> None:
         self._claim = claim
+        self._rate_slots = rate_slots
         self._limits = limits or Limits()
         self._handlers = StateHandlers(state, updates)
         self._on_this_shard = on_this_shard
@@ -141,6 +140,7 @@ class WorkflowContext:
         *args: Any,
         retry: RetryPolicy | int | None = None,
         timeout: float | None = None,
+        rate_limit: str | None = None,
         **kwargs: Any,
     ) -> T:
         """Run `fn(*args, **kwargs)` once, durably; on replay return its recorded result.
@@ -150,9 +150,12 @@ class WorkflowContext:
         A failure is retried per `retry` after a durable backoff; when retries are
         exhausted StepFailed is raised here, and again at this call on replay.
         `timeout` bounds one attempt (the attempt's thread cannot be killed and is
-        left to finish in the background; its result is ignored).
+        left to finish in the background; its result is ignored). `rate_limit` names a
+        limiter (`registry.rate_limiter`) whose slot each attempt waits for (rates.py).
         """
         check_name(name, "step")
+        if rate_limit is not None:
+            check_name(rate_limit, "rate limiter")
         policy = RetryPolicy.of(retry)
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise InvalidArgument(f"step {name!r}: timeout must be a positive number of seconds")
@@ -170,28 +173,10 @@ class WorkflowContext:
         self._cancel = self._cancel or self._journal.cancel_requested
         if self._cancel:  # learnt from the checkpoint just committed
             raise Cancelled()
-        try:
-            started = time.perf_counter()
-            try:
-                result = run_attempt(fn, args, kwargs, timeout)
-            finally:
-                STEP_SECONDS.observe(time.perf_counter() - started)
-        except Exception as exc:
-            fail_attempt(self._journal, position, name, attempt, exc, policy)
-        try:
-            encoded = json_round_trip(result)
-        except (TypeError, ValueError) as exc:
-            problem = NotSerializable(
-                f"step {name!r} returned {type(result).__name__}, which is not "
-                f"JSON-serialisable: {exc}"
-            )
-            fail_attempt(self._journal, position, name, attempt, problem,
-                         RetryPolicy(max_attempts=1))
-        self._journal.events.append(
-            NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded})
-        )
-        STEP_COMPLETED.inc()
-        return encoded  # type: ignore[no-any-return]
+        if rate_limit is not None:
+            wait_for_slot(self._rate_slots, rate_limit, self.execution_id, position, attempt)
+        return attempt_step(self._journal, position, name, attempt,  # type: ignore[no-any-return]
+                            lambda: run_attempt(fn, args, kwargs, timeout), policy)
 
     def sleep(self, name: str, seconds: float) -> None:
         """Wait `seconds` on a durable timer whose wake time the database's clock sets."""

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardq.core.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
-from shardq.core.rules import check_concurrency, check_name, check_priority, check_schema
+from shardq.core.models import RateLimit
+from shardq.core.rules import (
+    check_concurrency,
+    check_name,
+    check_priority,
+    check_rate_limit,
+    check_schema,
+)
 from shardq.workflow.contracts import (
     QuerySpec,
     SignalSpec,
@@ -157,6 +164,19 @@ class Registry:
         self.schema_signals: frozenset[str] = frozenset()
         """Signal names some registered workflow publishes a schema for: a sender looks
         its target's workflow up (to validate) only for these names."""
+        self.rate_limits: dict[str, RateLimit] = {}
+        """The rate limiters steps may name (`ctx.step(..., rate_limit=name)`)."""
+
+    def rate_limiter(self, name: str, rate: int, *, per: float = 1.0, burst: int = 1) -> None:
+        """Declare rate limiter `name`: `rate` step starts per `per` seconds across every
+        worker and shard, evenly spaced, `burst` at once after a quiet spell
+        (docs/flow-control.md). Steps of any workflow name it."""
+        check_name(name, "rate limiter")
+        limit = check_rate_limit(rate, per, burst)
+        if self.rate_limits.get(name, limit) != limit:
+            raise InvalidArgument(f"rate limiter {name} is already declared as "
+                                  f"{self.rate_limits[name]}")
+        self.rate_limits[name] = limit
 
     def workflow(
         self, name: str | None = None, *, version: int = 1, **limits: Any

@@ -7,15 +7,17 @@ waiting for at the deadline; its late result goes nowhere.
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from shardq.core.errors import StepFailed
-from shardq.core.instruments import STEP_ATTEMPTS
+from shardq.core.errors import NotSerializable, StepFailed
+from shardq.core.instruments import STEP_ATTEMPTS, STEP_SECONDS
 from shardq.core.models import Event, NewEvent, State, TaskAction
 from shardq.workflow.control import Park
 from shardq.workflow.journal import Journal
+from shardq.workflow.recorded import json_round_trip
 from shardq.workflow.retry import RetryPolicy
 
 T = TypeVar("T")
@@ -86,3 +88,30 @@ def fail_attempt(  # noqa: PLR0917 - the attempt's coordinates, in the event's o
     ))
     _STEP_FAILED.inc()
     raise StepFailed(name, error["type"], error["message"], attempt) from exc
+
+
+def attempt_step(  # noqa: PLR0917 - the attempt's coordinates, then what it runs
+    journal: Journal, position: int, name: str, attempt: int, run: Callable[[], Any],
+    policy: RetryPolicy,
+) -> Any:
+    """Run one attempt of step `name` and record its result (the JSON it round-trips to,
+    which is returned) or its failure (fail_attempt)."""
+    try:
+        started = time.perf_counter()
+        try:
+            result = run()
+        finally:
+            STEP_SECONDS.observe(time.perf_counter() - started)
+    except Exception as exc:
+        fail_attempt(journal, position, name, attempt, exc, policy)
+    try:
+        encoded = json_round_trip(result)
+    except (TypeError, ValueError) as exc:
+        problem = NotSerializable(
+            f"step {name!r} returned {type(result).__name__}, which is not "
+            f"JSON-serialisable: {exc}"
+        )
+        fail_attempt(journal, position, name, attempt, problem, RetryPolicy(max_attempts=1))
+    journal.events.append(NewEvent(position, Event.STEP_COMPLETED, name, {"result": encoded}))
+    STEP_COMPLETED.inc()
+    return encoded

@@ -5,6 +5,7 @@ The root group and its options are here; each group of commands has a module:
 - workflow.py: `workflow ...`, start, signal, inspect, decide and cancel runs;
 - limits.py: `limits ...`, concurrency limits per key;
 - fairness.py: `fairness ...`, tenants' weights in fair claims;
+- rates.py: `rates ...`, rate limiters;
 - outbox.py: `outbox ...` (what the outboxes owe) and the `outbox-relay` daemon;
 - shards.py: `shards`, the shard map and each shard's state;
 - operations.py: `migrate`, `stale`, `purge` and the `metrics` exporter;
@@ -23,7 +24,17 @@ from pathlib import Path
 
 import click
 
-from shardq.bin.cli import dev, fairness, limits, operations, outbox, serve, worker, workflow
+from shardq.bin.cli import (
+    dev,
+    fairness,
+    limits,
+    operations,
+    outbox,
+    rates,
+    serve,
+    worker,
+    workflow,
+)
 from shardq.bin.cli import shards as shard_map
 from shardq.bin.cli.common import EXIT_USAGE, Settings, fail
 from shardq.bin.logs import configure as configure_logging
@@ -57,7 +68,8 @@ def cli(
     ctx.obj.log_format = log_format
 
 
-for command in (*workflow.COMMANDS, *limits.COMMANDS, *fairness.COMMANDS, *outbox.COMMANDS,
+for command in (*workflow.COMMANDS, *limits.COMMANDS, *fairness.COMMANDS, *rates.COMMANDS,
+                *outbox.COMMANDS,
                 *shard_map.COMMANDS, *operations.COMMANDS, *worker.COMMANDS, *serve.COMMANDS,
                 *dev.COMMANDS):
     cli.add_command(command)

@@ -411,6 +411,9 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
     if execution.concurrency_key is not None:
         lines.append(f"  concurrency key {execution.concurrency_key!r}"
                      + (": waiting for a slot" if execution.waiting_for_slot else ""))
+    if view.rate_limited is not None:
+        lines.append(f"  rate limited by {view.rate_limited.limiter!r} until "
+                     f"{view.rate_limited.until.isoformat()}")
     if wait is not None:
         deadline = f", deadline {wait.deadline.isoformat()}" if wait.deadline else ""
         lines.append(f"  waits on {wait.kind} {wait.name!r} for "
@@ -421,6 +424,7 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
               f"{e.kind:<18} {e.name}  {json.dumps(e.payload)}" for e in events]
     emit(settings, {**_execution_payload(execution),
                     "open_wait": asdict(wait) if wait else None,
+                    "rate_limited": asdict(view.rate_limited) if view.rate_limited else None,
                     "pending_signals": [asdict(b) for b in buffered],
                     "history": [asdict(e) for e in events]},
          "\n".join(lines))

@@ -340,6 +340,9 @@ async def show(request: Request, tenant: str) -> Response:
             "kind": wait.kind, "name": wait.name, "started_at": wait.started_at.isoformat(),
             "deadline": wait.deadline.isoformat() if wait.deadline else None,
             "request": wait.request},
+        "rate_limited": None if view.rate_limited is None else {
+            "limiter": view.rate_limited.limiter,
+            "until": view.rate_limited.until.isoformat()},
         "pending_signals": [{"signal_id": b.id, "name": b.name, "payload": b.payload,
                              "received_at": b.received_at.isoformat()} for b in buffered],
         # Every decision attempt on the run's interrupts, accepted or refused: its audit.

@@ -38,6 +38,8 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
     "concurrency_key": {"type": ["string", "null"]}, "waiting_for_slot": {"type": "boolean"},
     "finished_at": {"type": ["string", "null"]},
     "open_wait": {"type": ["object", "null"]},
+    "rate_limited": {"type": ["object", "null"], "properties": {
+        "limiter": {"type": "string"}, "until": {"type": "string"}}},
     "pending_signals": {"type": "array", "items": {"type": "object"}},
     "decisions": {"type": "array", "items": {"type": "object"}},
 }}

@@ -1,0 +1,234 @@
+"""Rate limits: a step that names a limiter starts no sooner than its slot, across
+workers and shards; over the limit it is delayed (its run parked, pending, for the
+slot it was given), never failed; the limiter lives on the home shard, operators
+change it without a restart; bad limiters and bad numbers are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+
+from shardq.client.client import Client
+from shardq.core.errors import InvalidArgument, RateLimiterNotFound
+from shardq.core.models import RateLimit, State
+from shardq.shards.config import ShardMap
+from shardq.worker.worker import Worker
+from shardq.workflow.context import WorkflowContext
+from shardq.workflow.registry import Registry
+
+from ..support import all_rows, rows, run_cli, wait_until
+
+registry = Registry()
+registry.rate_limiter("provider", 10, per=1.0)
+registry.rate_limiter("slow", 1, per=3600.0)
+
+
+@registry.workflow("charge")
+def charge(ctx: WorkflowContext) -> float:
+    return ctx.step("call", time.time, rate_limit="provider")
+
+
+@registry.workflow("twice")
+def twice(ctx: WorkflowContext) -> list[float]:
+    return [ctx.step("first", time.time, rate_limit="slow"),
+            ctx.step("second", time.time, rate_limit="slow")]
+
+
+@registry.workflow("undeclared")
+def undeclared(ctx: WorkflowContext) -> float:
+    return ctx.step("call", time.time, rate_limit="nobody")
+
+
+def home_url(shard_map: ShardMap) -> str:
+    home = shard_map.get(shard_map.home)
+    assert home is not None
+    return home.url
+
+
+def test_steps_of_two_workers_over_two_shards_start_no_faster_than_the_rate(
+    client: Client, shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    runs = [r.execution_id for r in client.start_many(
+        "charge", [(f"c-{i}", None) for i in range(40)])]
+    assert {shard_map.for_execution(r).name for r in runs} == {"shard-0", "shard-1"}
+    for _ in range(2):
+        start_worker(registry, poll_interval_s=0.2, concurrency=8, batch_size=8)
+    wait_until(lambda: all(client.get(r).state is State.COMPLETED for r in runs),
+               timeout=30, what="40 limited runs at 10/s")
+    started = sorted(float(client.get(r).output) for r in runs)
+    # 10/s with a burst of 1: slots 0.1 s apart. Any window of 1 s holds at most 11,
+    # and 40 steps take at least 3.9 s from the first to the last.
+    assert max(sum(1 for t in started if s <= t < s + 1.0) for s in started) <= 11
+    assert started[-1] - started[0] >= 3.8
+    # Some steps waited so long their runs parked for the slot they were given; none
+    # was refused or failed.
+    assert all(client.get(r).error is None for r in runs)
+
+
+def test_a_step_over_the_limit_parks_its_run_pending_with_its_slot_kept(
+    client: Client, shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    run = client.start("twice", "t-1").execution_id
+    start_worker(registry, poll_interval_s=0.2)
+    # The first step takes the hour's one slot; the second is given the next hour's.
+    wait_until(lambda: rows(home_url(shard_map),
+                            "SELECT limiter FROM shardq.rate_reservations") == [("slow",)],
+               what="the second step's reservation")
+    # Its turn ends once it has the slot's time: the run is pending, not failed.
+    wait_until(lambda: client.get(run).state is State.PENDING, what="the run parked for its slot")
+    view = client.describe(run)
+    assert view.rate_limited is not None and view.rate_limited.limiter == "slow"
+    assert (view.rate_limited.until - datetime.now(UTC)).total_seconds() > 3500
+    # Its task row is due at the slot: no worker claims it before.
+    due = all_rows(shard_map, "SELECT extract(epoch FROM run_at - now()) FROM shardq.tasks")
+    assert len(due) == 1 and 3590 < due[0][0] <= 3600
+    shown = run_cli("--shards", ",".join(s.url for s in shard_map.shards),
+                    "workflow", "show", str(run), "--no-history")
+    assert "rate limited by 'slow' until" in shown.stdout, shown.stderr
+    # An operator lets it through: a faster rate applies to the next slots, and the
+    # slot already given is moved by hand (here: made due now).
+    with psycopg.connect(home_url(shard_map), autocommit=True) as conn:
+        conn.execute("UPDATE shardq.rate_reservations SET at = now()")
+    with psycopg.connect(shard_map.for_execution(run).url, autocommit=True) as conn:
+        conn.execute("UPDATE shardq.tasks SET run_at = now()")
+    done = client.wait(run, timeout=10)
+    assert done.state is State.COMPLETED and len(done.output) == 2
+    # The reservation was taken with the step, not left to be used twice.
+    assert rows(home_url(shard_map), "SELECT count(*) FROM shardq.rate_reservations") == [(0,)]
+
+
+def test_a_step_naming_an_undeclared_limiter_fails_its_run_with_one_clear_error(
+    client: Client, start_worker: Callable[..., Worker],
+) -> None:
+    run = client.start("undeclared", "u-1").execution_id
+    start_worker(registry, poll_interval_s=0.2)
+    done = client.wait(run, timeout=10)
+    assert done.state is State.FAILED and done.error is not None
+    assert done.error["type"] == "InvalidArgument"
+    assert done.error["message"] == ("rate limiter 'nobody' is not declared: declare it "
+                                     "with registry.rate_limiter('nobody', rate, per=seconds)")
+
+
+def test_the_worker_declares_its_limiters_on_the_home_shard_and_operators_override_them(
+    client: Client, shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    start_worker(registry, poll_interval_s=0.2)
+    assert sorted(r[0] for r in rows(home_url(shard_map),
+                                     "SELECT name FROM shardq.rate_limiters")) == [
+        "provider", "slow"]
+    others = [s.url for s in shard_map.shards if s.url != home_url(shard_map)]
+    assert all(rows(u, "SELECT count(*) FROM shardq.rate_limiters") == [(0,)] for u in others)
+    found = client.rate_limiter("provider")
+    assert found is not None and found.limit == RateLimit(10, 1.0, 1)
+    changed = client.set_rate_limit("provider", RateLimit(50, 2.0, 5))
+    assert changed.override == RateLimit(50, 2.0, 5) and changed.limit == RateLimit(50, 2.0, 5)
+    # A worker declaring the limiter again (a restart, a deploy) keeps the operator's.
+    start_worker(registry, poll_interval_s=0.2)
+    found = client.rate_limiter("provider")
+    assert found is not None and found.limit == RateLimit(50, 2.0, 5)
+    assert found.declared == RateLimit(10, 1.0, 1)
+    reset = client.set_rate_limit("provider", None)
+    assert reset.override is None and reset.limit == RateLimit(10, 1.0, 1)
+    with pytest.raises(RateLimiterNotFound):
+        client.set_rate_limit("never-declared", RateLimit(1))
+    assert client.rate_limiter("never-declared") is None
+    assert [r.name for r in client.rate_limiters()] == ["provider", "slow"]
+
+
+@pytest.mark.parametrize(("numbers", "error"), [
+    ((0, 1.0, 1), "rate limit rate must be a whole number within 1..1000000, got 0"),
+    ((-5, 1.0, 1), "got -5"),
+    ((10**7, 1.0, 1), "got 10000000"),
+    ((1.5, 1.0, 1), "got 1.5"),
+    ((True, 1.0, 1), "got True"),
+    (("10", 1.0, 1), "got '10'"),
+    ((10, 0, 1), "rate limit period must be a number of seconds above 0"),
+    ((10, -1.0, 1), "got -1.0"),
+    ((10, math.nan, 1), "got nan"),
+    ((10, math.inf, 1), "got inf"),
+    ((10, 10**9, 1), "at most 3.1536e+07, got 1000000000"),
+    ((10, "1", 1), "got '1'"),
+    ((10, 1.0, 0), "rate limit burst must be a whole number within 1..1000000, got 0"),
+    ((10, 1.0, None), "got None"),
+])
+def test_bad_rate_limits_are_refused_at_declaration_and_by_operators(
+    client: Client, shard_map: ShardMap, numbers: tuple[object, object, object], error: str,
+) -> None:
+    rate, per, burst = numbers
+    with pytest.raises(InvalidArgument, match=re.escape(error)):
+        Registry().rate_limiter("x", rate, per=per, burst=burst)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=re.escape(error)):
+        client.set_rate_limit("provider", RateLimit(rate, per, burst))  # type: ignore[arg-type]
+    assert all_rows(shard_map, "SELECT count(*) FROM shardq.rate_limiters") == [(0,), (0,)]
+
+
+@pytest.mark.parametrize(("name", "error"), [
+    ("", "rate limiter name must be a non-empty string"),
+    ("a\x00b", "rate limiter name 'a\\x00b' is invalid"),
+    ("n" * 10_000, "at most 128 characters"),
+    (None, "got None"),
+    (5, "got 5"),
+])
+def test_bad_limiter_names_are_refused(client: Client, name: object, error: str) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(error)):
+        Registry().rate_limiter(name, 10)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=re.escape(error)):
+        client.set_rate_limit(name, RateLimit(10))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=re.escape(error)):
+        client.rate_limiter(name)  # type: ignore[arg-type]
+
+
+def test_a_limiter_declared_twice_with_other_numbers_is_refused() -> None:
+    local = Registry()
+    local.rate_limiter("p", 10)
+    local.rate_limiter("p", 10)  # the same again: fine (a module imported twice)
+    with pytest.raises(InvalidArgument, match="rate limiter p is already declared"):
+        local.rate_limiter("p", 20)
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["set", "provider", "0"], "rate limit rate must be a whole number within 1..1000000"),
+    (["set", "provider", "ten"], "'ten' is not a valid integer"),
+    (["set", "provider", "10", "--per", "0"], "rate limit period must be a number"),
+    (["set", "provider", "10", "--per", "nan"], "got nan"),
+    (["set", "provider", "10", "--burst", "0"], "rate limit burst must be a whole number"),
+    (["set", "", "10"], "rate limiter name must be a non-empty string"),
+    (["show", "a" * 10_000], "at most 128 characters"),
+])
+def test_the_command_line_refuses_bad_rates_with_exit_2(
+    shard_map: ShardMap, args: list[str], error: str,
+) -> None:
+    done = run_cli("--shards", ",".join(s.url for s in shard_map.shards), "rates", *args)
+    assert done.returncode == 2, done
+    assert error in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_command_line_shows_sets_and_resets_a_limiter(
+    shard_map: ShardMap, start_worker: Callable[..., Worker],
+) -> None:
+    start_worker(registry, poll_interval_s=0.2)
+    shards = ",".join(s.url for s in shard_map.shards)
+    shown = run_cli("--shards", shards, "rates", "show", "provider", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == {
+        "name": "provider", "rate": 10, "per": 1.0, "burst": 1, "declared": {
+            "rate": 10, "per": 1.0, "burst": 1}, "override": None, "waiting": 0,
+        "backlog_s": 0.0}
+    done = run_cli("--shards", shards, "rates", "set", "provider", "20", "--per", "2")
+    assert done.stdout.strip() == (
+        "provider  20 per 2 s, burst 1 (set by an operator; declared 10 per 1 s, burst 1)  "
+        "waiting 0"), done.stderr
+    missing = run_cli("--shards", shards, "rates", "show", "nobody")
+    assert missing.returncode == 7 and "nobody" in missing.stderr, missing
+    listed = run_cli("--shards", shards, "rates", "list")
+    assert listed.stdout.splitlines()[0].startswith("provider  20 per 2 s"), listed.stdout
+    reset = run_cli("--shards", shards, "rates", "reset", "provider", "--json")
+    assert json.loads(reset.stdout)["override"] is None

@@ -66,5 +66,5 @@ class HomeRateSlots:
         except ShardqError as exc:
             log.warning("rate limiter not asked: the home shard did not answer; step delayed",
                         extra={"limiter": limiter, "execution_id": str(run), "error": str(exc)})
-            return HOME_DOWN_RETRY_S
+            raise
         return HOME_DOWN_RETRY_S if wait is None else wait

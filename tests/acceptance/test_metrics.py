@@ -171,6 +171,25 @@ def test_tenants_with_due_runs_are_counted_per_shard(
     assert tenants(scrape(port)) == [3, 3]
 
 
+def test_steps_parked_for_a_rate_limiter_are_counted_per_limiter_with_its_backlog(
+    shard_map: ShardMap, spawn: Callable[..., Daemon]
+) -> None:
+    home = shard_map.get(shard_map.home)
+    assert home is not None
+    with psycopg.connect(home.url, autocommit=True) as conn:
+        conn.execute("INSERT INTO shardq.rate_limiters (name, rate, period_s, burst) "
+                     "VALUES ('provider', 1, 60, 1)")
+        for _ in range(3):  # the first starts now; two are parked, a minute apart
+            conn.execute("SELECT shardq.take_rate_slot('provider', gen_random_uuid(), 0, 1, 0)")
+    port = free_port()
+    exporter = spawn(urls(shard_map), "metrics", "--port", str(port), "--cache-seconds", "0")
+    exporter.wait_for("store exporter on")
+    samples = scrape(port)
+    assert value(samples, "shardq_rate_limited_steps", limiter="provider") == 2
+    backlog = value(samples, "shardq_rate_limiter_backlog_seconds", limiter="provider")
+    assert backlog is not None and 170 < backlog <= 180
+
+
 def test_a_shard_that_does_not_answer_is_down_and_the_scrape_still_answers(
     shard_map: ShardMap, spawn: Callable[..., Daemon]
 ) -> None:

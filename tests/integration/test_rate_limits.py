@@ -5,10 +5,13 @@ change it without a restart; bad limiters and bad numbers are refused."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -19,11 +22,14 @@ from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument, RateLimiterNotFound
 from shardq.core.models import RateLimit, State
 from shardq.shards.config import ShardMap
+from shardq.shards.pools import ShardPools
+from shardq.store.store import Store
+from shardq.worker.config import WorkerConfig
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
-from ..support import all_rows, rows, run_cli, wait_until
+from ..support import TcpProxy, all_rows, rows, run_cli, wait_until
 
 registry = Registry()
 registry.rate_limiter("provider", 10, per=1.0)
@@ -72,6 +78,37 @@ def test_steps_of_two_workers_over_two_shards_start_no_faster_than_the_rate(
     assert all(client.get(r).error is None for r in runs)
 
 
+def test_racing_askers_are_given_slots_one_interval_apart_never_the_same(
+    shard_map: ShardMap,
+) -> None:
+    """Eight connections ask for 25 slots each at once: every slot is its own, spaced by
+    the limiter's interval, whoever asked first (the row lock orders them)."""
+    home = home_url(shard_map)
+    with psycopg.connect(home, autocommit=True) as conn:
+        conn.execute("INSERT INTO shardq.rate_limiters (name, rate, period_s, burst) "
+                     "VALUES ('race', 10, 1, 1)")
+    barrier = threading.Barrier(8)
+
+    def ask(worker: int) -> None:
+        with psycopg.connect(home, autocommit=True) as conn:
+            barrier.wait()
+            for call in range(25):  # park_after 0: every slot not due now is kept
+                conn.execute("SELECT shardq.take_rate_slot('race', %s, %s, 1, 0)",
+                             (uuid.uuid4(), worker * 100 + call))
+
+    threads = [threading.Thread(target=ask, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    slots = [r[0] for r in rows(home, "SELECT extract(epoch FROM at) FROM "
+                                      "shardq.rate_reservations ORDER BY at")]
+    # 200 slots of 0.1 s; the first (due at once) was taken, not kept.
+    assert len(slots) == 199
+    gaps = [float(b - a) for a, b in itertools.pairwise(slots)]
+    assert min(gaps) >= 0.0999 and max(gaps) <= 0.1001, (min(gaps), max(gaps))
+
+
 def test_a_step_over_the_limit_parks_its_run_pending_with_its_slot_kept(
     client: Client, shard_map: ShardMap, start_worker: Callable[..., Worker],
 ) -> None:
@@ -102,6 +139,40 @@ def test_a_step_over_the_limit_parks_its_run_pending_with_its_slot_kept(
     assert done.state is State.COMPLETED and len(done.output) == 2
     # The reservation was taken with the step, not left to be used twice.
     assert rows(home_url(shard_map), "SELECT count(*) FROM shardq.rate_reservations") == [(0,)]
+
+
+def test_a_home_shard_that_cannot_be_asked_delays_the_limited_step_and_fails_nothing(
+    shard_map: ShardMap,
+) -> None:
+    """The limiter's shard refuses connections: a limited run on the other shard parks
+    (pending, due again in HOME_DOWN_RETRY_S) and completes once the home is back."""
+    proxy = TcpProxy.to(home_url(shard_map))
+    other = shard_map.shards[1]
+    through = ShardMap.from_urls([proxy.url(home_url(shard_map)), other.url])
+    try:
+        with ShardPools(through) as pools:
+            client = Client(Store(pools), registry)
+            run = next(r.execution_id for i in range(100)
+                       if through.for_execution((r := client.start("charge", f"h-{i}"))
+                                                .execution_id).name == other.name)
+            proxy.stop()
+            worker = Worker(Store(pools), registry,
+                            config=WorkerConfig(poll_interval_s=0.2, lease_s=5.0,
+                                                drain_timeout_s=2.0)).start()
+            try:
+                wait_until(lambda: rows(other.url, "SELECT extract(epoch FROM run_at - now()) "
+                                        "FROM shardq.tasks WHERE execution_id = %s AND "
+                                        "lease_owner IS NULL AND run_at > now()", run) != [],
+                           what="the limited run parked while the home shard is down")
+                parked = client.get(run)
+                assert parked.state is State.PENDING and parked.error is None
+                proxy.start()
+                done = client.wait(run, timeout=30)
+            finally:
+                worker.stop()
+        assert done.state is State.COMPLETED and done.error is None
+    finally:
+        proxy.stop()
 
 
 def test_a_step_naming_an_undeclared_limiter_fails_its_run_with_one_clear_error(

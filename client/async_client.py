@@ -216,25 +216,21 @@ class AsyncClient:
 
     async def rate_limiter(self, name: str) -> RateLimiter | None:
         """Client.rate_limiter."""
-        found = await self.store.rate_limiters(self._home(), check_name(name, "rate limiter"))
+        found = await self.store.rate_limiters(self.map.home_shard,
+                                               check_name(name, "rate limiter"))
         return found[0] if found else None
 
     async def rate_limiters(self) -> list[RateLimiter]:
         """Client.rate_limiters."""
-        return await self.store.rate_limiters(self._home())
+        return await self.store.rate_limiters(self.map.home_shard)
 
     async def set_rate_limit(self, name: str, limit: RateLimit | None) -> RateLimiter:
         """Client.set_rate_limit."""
         checked, chosen = rate_change(name, limit)
-        found = await self.store.set_rate_limit(self._home(), checked, chosen)
+        found = await self.store.set_rate_limit(self.map.home_shard, checked, chosen)
         if found is None:
             raise RateLimiterNotFound(checked)
         return found
-
-    def _home(self) -> Shard:
-        home = self.map.get(self.map.home)
-        assert home is not None  # a ShardMap's home is one of its shards
-        return home
 
     async def set_tenant_weight(self, tenant: str, weight: int | None) -> None:
         """Client.set_tenant_weight."""
@@ -282,7 +278,7 @@ class AsyncClient:
             lambda m: self.store.waits_and_signals(m.for_execution(ident), [ident]))
         wait, pending = found[ident]
         events = await self._history(ident) if history else []
-        limited = (await self.store.rate_wait_of(self._home(), ident)
+        limited = (await self.store.rate_wait_of(self.map.home_shard, ident)
                    if execution.state is State.PENDING else None)
         return RunView(execution, wait, pending, events, limited)
 

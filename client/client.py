@@ -216,7 +216,7 @@ class Client(FlowControlCalls):
             lambda m: self.store.waits_and_signals(m.for_execution(ident), [ident]))[ident]
         events = self._history(ident) if history else []
         # A pending run may be parked for a rate limiter's slot, which the home shard keeps.
-        limited = (self.store.rate_wait_of(self._home(), ident)
+        limited = (self.store.rate_wait_of(self.map.home_shard, ident)
                    if execution.state is State.PENDING else None)
         return RunView(execution, wait, pending, events, limited)
 

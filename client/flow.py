@@ -23,7 +23,7 @@ from shardq.shards.routing import bucket_for_key
 from shardq.store.listing import MAX_PAGE
 
 if TYPE_CHECKING:
-    from shardq.shards.config import Shard, ShardMap
+    from shardq.shards.config import ShardMap
     from shardq.store.store import Store
 
 R = TypeVar("R")
@@ -64,26 +64,21 @@ class FlowControlCalls:
 
     def rate_limiter(self, name: str) -> RateLimiter | None:
         """Rate limiter `name` as the home shard holds it; None when no worker declared it."""
-        found = self.store.rate_limiters(self._home(), check_name(name, "rate limiter"))
+        found = self.store.rate_limiters(self.map.home_shard, check_name(name, "rate limiter"))
         return found[0] if found else None
 
     def rate_limiters(self) -> list[RateLimiter]:
         """Every rate limiter workers have declared, by name."""
-        return self.store.rate_limiters(self._home())
+        return self.store.rate_limiters(self.map.home_shard)
 
     def set_rate_limit(self, name: str, limit: RateLimit | None) -> RateLimiter:
         """An operator's numbers for rate limiter `name`, over the declared ones until reset
         (None). Slots already given keep their times; the next ones follow `limit`."""
         checked, chosen = rate_change(name, limit)
-        found = self.store.set_rate_limit(self._home(), checked, chosen)
+        found = self.store.set_rate_limit(self.map.home_shard, checked, chosen)
         if found is None:
             raise RateLimiterNotFound(checked)
         return found
-
-    def _home(self) -> Shard:
-        home = self.map.get(self.map.home)
-        assert home is not None  # a ShardMap's home is one of its shards
-        return home
 
     def set_tenant_weight(self, tenant: str, weight: int | None) -> None:
         """Give `tenant` a weight in fair claims (1..1000), on every shard; None: back to 1.

@@ -177,6 +177,13 @@ class ShardMap:
                               "one of its shards")
 
     @property
+    def home_shard(self) -> Shard:
+        """The home shard itself (always one of the map's shards: checked at creation)."""
+        found = self.get(self.home)
+        assert found is not None
+        return found
+
+    @property
     def seeds(self) -> ShardMap:
         """The configuration this map was followed from (itself for a configured map)."""
         return self.origin if self.origin is not None else self

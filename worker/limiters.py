@@ -16,7 +16,6 @@ from collections.abc import Mapping
 
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import RateLimit
-from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError
 from shardq.store.protocol import WorkerStore
 
@@ -33,17 +32,11 @@ class HomeRateSlots:
         self._store = store
         self._limits = limits
 
-    def _home(self) -> Shard:
-        shard_map = self._store.map
-        home = shard_map.get(shard_map.home)
-        assert home is not None  # a ShardMap's home is one of its shards
-        return home
-
     def declare(self) -> None:
         """Write the registry's limiters to the home shard; a shard that does not answer
         is left to the first step that needs one."""
         try:
-            self._store.declare_rate_limiters(self._home(), self._limits)
+            self._store.declare_rate_limiters(self._store.map.home_shard, self._limits)
         except ShardqError as exc:
             log.warning("rate limiters not declared yet: the home shard did not answer",
                         extra={"error": str(exc)})
@@ -55,7 +48,7 @@ class HomeRateSlots:
             raise InvalidArgument(
                 f"rate limiter {limiter!r} is not declared: declare it with "
                 f"registry.rate_limiter({limiter!r}, rate, per=seconds)")
-        home = self._home()
+        home = self._store.map.home_shard
         try:
             wait = self._store.take_rate_slot(home, limiter, run=run, position=position,
                                               attempt=attempt, park_after=park_after)
@@ -66,5 +59,5 @@ class HomeRateSlots:
         except ShardqError as exc:
             log.warning("rate limiter not asked: the home shard did not answer; step delayed",
                         extra={"limiter": limiter, "execution_id": str(run), "error": str(exc)})
-            raise
+            return HOME_DOWN_RETRY_S
         return HOME_DOWN_RETRY_S if wait is None else wait

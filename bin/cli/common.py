@@ -72,6 +72,7 @@ EXIT_USAGE = 2
 EXIT_WORKFLOW = 7
 EXIT_PARTIAL = 8
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class Settings:
@@ -256,6 +257,21 @@ retention_option = click.option(
     "--default-retention", default=30 * 86400.0, show_default=True,
     type=Seconds(maximum=1e12),
     help="Seconds a finished run is kept when its definition sets no retention_s.")
+
+
+def by_rule(check: Callable[[Any], T]) -> Callable[[click.Context, click.Parameter, Any], T]:
+    """A click callback applying one of the engine's checks (core/rules.py) to a value:
+    what a client would refuse with InvalidArgument is a usage error here (exit 2), in
+    the same words."""
+    from shardq.core.errors import InvalidArgument
+
+    def callback(_ctx: click.Context, param: click.Parameter, value: Any) -> T:
+        try:
+            return check(value)
+        except InvalidArgument as exc:
+            raise click.BadParameter(str(exc), param=param) from None
+
+    return callback
 
 
 def check_limit(_ctx: click.Context, param: click.Parameter, value: int) -> int:

@@ -9,12 +9,14 @@ import click
 
 from shardq.bin.cli.common import (
     Settings,
+    by_rule,
     emit,
     errors_as_exit_codes,
     json_option,
     open_client,
     pass_settings,
 )
+from shardq.core import rules
 
 if TYPE_CHECKING:
     from shardq.core.models import TenantWeights
@@ -25,27 +27,8 @@ def fairness() -> None:
     """Tenants' weights in fair claims: show them, set or reset one."""
 
 
-def _check_tenant(_ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from shardq.core.errors import InvalidArgument
-    from shardq.core.rules import check_name
-
-    try:
-        return check_name(value, "tenant")
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-def _check_weight(_ctx: click.Context, param: click.Parameter, value: int) -> int:
-    from shardq.core.errors import InvalidArgument
-    from shardq.core.rules import check_tenant_weight
-
-    try:
-        return check_tenant_weight(value)
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-tenant_argument = click.argument("tenant", callback=_check_tenant)
+tenant_argument = click.argument(
+    "tenant", callback=by_rule(lambda value: rules.check_name(value, "tenant")))
 
 
 def _payload(found: TenantWeights) -> dict[str, Any]:
@@ -74,7 +57,7 @@ def fairness_show(settings: Settings) -> None:
 @fairness.command("set")
 @json_option
 @tenant_argument
-@click.argument("weight", type=int, callback=_check_weight)
+@click.argument("weight", type=int, callback=by_rule(rules.check_tenant_weight))
 @pass_settings
 def fairness_set(settings: Settings, tenant: str, weight: int) -> None:
     """Give TENANT a WEIGHT (1..1000) on every shard: under a backlog, each claim shares

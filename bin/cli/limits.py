@@ -9,6 +9,7 @@ import click
 
 from shardq.bin.cli.common import (
     Settings,
+    by_rule,
     check_limit,
     emit,
     errors_as_exit_codes,
@@ -16,6 +17,7 @@ from shardq.bin.cli.common import (
     open_client,
     pass_settings,
 )
+from shardq.core import rules
 
 if TYPE_CHECKING:
     from shardq.core.models import ConcurrencyLimit
@@ -26,27 +28,7 @@ def limits() -> None:
     """Concurrency limits per key: show them, set or reset an operator's limit."""
 
 
-def _check_key(_ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from shardq.core.errors import InvalidArgument
-    from shardq.core.rules import check_concurrency_key
-
-    try:
-        return check_concurrency_key(value)
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-def _check_limit(_ctx: click.Context, param: click.Parameter, value: int) -> int:
-    from shardq.core.errors import InvalidArgument
-    from shardq.core.rules import check_concurrency_limit
-
-    try:
-        return check_concurrency_limit(value)
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-key_argument = click.argument("key", callback=_check_key)
+key_argument = click.argument("key", callback=by_rule(rules.check_concurrency_key))
 
 
 def _payload(k: ConcurrencyLimit) -> dict[str, Any]:
@@ -78,7 +60,7 @@ def limits_show(settings: Settings, key: str) -> None:
 @limits.command("set")
 @json_option
 @key_argument
-@click.argument("limit", type=int, callback=_check_limit)
+@click.argument("limit", type=int, callback=by_rule(rules.check_concurrency_limit))
 @pass_settings
 def limits_set(settings: Settings, key: str, limit: int) -> None:
     """Give KEY an operator's LIMIT, which wins over the one its starts declare until

@@ -9,12 +9,14 @@ import click
 
 from shardq.bin.cli.common import (
     Settings,
+    by_rule,
     emit,
     errors_as_exit_codes,
     json_option,
     open_client,
     pass_settings,
 )
+from shardq.core import rules
 
 if TYPE_CHECKING:
     from shardq.core.models import RateLimit, RateLimiter
@@ -25,17 +27,8 @@ def rates() -> None:
     """Rate limiters: show them, set or reset an operator's rate."""
 
 
-def _check_name(_ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from shardq.core.errors import InvalidArgument
-    from shardq.core.rules import check_name
-
-    try:
-        return check_name(value, "rate limiter")
-    except InvalidArgument as exc:
-        raise click.BadParameter(str(exc), param=param) from None
-
-
-name_argument = click.argument("name", callback=_check_name)
+name_argument = click.argument(
+    "name", callback=by_rule(lambda value: rules.check_name(value, "rate limiter")))
 
 
 def _numbers(limit: RateLimit) -> dict[str, Any]:
@@ -99,10 +92,9 @@ def rates_set(settings: Settings, name: str, rate: int, per: float, burst: int) 
     """Give limiter NAME an operator's RATE per --per seconds, which wins over the declared
     one until `rates reset`. Steps already parked keep the slot they were given."""
     from shardq.core.errors import InvalidArgument
-    from shardq.core.rules import check_rate_limit
 
     try:
-        limit = check_rate_limit(rate, per, burst)
+        limit = rules.check_rate_limit(rate, per, burst)
     except InvalidArgument as exc:
         raise click.UsageError(str(exc)) from None
     with open_client(settings) as client, errors_as_exit_codes():

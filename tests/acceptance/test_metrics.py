@@ -174,9 +174,7 @@ def test_tenants_with_due_runs_are_counted_per_shard(
 def test_steps_parked_for_a_rate_limiter_are_counted_per_limiter_with_its_backlog(
     shard_map: ShardMap, spawn: Callable[..., Daemon]
 ) -> None:
-    home = shard_map.get(shard_map.home)
-    assert home is not None
-    with psycopg.connect(home.url, autocommit=True) as conn:
+    with psycopg.connect(shard_map.home_shard.url, autocommit=True) as conn:
         conn.execute("INSERT INTO shardq.rate_limiters (name, rate, period_s, burst) "
                      "VALUES ('provider', 1, 60, 1)")
         for _ in range(3):  # the first starts now; two are parked, a minute apart

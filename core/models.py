@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -280,7 +281,7 @@ class TaskAction(StrEnum):
     DELETE = "delete"
     """The run finished or parked on a wait with no deadline."""
     SCHEDULE = "schedule"
-    """Release the lease; the run is due again `delay` seconds from the database's now."""
+    """Release the lease; the run is due again `delay` seconds after the turn chose it."""
 
 
 @dataclass(frozen=True)
@@ -345,6 +346,9 @@ class TurnCommit:
     error: dict[str, Any] | None = None
     task: TaskAction = TaskAction.KEEP
     delay: float = 0.0
+    decided_at: float = field(default_factory=time.monotonic)
+    """When the turn chose `delay` (time.monotonic()): the delay counts from here, not from
+    when the commit reaches the database (the completer's queue, a retried commit)."""
     open_wait: OpenWait | None = None
     close_wait: bool = False
     consumed_signals: list[tuple[int, int]] = field(default_factory=list)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -481,6 +482,7 @@ def _commit_turns(
         for c in commits for o in c.outbox
     ]
     rare = {k: v for k, v in (("local", externals), ("outbox", outbox)) if v}
+    now = time.monotonic()
     params = {
         "lease_s": lease_s,
         "c_ids": ",".join([c.execution_id.hex for c in commits]),
@@ -493,7 +495,10 @@ def _commit_turns(
                                      else '{"v":' + c.output_json + "}" for c in commits]) + "]",
         "c_errors": json.dumps([c.error for c in commits]),
         "c_actions": ",".join([c.task for c in commits]),
-        "c_delays": ",".join([repr(float(c.delay)) for c in commits]),
+        # Each delay less the time since its turn chose it: a run parked for a rate
+        # limiter's slot is due at the slot, however long its commit queued.
+        "c_delays": ",".join([repr(max(0.0, c.delay - (now - c.decided_at)) if c.delay else 0.0)
+                              for c in commits]),
         "c_close_wait": ",".join(["t" if c.close_wait and c.open_wait is None else "f"
                                   for c in commits]),
         "e_ids": ",".join([run.hex for run, _ in events]),

@@ -74,6 +74,23 @@ def test_timer_is_not_claimable_before_its_wake_time(client: Client, store: Stor
     assert again.lease_token != claim.lease_token
 
 
+def test_a_delay_counts_from_when_the_turn_chose_it_not_from_its_commit(
+    client: Client, store: Store
+) -> None:
+    """A turn parked its run for 10 s, and its commit reached the database 4 s later (a
+    completer's queue): the run is due 6 s after the commit, when the turn meant it."""
+    run = client.start("job", "delay-1")
+    shard = _shard_of(client, run.execution_id)
+    (claim,) = store.claim(shard, owner="test", limit=10, lease_s=30)[0]
+    backoff = TurnCommit(run.execution_id, claim.lease_token, state=State.PENDING,
+                         task=TaskAction.SCHEDULE, delay=10.0,
+                         decided_at=time.monotonic() - 4.0)
+    store.commit_turns(shard, [backoff], lease_s=30)
+    ((remaining,),) = rows(
+        shard.url, "SELECT extract(epoch FROM run_at - now())::float8 FROM shardq.tasks")
+    assert 5.5 < remaining <= 6.0
+
+
 def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(
     client: Client, store: Store
 ) -> None:

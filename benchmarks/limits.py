@@ -35,7 +35,8 @@ Concurrency limits (issue 37), two measurements:
   moved back (empty) afterwards.
 
 Then fairness between tenants (`fairness_jain`, the standard fleet; its method
-in fairness.py), a module of its own.
+in fairness.py) and rate limits (`rate_limit_error`, a fleet of four workers;
+rates.py), each a module of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
 from shardq.benchmarks.fairness import fairness
 from shardq.benchmarks.measure import CpuMeter, percentiles, wait_for
+from shardq.benchmarks.rates import rates
 from shardq.benchmarks.reshard import _env, _move_command
 from shardq.benchmarks.workflows import KEYED_LIMIT, key_of
 from shardq.shards.routing import bucket_for_key
@@ -110,6 +112,7 @@ def limits(b: Bench) -> dict[str, Any]:
     b.reset()
     violations = _violations(b)
     fair = fairness(b)
+    rated = rates(b)
     b.reset()
     drains = limited["jobs_per_s"], unlimited["jobs_per_s"]
     return {
@@ -123,6 +126,10 @@ def limits(b: Bench) -> dict[str, Any]:
         "fairness_jain": fair["fairness_jain"],
         "fairness_window_runs": fair["fairness_window_runs"],
         "fairness": fair,
+        **{k: rated[k] for k in ("rate_limit_error", "rate_limit_achieved_per_s",
+                                 "rate_limit_configured_per_s")},
+        "rate_limit_worst_1s_starts": rated["worst_1s_starts"],
+        "rates": rated,
         "probes": probes, "probe_priority": PROBE_PRIORITY, "flood_floor": floor,
         "flood_runs_started": next(fed) * FLOOD_BATCH, "flood_s": round(flood_s, 1),
         "flood_due_after_priority_probes": left, "flood_due_at_end": left_after_p0,

@@ -114,14 +114,15 @@ SELECT (SELECT count(*) FROM shardq.tasks) + (SELECT count(*) FROM shardq.key_qu
 -- them (most of a keyed backlog waits in key_queue); both sides of the ratio run it.
 ANALYZE shardq.key_queue, shardq.concurrency_keys
 
--- name: tenant_outcomes
--- Every finished run of a drain with its tenant and when its outcome was
--- recorded (limits: fairness_jain counts each tenant's runs in a window).
-SELECT x.tenant, o.kind, extract(epoch FROM o.recorded_at)::float8 AS finished
+-- name: tenant_claims
+-- Every finished `claim_probe` run of a drain with its tenant and when its first
+-- step ran, right after its claim (limits: fairness_jain counts each tenant's
+-- runs claimed in a window); NULL for a run that did not complete.
+SELECT x.tenant, o.kind, (o.payload->'output'->>'claimed_at')::float8 AS claimed_at
 FROM shardq.executions x
 JOIN shardq.history o ON o.execution_id = x.id
     AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
-WHERE x.workflow_name = %(workflow)s AND x.workflow_id LIKE %(prefix)s
+WHERE x.workflow_name = 'claim_probe' AND x.workflow_id LIKE %(prefix)s
 
 -- name: rate_limiter_forget
 -- A limiter and its kept slots gone (limits: rate_limit_error starts from a

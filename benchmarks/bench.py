@@ -62,6 +62,8 @@ class Sizes:
     limited_keys: int = 1_000
     violation_runs: int = 20_000
     violation_keys: int = 200
+    fairness_runs: int = 30_000
+    rated_runs: int = 2_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -75,7 +77,8 @@ class Sizes:
                    steps3_seconds=2.0, parked=100_000, parked_repeats=1,
                    relay_signals=600, relay_samples=60, http_signals=2_000,
                    limit_probes=100, flood_floor=3_000, limited_runs=10_000,
-                   limited_keys=250, violation_runs=5_000, violation_keys=50)
+                   limited_keys=250, violation_runs=5_000, violation_keys=50,
+                   fairness_runs=10_000, rated_runs=1_000)
 
 
 @dataclass

@@ -33,6 +33,10 @@ Concurrency limits (issue 37), two measurements:
   most of the runs is moved to another shard by `shardq shards move` (as
   `reshard` does); every run must then complete exactly once. The range is
   moved back (empty) afterwards.
+
+Then fairness between tenants (`fairness_jain`, the standard fleet; its method
+in fairness.py) and rate limits (`rate_limit_error`, a fleet of four workers;
+rates.py), each a module of its own.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ from typing import Any
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
+from shardq.benchmarks.fairness import fairness
 from shardq.benchmarks.measure import CpuMeter, percentiles, wait_for
+from shardq.benchmarks.rates import rates
 from shardq.benchmarks.reshard import _env, _move_command
 from shardq.benchmarks.workflows import KEYED_LIMIT, key_of
 from shardq.shards.routing import bucket_for_key
@@ -105,15 +111,25 @@ def limits(b: Bench) -> dict[str, Any]:
     limited = _backlog_drain(b, "noop_keyed", "lim-")
     b.reset()
     violations = _violations(b)
-    rates = limited["jobs_per_s"], unlimited["jobs_per_s"]
+    fair = fairness(b)
+    rated = rates(b)
+    b.reset()
+    drains = limited["jobs_per_s"], unlimited["jobs_per_s"]
     return {
-        "limited_over_unlimited": round(rates[0] / rates[1], 3) if rates[1] else None,
-        "limited_runs_per_s": rates[0], "unlimited_runs_per_s": rates[1],
+        "limited_over_unlimited": round(drains[0] / drains[1], 3) if drains[1] else None,
+        "limited_runs_per_s": drains[0], "unlimited_runs_per_s": drains[1],
         "limited_drain": limited, "unlimited_drain": unlimited,
         "limit_violations": violations["violations"],
         "limit_most_live": violations["most_live"],
         "limit_samples": violations["samples"],
         "violations_drain": violations,
+        "fairness_jain": fair["fairness_jain"],
+        "fairness_window_runs": fair["fairness_window_runs"],
+        "fairness": fair,
+        **{k: rated[k] for k in ("rate_limit_error", "rate_limit_achieved_per_s",
+                                 "rate_limit_configured_per_s")},
+        "rate_limit_worst_1s_starts": rated["worst_1s_starts"],
+        "rates": rated,
         "probes": probes, "probe_priority": PROBE_PRIORITY, "flood_floor": floor,
         "flood_runs_started": next(fed) * FLOOD_BATCH, "flood_s": round(flood_s, 1),
         "flood_due_after_priority_probes": left, "flood_due_at_end": left_after_p0,

@@ -114,6 +114,30 @@ SELECT (SELECT count(*) FROM shardq.tasks) + (SELECT count(*) FROM shardq.key_qu
 -- them (most of a keyed backlog waits in key_queue); both sides of the ratio run it.
 ANALYZE shardq.key_queue, shardq.concurrency_keys
 
+-- name: tenant_claims
+-- Every finished `claim_probe` run of a drain with its tenant and when its first
+-- step ran, right after its claim (limits: fairness_jain counts each tenant's
+-- runs claimed in a window); NULL for a run that did not complete.
+SELECT x.tenant, o.kind, (o.payload->'output'->>'claimed_at')::float8 AS claimed_at
+FROM shardq.executions x
+JOIN shardq.history o ON o.execution_id = x.id
+    AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
+WHERE x.workflow_name = 'claim_probe' AND x.workflow_id LIKE %(prefix)s
+
+-- name: rate_limiter_forget
+-- A limiter and its kept slots gone (limits: rate_limit_error starts from a
+-- fresh cell; the queue's truncation leaves both tables alone). The workers
+-- declare it again when they start.
+WITH r AS (DELETE FROM shardq.rate_reservations WHERE limiter = %(name)s)
+DELETE FROM shardq.rate_limiters WHERE name = %(name)s
+
+-- name: rated_starts
+-- When each `rated` run's limited step started (its output), in epoch seconds.
+SELECT (o.payload->>'output')::float8 AS started_at
+FROM shardq.executions x
+JOIN shardq.history o ON o.execution_id = x.id AND o.kind = 'run.completed'
+WHERE x.tenant = 'default' AND x.workflow_name = 'rated' AND x.workflow_id LIKE %(prefix)s
+
 -- name: vacuum_queue
 -- After bulk-loading parked runs: what autovacuum does after a million inserts.
 VACUUM (ANALYZE) shardq.executions, shardq.tasks, shardq.waits, shardq.history

@@ -37,6 +37,10 @@ TARGETS = (
      "drain of one-step runs, limit 1 per key / the same runs with no limit"),
     ("limit_violations", "<=", 0.0,
      "samples (every 10 ms) where a key held more live leases than its limit"),
+    ("fairness_jain", ">=", 0.95,
+     "Jain's index of 10 tenants' runs while one floods at 100x the others, weights equal"),
+    ("rate_limit_error", "<=", 0.05,
+     "|achieved / configured - 1| of a rate limiter shared by 4 workers over 2 shards"),
 )
 
 
@@ -110,6 +114,11 @@ def headline(scenarios: dict[str, Result]) -> Result:
                 "limited_over_unlimited", "limited_runs_per_s", "unlimited_runs_per_s",
                 "limit_violations", "limit_most_live",
                 "limit_samples")})
+        if "fairness_jain" in lim:  # results saved before fairness and rates were measured
+            out.update({k: lim[k] for k in (
+                "fairness_jain", "fairness_window_runs", "rate_limit_error",
+                "rate_limit_achieved_per_s", "rate_limit_configured_per_s",
+                "rate_limit_worst_1s_starts")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

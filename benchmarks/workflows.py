@@ -17,7 +17,9 @@ product imports the benchmarks or the benchmarks import a tool of the product:
 - `claim_probe`: record when its first step ran, i.e. soon after it was claimed
   (limits: time to claim by priority);
 - `noop_keyed`: `noop` under a concurrency limit of 1 per key `k:<input k>`
-  (limits: a limited drain beside `noop`'s, and limit_violations).
+  (limits: a limited drain beside `noop`'s, and limit_violations);
+- `rated`: one step under the rate limiter `bench` (RATE_PER_S a second),
+  returning when it started (limits: rate_limit_error).
 
 `park` and `nap` runs are also written straight into the tables by the parked
 fixture (parked.py); tests/acceptance/test_benchmarks.py checks those rows equal what the
@@ -136,6 +138,22 @@ def relay_probe(ctx: WorkflowContext) -> dict[str, float]:
     sent_at = time.time()
     ctx.signal_external(ctx.input["target"], WAKE_SIGNAL)
     return {"sent_at": sent_at}
+
+
+RATE_LIMITER = "bench"
+RATE_PER_S = 200
+"""The rate of limiter `bench`: steps a second across every worker and shard, burst 1.
+Well under what the fleet drains (thousands of one-step runs a second; a limited
+run costs two turns, its parking and its step), so the limiter and not the
+fleet sets the pace, and its 5 ms slots stay far above the clock's resolution."""
+
+registry.rate_limiter(RATE_LIMITER, RATE_PER_S, per=1.0)
+
+
+@registry.workflow("rated")
+def rated(ctx: WorkflowContext) -> float:
+    """One step under limiter `bench`; the wall time the step started is its output."""
+    return ctx.step("call", time.time, rate_limit=RATE_LIMITER)
 
 
 @registry.workflow("claim_probe")

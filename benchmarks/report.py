@@ -118,7 +118,7 @@ def headline(scenarios: dict[str, Result]) -> Result:
             out.update({k: lim[k] for k in (
                 "fairness_jain", "fairness_window_runs", "rate_limit_error",
                 "rate_limit_achieved_per_s", "rate_limit_configured_per_s",
-                "rate_limit_worst_1s_starts")})
+                "rate_limit_worst_1s_starts", "rate_limit_burst_error")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

@@ -9,11 +9,14 @@
 -- one row, so one transaction decides each slot, and no move ever carries it.
 -- The tables exist on every shard; only the home shard's hold rows.
 --
--- A limiter is a GCRA (generic cell rate algorithm) cell: `tat`, the time the
--- next slot would start if every slot were taken in turn. A slot is taken by
--- moving tat one interval (period_s / rate) on, and starts at tat minus the
--- burst's intervals, or now when that is past. tat changes on every slot and
--- no index holds it: those updates stay HOT.
+-- A limiter is two GCRA (generic cell rate algorithm) cells, each a time:
+-- `tat` plans, `sat` admits. Asking moves tat one interval (period_s / rate) on
+-- and gives the call its planned slot, its place in line. Starting moves sat
+-- one interval on from the start: a call may start at its planned slot, and no
+-- sooner than sat allows. Without sat, calls late for their slots (a fleet busy
+-- after a burst) would all start as they caught up, several an interval; with
+-- it, starts are spaced by the rate however late they come. Both change on
+-- every call and no index holds them: those updates stay HOT.
 CREATE TABLE shardq.rate_limiters (
     name       text PRIMARY KEY,
     -- As the workflow code declares it (the worker writes it at start and at
@@ -25,6 +28,7 @@ CREATE TABLE shardq.rate_limiters (
     o_period_s float8 CHECK (o_period_s > 0),
     o_burst    integer CHECK (o_burst > 0),
     tat        timestamptz NOT NULL DEFAULT now(),
+    sat        timestamptz NOT NULL DEFAULT now(),
     CHECK ((o_rate IS NULL) = (o_period_s IS NULL) AND (o_rate IS NULL) = (o_burst IS NULL))
 ) WITH (fillfactor = 50);
 

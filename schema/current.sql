@@ -124,7 +124,8 @@ CREATE TABLE shardq.rate_limiters (
     o_rate integer,
     o_period_s double precision,
     o_burst integer,
-    tat timestamp with time zone NOT NULL DEFAULT now()
+    tat timestamp with time zone NOT NULL DEFAULT now(),
+    sat timestamp with time zone NOT NULL DEFAULT now()
 ) WITH (fillfactor=50);
 
 CREATE TABLE shardq.rate_reservations (

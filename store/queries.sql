@@ -121,9 +121,11 @@ ORDER BY l.name
 
 -- name: set_rate_limit
 -- An operator's rate for a limiter (all three NULL: back to the declared one);
--- the limiter as it now is, nothing when no worker has declared it.
+-- the limiter as it now is, nothing when no worker has declared it. The next
+-- start may come at once: the interval the last start set was the old rate's.
 UPDATE shardq.rate_limiters l
-SET o_rate = %(rate)s, o_period_s = %(period_s)s, o_burst = %(burst)s
+SET o_rate = %(rate)s, o_period_s = %(period_s)s, o_burst = %(burst)s,
+    sat = least(l.sat, now())
 WHERE l.name = %(name)s
 RETURNING l.name, l.rate, l.period_s, l.burst, l.o_rate, l.o_period_s, l.o_burst,
           greatest(extract(epoch FROM l.tat - now()), 0)::float8 AS backlog_s,

@@ -107,6 +107,29 @@ def test_racing_askers_are_given_slots_one_interval_apart_never_the_same(
     assert min(gaps) >= 0.0999 and max(gaps) <= 0.1001, (min(gaps), max(gaps))
 
 
+def test_steps_late_for_their_slots_start_one_interval_apart_not_all_at_once(
+    shard_map: ShardMap,
+) -> None:
+    """Twenty parked runs come back a second after their slots (a fleet busy after a
+    burst): the limiter spaces their starts by its interval instead of letting them all
+    catch up at once, which would call the provider twenty times in an instant."""
+    home = home_url(shard_map)
+    runs = [uuid.uuid4() for _ in range(20)]
+    with psycopg.connect(home, autocommit=True) as conn:
+        conn.execute("INSERT INTO shardq.rate_limiters (name, rate, period_s, burst) "
+                     "VALUES ('late', 10, 1, 1)")
+        for i, run in enumerate(runs):
+            conn.execute("INSERT INTO shardq.rate_reservations VALUES "
+                         "(%s, 0, 1, 'late', now() - interval '1 second' + %s * interval "
+                         "'100 milliseconds')", (run, i))
+        waits = [conn.execute("SELECT shardq.take_rate_slot('late', %s, 0, 1, 60)",
+                              (run,)).fetchone()[0] for run in runs]  # type: ignore[index]
+    # Each starts 0.1 s after the one before (less the time between the two asks).
+    gaps = [later - wait for wait, later in itertools.pairwise(waits)]
+    assert waits[0] == 0 and all(0.05 < gap <= 0.1001 for gap in gaps), waits
+    assert rows(home, "SELECT count(*) FROM shardq.rate_reservations") == [(0,)]
+
+
 def test_a_step_over_the_limit_parks_its_run_pending_with_its_slot_kept(
     client: Client, shard_map: ShardMap, start_worker: Callable[..., Worker],
 ) -> None:
@@ -127,8 +150,9 @@ def test_a_step_over_the_limit_parks_its_run_pending_with_its_slot_kept(
     shown = run_cli("--shards", ",".join(s.url for s in shard_map.shards),
                     "workflow", "show", str(run), "--no-history")
     assert "rate limited by 'slow' until" in shown.stdout, shown.stderr
-    # An operator lets it through: a faster rate applies to the next slots, and the
+    # An operator lets it through: a faster rate applies to the next starts, and the
     # slot already given is moved by hand (here: made due now).
+    client.set_rate_limit("slow", RateLimit(10, 1.0))
     with psycopg.connect(home_url(shard_map), autocommit=True) as conn:
         conn.execute("UPDATE shardq.rate_reservations SET at = now()")
     with psycopg.connect(shard_map.for_execution(run).url, autocommit=True) as conn:

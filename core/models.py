@@ -347,8 +347,9 @@ class TurnCommit:
     task: TaskAction = TaskAction.KEEP
     delay: float = 0.0
     decided_at: float = field(default_factory=time.monotonic)
-    """When the turn chose `delay` (time.monotonic()): the delay counts from here, not from
-    when the commit reaches the database (the completer's queue, a retried commit)."""
+    """When the turn chose `delay` (time.monotonic()): it, its timers' wake_in and its
+    wait's deadline_in count from here, not from when the commit reaches the database
+    (the completer's queue, a retried commit)."""
     open_wait: OpenWait | None = None
     close_wait: bool = False
     consumed_signals: list[tuple[int, int]] = field(default_factory=list)

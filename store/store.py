@@ -482,7 +482,16 @@ def _commit_turns(
         for c in commits for o in c.outbox
     ]
     rare = {k: v for k, v in (("local", externals), ("outbox", outbox)) if v}
+    # Every relative time a turn chose (its task's delay, a timer's wake, a wait's
+    # deadline) counts from when it chose it, less the time its commit queued since:
+    # a run parked for a rate limiter's slot is due at the slot, and its timer's
+    # wake_at agrees with its task's due time.
     now = time.monotonic()
+    queued = {c.execution_id: now - c.decided_at for c in commits}
+
+    def left(run: uuid.UUID, seconds: float | None) -> str:
+        return "-" if seconds is None else repr(max(0.0, seconds - queued[run]))
+
     params = {
         "lease_s": lease_s,
         "c_ids": ",".join([c.execution_id.hex for c in commits]),
@@ -495,9 +504,7 @@ def _commit_turns(
                                      else '{"v":' + c.output_json + "}" for c in commits]) + "]",
         "c_errors": json.dumps([c.error for c in commits]),
         "c_actions": ",".join([c.task for c in commits]),
-        # Each delay less the time since its turn chose it: a run parked for a rate
-        # limiter's slot is due at the slot, however long its commit queued.
-        "c_delays": ",".join([repr(max(0.0, c.delay - (now - c.decided_at)) if c.delay else 0.0)
+        "c_delays": ",".join([left(c.execution_id, c.delay) if c.delay else "0.0"
                               for c in commits]),
         "c_close_wait": ",".join(["t" if c.close_wait and c.open_wait is None else "f"
                                   for c in commits]),
@@ -507,14 +514,12 @@ def _commit_turns(
         "e_kinds": ",".join([e.kind for _, e in events]),
         "e_names": _names([e.name for _, e in events]),
         "e_payloads": json.dumps([e.payload for _, e in events]),
-        "e_wake_ins": ",".join(["-" if e.wake_in is None else repr(float(e.wake_in))
-                                for _, e in events]),
+        "e_wake_ins": ",".join([left(run, e.wake_in) for run, e in events]),
         "w_ids": ",".join([run.hex for run, _ in waits]),
         "w_positions": ",".join([str(w.position) for _, w in waits]),
         "w_kinds": ",".join([w.kind for _, w in waits]),
         "w_names": _names([w.name for _, w in waits]),
-        "w_deadline_ins": ",".join(["-" if w.deadline_in is None else repr(float(w.deadline_in))
-                                    for _, w in waits]),
+        "w_deadline_ins": ",".join([left(run, w.deadline_in) for run, w in waits]),
         "w_requests": json.dumps([w.request for _, w in waits]),
         "s_ids": ",".join([str(signal_id) for signal_id, _ in consumed]),
         "s_positions": ",".join([str(position) for _, position in consumed]),

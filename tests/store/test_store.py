@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -89,6 +90,24 @@ def test_a_delay_counts_from_when_the_turn_chose_it_not_from_its_commit(
     ((remaining,),) = rows(
         shard.url, "SELECT extract(epoch FROM run_at - now())::float8 FROM shardq.tasks")
     assert 5.5 < remaining <= 6.0
+
+
+def test_a_timer_chosen_before_its_commit_queued_wakes_when_its_task_is_due(
+    client: Client, store: Store
+) -> None:
+    """The timer's recorded wake_at and its task's due time count from the same moment,
+    the turn's: a run claimed when due finds its timer done, with no extra turn."""
+    run = client.start("job", "delay-2")
+    shard = _shard_of(client, run.execution_id)
+    (claim,) = store.claim(shard, owner="test", limit=10, lease_s=30)[0]
+    timer = dataclasses.replace(_timer_commit(run.execution_id, claim.lease_token, 10.0),
+                                decided_at=time.monotonic() - 4.0)
+    store.commit_turns(shard, [timer], lease_s=30)
+    ((due, wake),) = rows(shard.url, "SELECT extract(epoch FROM t.run_at - now())::float8, "
+                          "extract(epoch FROM (h.payload->>'wake_at')::timestamptz - now())"
+                          "::float8 FROM shardq.tasks t JOIN shardq.history h USING "
+                          "(execution_id) WHERE h.kind = %s", Event.TIMER_STARTED)
+    assert 5.5 < due <= 6.0 and abs(wake - due) < 0.01
 
 
 def test_expired_lease_is_reclaimed_and_the_old_holder_is_fenced(

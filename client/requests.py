@@ -108,21 +108,12 @@ def new_run(definition: WorkflowDef, tenant: str, workflow_id: str, value: Any,
     its concurrency key's bucket instead: every run of one key, its limit and its queue
     then live on one shard (docs/flow-control.md)."""
     check_workflow_id(workflow_id)
-    input_json = checked_input(definition, workflow_id, value, limits)
+    input_json = definition.checked_input(workflow_id, value, limits)
     chosen = (definition.concurrency_of(value) if concurrency is None
               else check_concurrency(concurrency))
     bucket = (bucket_for(tenant, definition.name, workflow_id) if chosen is None
               else bucket_for_key(chosen[0]))
     return NewRun(new_execution_id(bucket), workflow_id, input_json, bucket, chosen)
-
-
-def checked_input(definition: WorkflowDef, workflow_id: str, value: Any, limits: Limits) -> str:
-    """A run's input as JSON, within the bound and matching the workflow's input schema."""
-    what = f"input of {definition.name} {workflow_id!r}"
-    encoded = limits.check_input(to_json(value, what), what)
-    if definition.input_schema is not None:
-        validate(json.loads(encoded), definition.input_schema, what, "input validation failed")
-    return encoded
 
 
 def new_runs(definition: WorkflowDef, tenant: str, items: Sequence[tuple[str, Any]],

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from shardq.shards.errors import ShardqError, ShardUnavailable
 
 __all__ = [
+    "ChildFailed",
     "DecisionRefused",
     "ExecutionNotFound",
     "ExternalSignalFailed",
@@ -245,3 +248,20 @@ class StepFailed(WorkflowError):
         self.error_type = error_type
         self.error_message = message
         self.attempts = attempts
+
+
+class ChildFailed(WorkflowError):
+    """A child run ended otherwise than completed (failed, cancelled, timed out, or its
+    workflow id was taken by another run): raised into the parent at `wait_child`,
+    or by `ChildOutcome.result()`, where the parent may catch it."""
+
+    def __init__(self, workflow: str, workflow_id: str, state: str,
+                 error: dict[str, Any] | None) -> None:
+        reason = (f": {error.get('type', 'Error')}: {error.get('message', '')}"
+                  if error else "")
+        super().__init__(f"child {workflow} {workflow_id!r} ended {state}{reason}")
+        self.workflow = workflow
+        self.workflow_id = workflow_id
+        self.state = state
+        self.error_type = error.get("type") if error else None
+        self.error_message = error.get("message") if error else None

@@ -11,6 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from shardq.core.children import ChildStart
 from shardq.core.errors import ExternalSignalFailed, WorkflowError
 
 
@@ -66,6 +67,13 @@ class Event(StrEnum):
     the relay could not deliver a queued one (payload `position` names the call)."""
     EXTERNAL_REQUEUED = "external.requeued"
     """No position: an operator re-queued a queued signal that had failed for good."""
+    CHILD_STARTED = "child.started"
+    """At the call's position: ctx.start_child (the child's id, workflow, workflow id)."""
+    CHILD_OF = "child.of"
+    """No position, in the child's history: the parent that started it, and where."""
+    CHILDREN_WAITING = "children.waiting"
+    CHILDREN_ENDED = "children.ended"
+    """At a wait for children: the outcomes it took (ctx.wait_child(ren))."""
     UPDATE_COMPLETED = "update.completed"
     """At the position of the wait that handled it: an update's argument and its handler's
     response (or error). Not a call of its own: replay applies it at that wait."""
@@ -360,6 +368,11 @@ class TurnCommit:
     """Signals to other runs of the shard, delivered in this commit."""
     outbox: list[OutboxRequest] = field(default_factory=list)
     """Signals to runs of other shards, written to the outbox in this commit."""
+    children: list[ChildStart] = field(default_factory=list)
+    """Child runs this commit starts (ctx.start_child)."""
+    family: tuple[uuid.UUID | None] | None = None
+    """Set for a run that is a child (its parent) or started children ((None,)): a commit
+    that ends it tells its parent and its children."""
 
 
 @dataclass(frozen=True)

@@ -189,12 +189,22 @@ SELECT (SELECT max(seq) FROM shardq.history WHERE execution_id = ANY(%(ids)s::uu
 
 -- name: copy_out_executions
 COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates,
-             priority, concurrency_key, concurrency_limit
+             priority, concurrency_key, concurrency_limit, parent_id
       FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_executions
 COPY shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input,
-                        created_at, gates, priority, concurrency_key, concurrency_limit)
+                        created_at, gates, priority, concurrency_key, concurrency_limit,
+                        parent_id)
+FROM STDIN (FORMAT BINARY)
+
+-- name: copy_out_children
+-- A parent's list of its children lives with the parent (schema/0023).
+COPY (SELECT parent_id, child_id, position, workflow_name, workflow_id, policy, ended
+      FROM shardq.children WHERE parent_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_children
+COPY shardq.children (parent_id, child_id, position, workflow_name, workflow_id, policy, ended)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_history
@@ -317,11 +327,12 @@ LIMIT %(limit)s
 -- name: delete_runs
 -- Every row of these runs, in one statement (the tables have no foreign keys
 -- between them): outbox rows they sent, tasks, places in a key's queue, waits,
--- signals, history, runs. A key's slots are not given back here: its row and
+-- signals, history, children lists, runs. A key's slots are not given back here: its row and
 -- its queue leave with the bucket (delete_leftover_keys), the target has them.
 WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
      t AS (DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])),
      q AS (DELETE FROM shardq.key_queue WHERE execution_id = ANY(%(ids)s::uuid[])),
+     c AS (DELETE FROM shardq.children WHERE parent_id = ANY(%(ids)s::uuid[])),
      w AS (DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])),
      s AS (DELETE FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])),
      h AS (DELETE FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[]))
@@ -404,6 +415,9 @@ ANALYZE shardq.concurrency_keys
 
 -- name: analyze_key_queue
 ANALYZE shardq.key_queue
+
+-- name: analyze_children
+ANALYZE shardq.children
 
 -- == C: cleanup, on the source ==
 

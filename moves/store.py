@@ -43,6 +43,7 @@ COPIES = {
     "waits": (SQL["copy_out_waits"], SQL["copy_in_waits"]),
     "concurrency_keys": (SQL["copy_out_concurrency_keys"], SQL["copy_in_concurrency_keys"]),
     "key_queue": (SQL["copy_out_key_queue"], SQL["copy_in_key_queue"]),
+    "children": (SQL["copy_out_children"], SQL["copy_in_children"]),
     "tasks": (SQL["copy_out_tasks"], SQL["copy_in_tasks"]),
     "outbox": (SQL["copy_out_outbox"], SQL["copy_in_outbox"]),
 }
@@ -59,6 +60,7 @@ _ANALYZE = {
     "outbox": SQL["analyze_outbox"],
     "concurrency_keys": SQL["analyze_concurrency_keys"],
     "key_queue": SQL["analyze_key_queue"],
+    "children": SQL["analyze_children"],
 }
 
 

@@ -13,6 +13,16 @@ CREATE TABLE shardq.applied_batches (
     switched_at timestamp with time zone NOT NULL DEFAULT now()
 );
 
+CREATE TABLE shardq.children (
+    parent_id uuid NOT NULL,
+    child_id uuid NOT NULL,
+    position integer NOT NULL,
+    workflow_name text NOT NULL,
+    workflow_id text NOT NULL,
+    policy text NOT NULL,
+    ended text
+) WITH (fillfactor=90);
+
 CREATE TABLE shardq.concurrency_keys (
     key text NOT NULL,
     bucket integer NOT NULL,
@@ -33,7 +43,8 @@ CREATE TABLE shardq.executions (
     gates text[],
     priority smallint NOT NULL DEFAULT 0,
     concurrency_key text,
-    concurrency_limit integer
+    concurrency_limit integer,
+    parent_id uuid
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -206,6 +217,8 @@ CREATE TABLE shardq.waits (
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=90);
 
 ALTER TABLE shardq.applied_batches ADD CONSTRAINT applied_batches_pkey PRIMARY KEY (move_id, batch);
+ALTER TABLE shardq.children ADD CONSTRAINT children_pkey PRIMARY KEY (parent_id, child_id);
+ALTER TABLE shardq.children ADD CONSTRAINT children_policy_check CHECK ((policy = ANY (ARRAY['cancel'::text, 'abandon'::text, 'wait'::text])));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_declared_check CHECK ((declared > 0));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_held_check CHECK ((held >= 0));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_override_check CHECK ((override > 0));
@@ -257,7 +270,7 @@ ALTER TABLE shardq.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (execution_id
 ALTER TABLE shardq.tasks ADD CONSTRAINT tasks_pkey PRIMARY KEY (execution_id);
 ALTER TABLE shardq.tenant_weights ADD CONSTRAINT tenant_weights_pkey PRIMARY KEY (tenant);
 ALTER TABLE shardq.tenant_weights ADD CONSTRAINT tenant_weights_weight_check CHECK (((weight >= 1) AND (weight <= 1000)));
-ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text])));
+ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text, 'children'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
 
 CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys USING btree (bucket);
@@ -292,6 +305,12 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.bucket(id uuid)
 --   RETURNS integer
 --   LANGUAGE sql IMMUTABLE
+-- FUNCTION shardq.cancel_run(p_id uuid, p_actor text)
+--   RETURNS boolean
+--   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.child_docs(p_docs jsonb)
+--   RETURNS TABLE(id uuid, parent uuid, pos integer, tenant text, workflow text, version integer, workflow_id text, input jsonb, priority smallint, gates text[], o bigint)
+--   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.claim_fair(after_tenant text, want integer, claimable bit, OUT runs uuid[], OUT cursor_at text, OUT rest integer)
 --   RETURNS record
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
@@ -309,6 +328,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.defer_premature_timeouts(p_fenced uuid[], e_ids uuid[], e_positions integer[], e_kinds text[], s_ids bigint[])
 --   RETURNS uuid[]
+--   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.deliver_control(p_tenant text, p_id uuid, p_name text, p_payload jsonb, p_key text, p_origin text)
+--   RETURNS TABLE(signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
@@ -343,6 +365,12 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.run_state(run uuid)
 --   RETURNS text
 --   LANGUAGE plpgsql STABLE
+-- FUNCTION shardq.runs_ended(p_ids uuid[])
+--   RETURNS void
+--   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.send_control(p_source uuid, p_position integer, p_target uuid, p_tenant text, p_name text, p_payload jsonb, p_key text, p_here boolean)
+--   RETURNS boolean
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.set_concurrency_limit(p_key text, p_override integer, p_probe uuid)
 --   RETURNS TABLE(key text, declared integer, override integer, running bigint, waiting bigint)
 --   LANGUAGE plpgsql VOLATILE
@@ -355,6 +383,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.stale_waits(p_timer_s double precision, p_signal_s double precision, p_condition_s double precision, p_interrupt_s double precision, p_grace_s double precision)
 --   RETURNS TABLE(execution_id uuid, kind text, name text, started_at timestamp with time zone, deadline timestamp with time zone)
 --   LANGUAGE sql STABLE
+-- FUNCTION shardq.start_child_runs(p_docs jsonb)
+--   RETURNS TABLE(child uuid, parent uuid, tenant text, refusal text)
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.take_rate_slot(p_limiter text, p_run uuid, p_position integer, p_attempt integer, p_park_after double precision)
 --   RETURNS double precision
 --   LANGUAGE plpgsql VOLATILE

@@ -405,35 +405,10 @@ WHERE execution_id = ANY(%(ids)b::uuid[]) AND consumed_at IS NULL
 ORDER BY id
 
 -- name: cancel_now
--- Cancel a run no worker holds: it ends here, its task and wait go away. A
--- run waiting for a person has that interrupt decided as `cancel` (replay
--- stops there), by the caller's actor.
-WITH tasks AS (
-    DELETE FROM shardq.tasks WHERE execution_id = %(id)s RETURNING concurrency_key
-), queued AS (
-    -- A run waiting for a slot of its concurrency key leaves the queue.
-    DELETE FROM shardq.key_queue WHERE execution_id = %(id)s
-), waits AS (
-    DELETE FROM shardq.waits WHERE execution_id = %(id)s RETURNING position, kind, name
-), decided AS (
-    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-    SELECT %(id)s, w.position, 'interrupt.decided', w.name,
-           jsonb_build_object('action', 'cancel', 'payload', NULL, 'decision_id', NULL,
-                              'actor', %(actor)s::text, 'decided_at', now())
-    FROM waits w WHERE w.kind = 'interrupt'
-), ended AS (
-    INSERT INTO shardq.history (execution_id, position, kind, name, payload)
-    VALUES (%(id)s, NULL, 'run.cancelled', 'run', '{}')
-)
--- The concurrency key whose slot the run held, if any: the caller gives it
--- back (release_slot), as every deleter of a keyed task row does.
-SELECT (SELECT t.concurrency_key FROM tasks t) AS released
-
--- name: release_slot
--- Give one keyed task row's slot back, after its row was deleted in this
--- transaction: its key's next queued run gets it. Body:
--- schema/functions/release_slots.sql.
-SELECT shardq.release_slots(ARRAY[%(key)s::text])
+-- Cancel a run no worker holds, its rows locked: body, schema/functions/cancel_run.sql
+-- (its task, wait and slot, an open interrupt decided `cancel` by the caller's
+-- actor, its parent told, its children asked to cancel).
+SELECT shardq.cancel_run(%(id)s, %(actor)s::text) AS cancelled
 
 -- name: request_cancel
 -- A worker holds the run: it ends cancelled at that worker's next commit
@@ -612,7 +587,8 @@ SELECT pg_try_advisory_xact_lock(hashtext('shardq.purge')) AS held
 
 -- name: purge_batch
 -- Delete a batch of finished runs past retention with everything they left:
--- history, signals, waits and tasks (a finished run has none), and their
+-- history, signals, waits and tasks (a finished run has none), the list of
+-- their children, and their
 -- settled outbox rows. Runs another purger holds are skipped; each batch is
 -- its own short transaction.
 WITH doomed AS (
@@ -628,6 +604,8 @@ WITH doomed AS (
     DELETE FROM shardq.waits w WHERE w.execution_id IN (SELECT id FROM doomed)
 ), tasks AS (
     DELETE FROM shardq.tasks t WHERE t.execution_id IN (SELECT id FROM doomed)
+), children AS (
+    DELETE FROM shardq.children c WHERE c.parent_id IN (SELECT id FROM doomed)
 ), outbox AS (
     DELETE FROM shardq.outbox b
     WHERE b.source_execution_id IN (SELECT id FROM doomed) AND b.state <> 'pending'

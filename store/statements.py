@@ -513,9 +513,7 @@ def cancel_attempt(execution_id: uuid.UUID, *, tenant: str, actor: str | None) -
     if leased:
         yield SQL["request_cancel"], {"id": execution_id}
         return state
-    (ended,) = yield SQL["cancel_now"], {"id": execution_id, "actor": actor}
-    if ended["released"] is not None:
-        yield SQL["release_slot"], {"key": ended["released"]}
+    yield SQL["cancel_now"], {"id": execution_id, "actor": actor}
     return State.CANCELLED
 
 

@@ -39,6 +39,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from shardq.client.client import Client
+from shardq.outbox.relay import Relay, RelayConfig
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
@@ -428,3 +429,20 @@ def start_worker(pools: ShardPools) -> Iterator[Callable[..., Worker]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def relay(pools: ShardPools) -> Iterator[Callable[..., Relay]]:
+    """Start in-process outbox relays (quick retries); every one is stopped after the test."""
+    started: list[Relay] = []
+
+    def start(**config: Any) -> Relay:
+        settings = {"poll_interval_s": 0.5, "initial_backoff_s": 0.05, "max_backoff_s": 0.2,
+                    **config}
+        running = Relay(Store(pools), config=RelayConfig(**settings)).start()
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.stop()

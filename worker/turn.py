@@ -71,7 +71,7 @@ def run_turn(
     try:
         ctx = WorkflowContext(claim, replay, journal, on_this_shard,
                               state=definition.new_state(), updates=definition.updates,
-                              limits=limits, rate_slots=rate_slots)
+                              limits=limits, rate_slots=rate_slots, registry=registry)
         return _play(definition, ctx, claim, replay, journal)
     except TurnAborted:
         log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
@@ -87,6 +87,7 @@ def _play(
         if claim.cancel_requested:
             raise Cancelled()
         result = definition.fn(ctx)
+        ctx._wait_for_kept()  # a completing run waits for its `wait` children first
         replay.finish()
         try:
             output = json.dumps(result, allow_nan=False)
@@ -144,5 +145,5 @@ def failing_commit(refused: TurnCommit, error: StoreRejected) -> TurnCommit:
               extra={"execution_id": str(refused.execution_id), "error": str(error)})
     return TurnCommit(
         refused.execution_id, refused.lease_token, state=State.FAILED, task=TaskAction.DELETE,
-        error=error_payload(error), close_wait=True,
+        error=error_payload(error), close_wait=True, family=refused.family,
     )

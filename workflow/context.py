@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+from shardq.core.children import ChildHandle
 from shardq.core.errors import (
     InvalidArgument,
     NonDeterminismError,
@@ -49,6 +50,7 @@ from shardq.workflow.arguments import (
     check_interrupt_value,
     check_timeout,
 )
+from shardq.workflow.children import ChildCalls
 from shardq.workflow.contracts import UPDATE_PREFIX, UpdateSpec
 from shardq.workflow.control import Cancelled, Park
 from shardq.workflow.externals import record_externals
@@ -59,6 +61,7 @@ from shardq.workflow.recorded import (
     external_result,
     signal_of,
 )
+from shardq.workflow.registry import Registry
 from shardq.workflow.replay import Replay
 from shardq.workflow.retry import RetryPolicy
 from shardq.workflow.steps import attempt_step, run_attempt
@@ -67,7 +70,7 @@ T = TypeVar("T")
 
 
 
-class WorkflowContext:
+class WorkflowContext(ChildCalls):
     """What a workflow function can do. Every method is safe to replay.
 
     Made by the turn for one run of the function, on its turn thread: `replay`
@@ -79,8 +82,12 @@ class WorkflowContext:
         on_this_shard: Callable[[uuid.UUID], bool] | None = None,
         *, state: object | None = None, updates: Sequence[UpdateSpec] = (),
         limits: Limits | None = None, rate_slots: RateSlots | None = None,
+        registry: Registry | None = None,
     ) -> None:
         self._claim = claim
+        self._registry = registry
+        self._outcomes: dict[uuid.UUID, dict[str, Any]] = {}
+        self._kept: list[ChildHandle] = []
         self._rate_slots = rate_slots
         self._limits = limits or Limits()
         self._handlers = StateHandlers(state, updates)

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from shardq.core.children import ChildStart
 from shardq.core.errors import StoreRejected
 from shardq.core.models import (
     Claim,
@@ -57,7 +58,8 @@ class Journal:
 
     __slots__ = (
         "_checkpoint", "_execution_id", "_stored_state", "_token",
-        "cancel_requested", "close_wait", "consumed", "events", "externals", "outbox", "sent",
+        "cancel_requested", "children", "close_wait", "consumed", "events", "externals",
+        "family", "outbox", "sent",
     )
 
     def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
@@ -79,6 +81,10 @@ class Journal:
         """The outcomes of the externals the last checkpoint delivered."""
         self.cancel_requested = False
         """A checkpoint that landed found the run's cancellation requested."""
+        self.children: list[ChildStart] = []
+        """Child runs to start with the next commit."""
+        self.family = family_of(claim)
+        """The run's parent ((None,) for a parent that is no child), if it is in a family."""
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -117,10 +123,18 @@ class Journal:
             wake_on_signals=wake_on_signals,
             externals=self.externals,
             outbox=self.outbox,
+            children=self.children,
+            family=self.family,
         )
         self.events, self.consumed, self.close_wait = [], [], False
-        self.externals, self.outbox = [], []
+        self.externals, self.outbox, self.children = [], [], []
         return commit
+
+    def start_child(self, start: ChildStart) -> None:
+        """Buffer a child's start: the next commit makes it, and tells the run's end to it."""
+        self.children.append(start)
+        if self.family is None:
+            self.family = (None,)
 
     def flush(self) -> None:
         """Checkpoint before a side effect: commit what is buffered, blocking until durable.
@@ -132,7 +146,7 @@ class Journal:
         CommitRejected when the database refused a value of the commit.
         """
         events = self.events
-        if not self.externals and not self.outbox and (
+        if not self.externals and not self.outbox and not self.children and (
             not events or all(e.kind in REPLAYABLE for e in events)
         ):
             return
@@ -160,3 +174,15 @@ class Journal:
         if commit.state is not None:
             self._stored_state = commit.state
         self.cancel_requested = self.cancel_requested or outcome.cancel_requested
+
+
+def family_of(claim: Claim) -> tuple[uuid.UUID | None] | None:
+    """The claimed run's place in a family: (its parent,) for a child (its history's
+    child.of event), (None,) for a run that started children, else None."""
+    family: tuple[uuid.UUID | None] | None = None
+    for event in claim.history:
+        if event.kind == Event.CHILD_OF:
+            return (uuid.UUID(event.payload["parent"]),)
+        if event.kind == Event.CHILD_STARTED:
+            family = (None,)
+    return family

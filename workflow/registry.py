@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -10,11 +11,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from shardq.core.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
 from shardq.core.models import RateLimit
 from shardq.core.rules import (
+    Limits,
     check_concurrency,
     check_name,
     check_priority,
     check_rate_limit,
     check_schema,
+    to_json,
+    validate,
 )
 from shardq.workflow.contracts import (
     QuerySpec,
@@ -80,6 +84,14 @@ class WorkflowDef:
         if self.input_schema is not None:
             check_schema(self.input_schema, f"workflow {self.name} input")
         check_signals(self.signals, self.name)
+
+    def checked_input(self, workflow_id: str, value: Any, limits: Limits) -> str:
+        """A run's input as JSON, within the bound and matching the input schema."""
+        what = f"input of {self.name} {workflow_id!r}"
+        encoded = limits.check_input(to_json(value, what), what)
+        if self.input_schema is not None:
+            validate(json.loads(encoded), self.input_schema, what, "input validation failed")
+        return encoded
 
     def concurrency_of(self, value: Any) -> tuple[str, int] | None:
         """The concurrency key and limit of a run started with input `value`, checked."""

@@ -29,6 +29,14 @@
 --     outbox: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
 --             a signal to a run of another shard, written to the outbox for the relay;
 --             the call's history event comes in e_*.
+--     children: [parent_id, position, child_id, here, workflow, version, workflow_id,
+--               input, priority, policy, gates]: a child run the commit starts
+--               (ctx.start_child), on this shard when `here` and its bucket is
+--               writable, else through the outbox (schema/0023)
+--     ends: [run_id, parent_id or null]: a run of a family (a child, or a parent
+--           of children): if the commit ends it, its parent hears of it and its
+--           children are asked to cancel (shardq.runs_ended); its parent is
+--           locked with the signal targets, in their order.
 -- A run whose bucket this shard cannot write (a move froze it, or moved it
 -- away) commits nothing, as if its lease were lost; a signal to a run of such
 -- a bucket is queued in the outbox instead (the relay finds its owner).
@@ -98,6 +106,11 @@ DECLARE
     own_unclean     boolean;
     local_away          uuid[] := '{}';
     away_out        jsonb := '{}';
+    family          uuid[] := '{}';
+    ended_runs      uuid[];
+    here_docs       jsonb;
+    away_docs       jsonb;
+    started         record;
 BEGIN
     -- Signals to other runs of this shard: every lock their delivery takes is
     -- taken here, before the fence and the first delivery, in the global order:
@@ -105,12 +118,20 @@ BEGIN
     -- rows, each set in id order. Delivered one by one in send order, a batch
     -- sending to T2 then T1 would hold T2 while waiting for T1, and close a
     -- cycle with any sender that locked T1 first (tests/integration/test_lock_order.py).
+    -- A child's parent is locked with them: its end may reach the parent in this
+    -- commit (shardq.runs_ended, deliver_control).
+    IF rare ? 'ends' THEN
+        SELECT coalesce(array_agg(DISTINCT (r->>1)::uuid), '{}') INTO family
+        FROM jsonb_array_elements(rare->'ends') AS r WHERE r->>1 IS NOT NULL;
+    END IF;
     IF rare ? 'local' THEN
         SELECT coalesce(array_agg(DISTINCT (r->>2)::uuid), '{}') INTO x_targets
         FROM jsonb_array_elements(rare->'local') AS r;
-        PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets)
+    END IF;
+    IF rare ? 'local' OR cardinality(family) > 0 THEN
+        PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets || family)
         ORDER BY t.execution_id FOR UPDATE;
-        PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(x_targets)
+        PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(x_targets || family)
         ORDER BY x.id FOR UPDATE;
     END IF;
 
@@ -358,6 +379,34 @@ BEGIN
         SET run_at = now(), lease_token = NULL, lease_owner = NULL, leased_until = NULL;
     END IF;
 
+    -- A wait for children counts the outcomes still needed from what the turn's
+    -- claim read (`seen`: the newest signal id it had): outcomes that arrived
+    -- since, while the parent was leased and could not be woken, count now,
+    -- and a wait they satisfy leaves the run due (schema/0023).
+    IF 'children' = ANY(w_kinds) THEN
+        WITH late AS (
+            SELECT w.execution_id, (w.request->>'need')::integer - count(s.id) AS need
+            FROM shardq.waits w
+            JOIN shardq.signals s ON s.execution_id = w.execution_id
+                 AND s.name = 'shardq:run:child' AND s.consumed_at IS NULL
+                 AND s.id > (w.request->>'seen')::bigint
+            WHERE w.execution_id = ANY(w_ids) AND w.execution_id = ANY(fenced)
+              AND w.kind = 'children'
+            GROUP BY w.execution_id, w.request
+        ), counted AS (
+            UPDATE shardq.waits w SET request = w.request || jsonb_build_object('need', l.need)
+            FROM late l WHERE w.execution_id = l.execution_id
+            RETURNING w.execution_id, l.need
+        )
+        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
+                                  tenant)
+        SELECT e.id, now(), 1, e.priority, e.concurrency_key, e.tenant
+        FROM counted c JOIN shardq.executions e ON e.id = c.execution_id
+        WHERE c.need <= 0
+        ON CONFLICT (execution_id) DO UPDATE
+        SET run_at = now(), lease_token = NULL, lease_owner = NULL, leased_until = NULL;
+    END IF;
+
     -- Deliver them, each as a client signal from the sender's tenant would be,
     -- and record the outcome in the sender's history at the calling position:
     -- replay returns that, and never sends again. One deliver_signals call per
@@ -482,6 +531,75 @@ BEGIN
         ORDER BY o.ord;
         IF FOUND THEN
             PERFORM pg_notify(shardq.outbox_channel(), '');
+        END IF;
+    END IF;
+
+    -- Children the turns started (none for a run cancelled in this commit): each
+    -- parent lists its own; a child whose bucket is writable here is created
+    -- now, the others get an outbox row each. A workflow key another run holds
+    -- sends the parent the child's failure, which its wait then finds.
+    IF rare ? 'children' THEN
+        WITH doc AS (
+            SELECT (r->>0)::uuid AS parent, (r->>1)::integer AS position,
+                   (r->>2)::uuid AS child, r->>4 AS workflow, r->>6 AS workflow_id,
+                   r->>9 AS policy, e.tenant, x.o,
+                   (r->>3)::boolean AND (own_writable IS NULL
+                       OR get_bit(own_writable, shardq.bucket((r->>2)::uuid)) = 1) AS here,
+                   jsonb_build_object('id', r->2, 'parent', r->0, 'position', r->1,
+                                      'tenant', e.tenant, 'workflow', r->4, 'version', r->5,
+                                      'workflow_id', r->6, 'input', r->7, 'priority', r->8,
+                                      'gates', r->10) AS start
+            FROM jsonb_array_elements(rare->'children') WITH ORDINALITY AS x(r, o)
+            JOIN shardq.executions e ON e.id = (r->>0)::uuid
+            WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
+        ), listed AS (
+            INSERT INTO shardq.children (parent_id, child_id, position, workflow_name,
+                                         workflow_id, policy)
+            SELECT d.parent, d.child, d.position, d.workflow, d.workflow_id, d.policy
+            FROM doc d ORDER BY d.o
+            ON CONFLICT (parent_id, child_id) DO NOTHING
+        ), queued AS (
+            INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
+                                       target_bucket, tenant, signal_name, payload)
+            SELECT d.parent, d.position, d.child, shardq.bucket(d.child)::smallint, d.tenant,
+                   'shardq:run:start', d.start
+            FROM doc d WHERE NOT d.here ORDER BY d.o
+            ON CONFLICT (source_execution_id, source_position) DO NOTHING
+            RETURNING 1
+        )
+        SELECT jsonb_agg(d.start ORDER BY d.o) FILTER (WHERE d.here),
+               (SELECT to_jsonb(count(*)) FROM queued)
+        INTO here_docs, away_docs FROM doc d;
+        IF away_docs::integer > 0 THEN
+            PERFORM pg_notify(shardq.outbox_channel(), '');
+        END IF;
+        IF here_docs IS NOT NULL THEN
+            FOR started IN SELECT * FROM shardq.start_child_runs(here_docs) s
+                           WHERE s.refusal IS NOT NULL LOOP
+                PERFORM shardq.send_control(
+                    started.child, -1, started.parent, started.tenant, 'shardq:run:child',
+                    jsonb_build_object(
+                        'child', started.child, 'state', 'failed',
+                        'error', jsonb_build_object('type', 'ChildStartRefused',
+                                                    'message', started.refusal))
+                    || (SELECT jsonb_build_object('workflow', d->'workflow',
+                                                  'workflow_id', d->'workflow_id')
+                        FROM jsonb_array_elements(here_docs) d
+                        WHERE (d->>'id')::uuid = started.child),
+                    'child:' || started.child, true);
+            END LOOP;
+        END IF;
+    END IF;
+
+    -- Runs of a family that this commit ended: their parents and children hear of it.
+    IF rare ? 'ends' THEN
+        SELECT array_agg((r->>0)::uuid) INTO ended_runs
+        FROM jsonb_array_elements(rare->'ends') AS r
+        WHERE (r->>0)::uuid = ANY(fenced)
+          AND c_states[array_position(c_ids, (r->>0)::uuid)]
+              IN ('completed', 'failed', 'cancelled', 'timed_out');
+        IF ended_runs IS NOT NULL THEN
+            PERFORM shardq.runs_ended(ended_runs);
         END IF;
     END IF;
 

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 
 from shardq.client.client import Client
 from shardq.core.models import State
-from shardq.outbox.relay import Relay, RelayConfig
+from shardq.outbox.relay import Relay
 from shardq.outbox.store import OutboxStore
 from shardq.shards.config import ShardMap
-from shardq.shards.pools import ShardPools
 from shardq.shards.routing import new_execution_id
 from shardq.store.params import SignalDelivery
-from shardq.store.store import Store
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
@@ -47,22 +44,6 @@ def sender(ctx: WorkflowContext) -> list[Any]:
         sent.append({"queued": result.queued, "key": result.idempotency_key})
     ctx.sleep("settle", 0.05)  # a second turn: replay must send nothing again
     return sent
-
-
-@pytest.fixture
-def relay(pools: ShardPools) -> Iterator[Callable[..., Relay]]:
-    started: list[Relay] = []
-
-    def start(**config: Any) -> Relay:
-        settings = {"poll_interval_s": 0.5, "initial_backoff_s": 0.05, "max_backoff_s": 0.2,
-                    **config}
-        running = Relay(Store(pools), config=RelayConfig(**settings)).start()
-        started.append(running)
-        return running
-
-    yield start
-    for running in started:
-        running.stop()
 
 
 def outbox_rows(client: Client, shard_index: int) -> list[tuple[Any, ...]]:

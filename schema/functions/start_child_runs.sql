@@ -1,0 +1,53 @@
+-- Create child runs (schema/0023): each document names the child's id (the
+-- parent chose it, so a start sent twice finds its run), its parent and the
+-- parent's call position, the tenant (the parent's), the workflow and its
+-- version, the workflow id, input, priority and gates.
+--
+-- A new child's task row counts one claim already: its first claim reads its
+-- history, whose `child.of` event names its parent (what the worker tells its
+-- commits, so the child's end reaches the parent). A workflow key another run
+-- holds refuses that child (`refusal`): the caller sends the parent the
+-- child's failure. A key its own child holds (the start sent again) is no
+-- refusal and starts nothing.
+CREATE OR REPLACE FUNCTION shardq.start_child_runs(p_docs jsonb)
+RETURNS TABLE (child uuid, parent uuid, tenant text, refusal text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    created uuid[];
+BEGIN
+    WITH inserted AS (
+        INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
+                                       input, gates, priority, parent_id)
+        SELECT d.id, d.tenant, d.workflow, d.version, d.workflow_id, d.input, d.gates,
+               d.priority, d.parent
+        FROM shardq.child_docs(p_docs) d ORDER BY d.o
+        ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(i.id), '{}') INTO created FROM inserted i;
+
+    IF cardinality(created) > 0 THEN
+        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, tenant)
+        SELECT d.id, now(), 1, d.priority, d.tenant
+        FROM shardq.child_docs(p_docs) d WHERE d.id = ANY(created);
+        INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+        SELECT d.id, NULL, 'child.of', d.workflow_id,
+               jsonb_build_object('parent', d.parent, 'position', d.pos)
+        FROM shardq.child_docs(p_docs) d WHERE d.id = ANY(created) ORDER BY d.o;
+        PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(max(d.priority)))
+        FROM shardq.child_docs(p_docs) d WHERE d.id = ANY(created);
+    END IF;
+
+    -- A statement of its own: it sees a key a racing start committed meanwhile.
+    RETURN QUERY
+    SELECT d.id, d.parent, d.tenant,
+           CASE WHEN d.id = ANY(created) OR x.id = d.id THEN NULL
+                ELSE format('workflow id %L of %s is taken by run %s, not a child of this run',
+                            d.workflow_id, d.workflow, x.id) END
+    FROM shardq.child_docs(p_docs) d
+    LEFT JOIN shardq.executions x
+      ON x.tenant = d.tenant AND x.workflow_name = d.workflow AND x.workflow_id = d.workflow_id
+    ORDER BY d.o;
+END
+$$;

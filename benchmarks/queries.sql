@@ -22,7 +22,7 @@ SELECT EXISTS (SELECT 1 FROM shardq.executions) AS any
 -- worker still finishing a turn rarely deadlocks with it; Shards.truncate
 -- retries when one does.
 TRUNCATE shardq.tasks, shardq.history, shardq.waits, shardq.signals, shardq.outbox,
-         shardq.executions, shardq.key_queue, shardq.concurrency_keys
+         shardq.executions, shardq.key_queue, shardq.concurrency_keys, shardq.children
 
 -- name: listeners
 -- Worker wake listeners connected to this shard (the readiness barrier).
@@ -308,3 +308,10 @@ WITH src AS (
     FROM src
 )
 SELECT count(*) AS n FROM src
+
+-- name: created_span
+-- When the first and the last run of a workflow and key prefix were created.
+SELECT extract(epoch FROM min(x.created_at))::float8 AS first_created,
+       extract(epoch FROM max(x.created_at))::float8 AS last_created
+FROM shardq.executions x
+WHERE x.tenant = 'default' AND x.workflow_name = %(workflow)s AND x.workflow_id LIKE %(prefix)s

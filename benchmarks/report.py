@@ -41,6 +41,10 @@ TARGETS = (
      "Jain's index of 10 tenants' runs while one floods at 100x the others, weights equal"),
     ("rate_limit_error", "<=", 0.05,
      "|achieved / configured - 1| of a rate limiter shared by 4 workers over 2 shards"),
+    ("fanin_over_drain", "<=", 1.5,
+     "a parent starting 10,000 one-step children and waiting for all / draining as many runs"),
+    ("cancel_tree_left", "<=", 0.0,
+     "runs of a cancelled 3-level tree of 1,000 runs over 2 shards still live after 300 s"),
 )
 
 
@@ -119,6 +123,10 @@ def headline(scenarios: dict[str, Result]) -> Result:
                 "fairness_jain", "fairness_window_runs", "rate_limit_error",
                 "rate_limit_achieved_per_s", "rate_limit_configured_per_s",
                 "rate_limit_worst_1s_starts", "rate_limit_burst_error")})
+    if "children" in scenarios:
+        out.update({k: scenarios["children"][k] for k in (
+            "fanin_10k_s", "fanin_over_drain", "fanin_children", "cancel_tree_s",
+            "cancel_tree_left")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

@@ -18,6 +18,8 @@ product imports the benchmarks or the benchmarks import a tool of the product:
   (limits: time to claim by priority);
 - `noop_keyed`: `noop` under a concurrency limit of 1 per key `k:<input k>`
   (limits: a limited drain beside `noop`'s, and limit_violations);
+- `fanin_parent`, `tree_node`: children started and waited for, a tree of them
+  (children: fanin_10k_s, cancel_tree_s);
 - `rated`: one step under the rate limiter `bench` (RATE_PER_S a second),
   returning when it started (limits: rate_limit_error).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from shardq.core.children import ChildRequest
 from shardq.core.models import SignalRequest
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
@@ -160,3 +163,24 @@ def rated(ctx: WorkflowContext) -> float:
 def claim_probe(ctx: WorkflowContext) -> dict[str, float]:
     """Record the wall time its first step ran: its first turn, right after the claim."""
     return {"claimed_at": ctx.step("claimed", time.time)}
+
+
+@registry.workflow("fanin_parent", max_history=20_000)
+def fanin_parent(ctx: WorkflowContext) -> int:
+    """Start `n` `noop` children (ids `<prefix><i>`) in one call and wait for them all."""
+    handles = ctx.start_children([ChildRequest("noop", f"{ctx.input['prefix']}{i}")
+                                  for i in range(ctx.input["n"])])
+    return sum(1 for o in ctx.wait_children(handles) if o is not None and o.ok)
+
+
+@registry.workflow("tree_node")
+def tree_node(ctx: WorkflowContext) -> Any:
+    """A level of a tree: `widths[0]` children with the rest of `widths`; a leaf parks
+    until a signal it never gets (the tree is cancelled from its root)."""
+    widths = ctx.input["widths"]
+    if not widths:
+        return ctx.wait_for_signal("never")
+    handles = ctx.start_children([
+        ChildRequest("tree_node", f"{ctx.workflow_id}.{i}", {"widths": widths[1:]})
+        for i in range(widths[0])])
+    return len(ctx.wait_children(handles))

@@ -280,7 +280,9 @@ class AsyncClient:
         events = await self._history(ident) if history else []
         limited = (await self.store.rate_wait_of(self.map.home_shard, ident)
                    if execution.state is State.PENDING else None)
-        return RunView(execution, wait, pending, events, limited)
+        kids = await self._routed(
+            lambda m: self.store.children_of(m.for_execution(ident), ident))
+        return RunView(execution, wait, pending, events, limited, kids)
 
     async def list_runs(
         self, *, tenant: str | None = DEFAULT_TENANT, state: State | str | None = None,

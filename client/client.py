@@ -218,7 +218,8 @@ class Client(FlowControlCalls):
         # A pending run may be parked for a rate limiter's slot, which the home shard keeps.
         limited = (self.store.rate_wait_of(self.map.home_shard, ident)
                    if execution.state is State.PENDING else None)
-        return RunView(execution, wait, pending, events, limited)
+        kids = self._routed(lambda m: self.store.children_of(m.for_execution(ident), ident))
+        return RunView(execution, wait, pending, events, limited, kids)
 
     def waiting_on_page(
         self, page: Page

@@ -69,6 +69,19 @@ class ChildOutcome:
 
 
 @dataclass(frozen=True)
+class ChildInfo:
+    """A child as its parent's run view lists it: `ended` is its end state once its
+    outcome reached the parent, None while it runs."""
+
+    child_id: uuid.UUID
+    workflow: str
+    workflow_id: str
+    position: int
+    policy: str
+    ended: str | None
+
+
+@dataclass(frozen=True)
 class ChildStart:
     """A child run a turn's commit starts: on the parent's shard (`here`) or through the
     outbox."""

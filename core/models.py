@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from shardq.core.children import ChildStart
+from shardq.core.children import ChildInfo, ChildStart
 from shardq.core.errors import ExternalSignalFailed, WorkflowError
 
 
@@ -231,6 +231,8 @@ class RunView:
     history: list[HistoryEvent]
     rate_limited: RateWait | None = None
     """The slot of a rate limiter the run is parked for; None when it waits for none."""
+    children: list[ChildInfo] = field(default_factory=list)
+    """The runs it started (ctx.start_child), in start order."""
 
 
 @dataclass(frozen=True)

@@ -311,6 +311,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.child_docs(p_docs jsonb)
 --   RETURNS TABLE(id uuid, parent uuid, pos integer, tenant text, workflow text, version integer, workflow_id text, input jsonb, priority smallint, gates text[], o bigint)
 --   LANGUAGE sql IMMUTABLE
+-- FUNCTION shardq.child_outcomes(p_ids uuid[])
+--   RETURNS TABLE(child uuid, parent uuid, tenant text, body jsonb, key text)
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.claim_fair(after_tenant text, want integer, claimable bit, OUT runs uuid[], OUT cursor_at text, OUT rest integer)
 --   RETURNS record
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
@@ -329,9 +332,12 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.defer_premature_timeouts(p_fenced uuid[], e_ids uuid[], e_positions integer[], e_kinds text[], s_ids bigint[])
 --   RETURNS uuid[]
 --   LANGUAGE plpgsql VOLATILE
--- FUNCTION shardq.deliver_control(p_tenant text, p_id uuid, p_name text, p_payload jsonb, p_key text, p_origin text)
---   RETURNS TABLE(signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
+-- FUNCTION shardq.deliver_control(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_origins text[], p_max_pending integer, p_max_pending_total integer)
+--   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.deliver_outcomes(p_tenant text, p_ids uuid[], p_payloads jsonb[], p_keys text[], p_origins text[])
+--   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, reason_code text, detail text, woken bigint)
+--   LANGUAGE sql VOLATILE
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan

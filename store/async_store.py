@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from shardq.core.children import ChildInfo
 from shardq.core.models import (
     BufferedSignal,
     ConcurrencyLimit,
@@ -127,6 +128,9 @@ class AsyncStore:
     async def set_rate_limit(self, shard: Shard, name: str,
                              limit: RateLimit | None) -> RateLimiter | None:
         return await self._run(shard, statements.set_rate_limit(name, limit))
+
+    async def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
+        return await self._run(shard, statements.children_of(execution_id))
 
     async def rate_wait_of(self, shard: Shard, execution_id: uuid.UUID) -> RateWait | None:
         return await self._run(shard, statements.rate_wait_of(execution_id))

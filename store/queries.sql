@@ -404,6 +404,12 @@ WHERE execution_id = ANY(%(ids)b::uuid[]) AND consumed_at IS NULL
   AND (SELECT shardq.owns(%(ids)b::uuid[]))
 ORDER BY id
 
+-- name: children_of
+-- The children a run started, in start order (schema/0023).
+SELECT child_id, workflow_name AS workflow, workflow_id, position, policy, ended
+FROM shardq.children WHERE parent_id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
+ORDER BY position
+
 -- name: cancel_now
 -- Cancel a run no worker holds, its rows locked: body, schema/functions/cancel_run.sql
 -- (its task, wait and slot, an open interrupt decided `cancel` by the caller's

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from shardq.core.children import ChildInfo
 from shardq.core.errors import (
     ExecutionNotFound,
     ShardUnavailable,
@@ -322,6 +323,12 @@ def set_rate_limit(name: str, limit: RateLimit | None) -> Op[RateLimiter | None]
         "name": name, "rate": limit and limit.rate, "period_s": limit and limit.per,
         "burst": limit and limit.burst}
     return _rate_limiter(rows[0]) if rows else None
+
+
+def children_of(execution_id: uuid.UUID) -> Op[list[ChildInfo]]:
+    """The children a run started, in start order."""
+    rows = yield SQL["children_of"], {"id": execution_id}
+    return [ChildInfo(**r) for r in rows]
 
 
 def rate_wait_of(execution_id: uuid.UUID) -> Op[RateWait | None]:

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+from shardq.core.children import ChildInfo
 from shardq.core.models import (
     BufferedSignal,
     Claim,
@@ -322,6 +323,10 @@ class Store(FlowControlStore):
                 "retention_s": retention_s, "workflows": list(workflows), "listed": listed,
             }).fetchone()
         return 0 if row is None else int(row["n"])
+
+    def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.children_of(execution_id))
 
     def waits_and_signals(
         self, shard: Shard, ids: Sequence[uuid.UUID]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from shardq.core.children import (
     CHILD_SIGNAL,
@@ -40,8 +40,29 @@ from shardq.core.rules import Limits, check_name, check_workflow_id
 from shardq.shards.routing import BUCKETS, bucket_for
 from shardq.workflow.control import Park
 from shardq.workflow.journal import Journal
-from shardq.workflow.registry import Registry, WorkflowDef
 from shardq.workflow.replay import Replay
+
+
+class ChildDefinition(Protocol):
+    """What a child's start reads of its workflow's definition (registry.ChildDefinition)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def gates(self) -> tuple[str, ...]: ...
+    def checked_input(self, workflow_id: str, value: Any, limits: Limits) -> str: ...
+    def concurrency_of(self, value: Any) -> tuple[str, int] | None: ...
+
+
+class Definitions(Protocol):
+    """Where a child's workflow is found by name (registry.Registry): a protocol, so
+    the context does not import the registry, which imports it."""
+
+    def get(self, name: str, version: int | None = None) -> ChildDefinition: ...
 
 
 class ChildCalls:
@@ -51,7 +72,7 @@ class ChildCalls:
     _replay: Replay
     _journal: Journal
     _limits: Limits
-    _registry: Registry | None
+    _registry: Definitions | None
     _on_this_shard: Callable[[uuid.UUID], bool] | None
     _pending: list[BufferedSignal]
     _outcomes: dict[uuid.UUID, dict[str, Any]]
@@ -207,7 +228,7 @@ class ChildCalls:
         return [ChildOutcome.of(h, self._outcomes[h.execution_id])
                 if h.execution_id in self._outcomes else None for h in wanted]
 
-    def _checked(self, requests: Sequence[ChildRequest]) -> list[tuple[WorkflowDef, str]]:
+    def _checked(self, requests: Sequence[ChildRequest]) -> list[tuple[ChildDefinition, str]]:
         """Each new child's definition and input JSON, checked before any is started."""
         checked = []
         for request in requests:
@@ -227,7 +248,7 @@ class ChildCalls:
                 request.workflow_id, request.input, self._limits)))
         return checked
 
-    def _record_start(self, request: ChildRequest, position: int, definition: WorkflowDef,
+    def _record_start(self, request: ChildRequest, position: int, definition: ChildDefinition,
                       input_json: str) -> ChildHandle:
         claim = self._claim
         bucket = bucket_for(claim.tenant, definition.name, request.workflow_id)

@@ -50,7 +50,7 @@ from shardq.workflow.arguments import (
     check_interrupt_value,
     check_timeout,
 )
-from shardq.workflow.children import ChildCalls
+from shardq.workflow.children import ChildCalls, Definitions
 from shardq.workflow.contracts import UPDATE_PREFIX, UpdateSpec
 from shardq.workflow.control import Cancelled, Park
 from shardq.workflow.externals import record_externals
@@ -61,7 +61,6 @@ from shardq.workflow.recorded import (
     external_result,
     signal_of,
 )
-from shardq.workflow.registry import Registry
 from shardq.workflow.replay import Replay
 from shardq.workflow.retry import RetryPolicy
 from shardq.workflow.steps import attempt_step, run_attempt
@@ -82,7 +81,7 @@ class WorkflowContext(ChildCalls):
         on_this_shard: Callable[[uuid.UUID], bool] | None = None,
         *, state: object | None = None, updates: Sequence[UpdateSpec] = (),
         limits: Limits | None = None, rate_slots: RateSlots | None = None,
-        registry: Registry | None = None,
+        registry: Definitions | None = None,
     ) -> None:
         self._claim = claim
         self._registry = registry

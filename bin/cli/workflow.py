@@ -418,6 +418,8 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
         deadline = f", deadline {wait.deadline.isoformat()}" if wait.deadline else ""
         lines.append(f"  waits on {wait.kind} {wait.name!r} for "
                      f"{(now - wait.started_at).total_seconds():.0f} s{deadline}")
+    lines += [f"  child {c.workflow} {c.workflow_id!r} ({c.child_id}, policy {c.policy}): "
+              f"{c.ended or 'running'}" for c in view.children]
     lines += [f"  buffered signal {b.name!r} (id {b.id}), "
               f"{(now - b.received_at).total_seconds():.0f} s old" for b in buffered]
     lines += [f"  {e.seq:>6} {e.position if e.position is not None else '-':>4} "
@@ -425,6 +427,7 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
     emit(settings, {**_execution_payload(execution),
                     "open_wait": asdict(wait) if wait else None,
                     "rate_limited": asdict(view.rate_limited) if view.rate_limited else None,
+                    "children": [asdict(c) for c in view.children],
                     "pending_signals": [asdict(b) for b in buffered],
                     "history": [asdict(e) for e in events]},
          "\n".join(lines))

@@ -61,26 +61,14 @@ BEGIN
     PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(p_ids)
     ORDER BY x.id FOR UPDATE;
 
-    -- Messages between parents and children (schema/0023) take their own path,
-    -- one by one under the locks just taken; the rest come back here one each.
+    -- Messages between parents and children (schema/0023) take their own path
+    -- (deliver_control), under the locks just taken.
     IF EXISTS (SELECT 1 FROM unnest(p_names) AS n WHERE starts_with(n, 'shardq:run:')) THEN
-        FOR i IN 1 .. cardinality(p_ids) LOOP
-            IF starts_with(p_names[i], 'shardq:run:') THEN
-                RETURN QUERY
-                SELECT i, c.signal_id, c.earlier_id, c.earlier_name, c.reason_code, c.detail,
-                       c.woken
-                FROM shardq.deliver_control(p_tenant, p_ids[i], p_names[i], p_payloads[i],
-                                            p_keys[i], p_origins[i]) AS c;
-            ELSE
-                RETURN QUERY
-                SELECT i, d.signal_id, d.earlier_id, d.earlier_name, d.reason_code, d.detail,
-                       d.woken
-                FROM shardq.deliver_signals(
-                    p_tenant, ARRAY[p_ids[i]], ARRAY[p_names[i]], ARRAY[p_payloads[i]],
-                    ARRAY[p_keys[i]], p_max_pending, p_max_pending_total,
-                    CASE WHEN p_origins IS NOT NULL THEN ARRAY[p_origins[i]] END) AS d;
-            END IF;
-        END LOOP;
+        RETURN QUERY
+        SELECT c.ord, c.signal_id, c.earlier_id, c.earlier_name, c.reason_code, c.detail,
+               c.woken
+        FROM shardq.deliver_control(p_tenant, p_ids, p_names, p_payloads, p_keys, p_origins,
+                                    p_max_pending, p_max_pending_total) AS c;
         RETURN;
     END IF;
 

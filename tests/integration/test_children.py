@@ -137,6 +137,9 @@ def test_a_child_on_the_parent_s_shard_starts_in_its_commit_and_reports_once(
                 run.execution_id) == [(0,)]
     assert rows(shard, "SELECT ended FROM shardq.children WHERE parent_id = %s",
                 run.execution_id) == [("completed",)]
+    (listed,) = client.describe(run.execution_id).children
+    assert (str(listed.child_id), listed.workflow_id, listed.ended) == (
+        child, child_id, "completed")
 
 
 def test_a_child_on_another_shard_starts_and_reports_through_the_outbox(
@@ -246,7 +249,7 @@ def test_cancelling_the_root_cancels_a_three_level_tree_across_shards(
     client.signal(first, "go", "done first")
     assert client.wait(first, timeout=15).state is State.COMPLETED
     client.cancel(root.execution_id)
-    wait_until(lambda: all(_state(client, m).terminal for m in members()), timeout=30,
+    wait_until(lambda: all(client.get(m).state.terminal for m in members()), timeout=30,
                what="every descendant ended")
     states = {m: _state(client, m) for m in members()}
     assert states.pop(first) is State.COMPLETED
@@ -311,6 +314,7 @@ def test_a_bad_child_call_fails_the_parent_and_starts_nothing(
                        {"case": case})
     done = client.wait(run.execution_id, timeout=20)
     assert done.state is State.FAILED
+    assert done.error is not None
     assert message in done.error["message"], done.error
     if case not in ("not a child", "count zero"):
         for shard in client.map.shards:

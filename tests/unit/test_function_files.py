@@ -73,16 +73,14 @@ def test_a_call_of_a_marked_function_is_found(tmp_path: Path) -> None:
     queries = tmp_path / "queries.sql"
     queries.write_text("-- name: x\n-- shardq.run_state() in prose is no call\n"
                        "SELECT * FROM shardq.deliver_signals(%(a)s)\n")
+    callers = [f"functions/{name}.sql" for name in (
+        "commit_turns_v2", "deliver_control", "runs_ended", "send_control",
+        "signal_with_start_v2")] + [f"{tmp_path.name}/queries.sql"]
+    calls = [f"{caller} calls shardq.deliver_signals, marked to be dropped by "
+             "0099_drop_deliver_signals.sql" for caller in callers]
     assert retirement_problems(tmp_path / "schema", [queries]) == [
         "functions/deliver_signals.sql: 0099_drop_deliver_signals.sql does not drop "
-        "shardq.deliver_signals",
-        "functions/commit_turns_v2.sql calls shardq.deliver_signals, marked to be dropped "
-        "by 0099_drop_deliver_signals.sql",
-        "functions/signal_with_start_v2.sql calls shardq.deliver_signals, marked to be "
-        "dropped by 0099_drop_deliver_signals.sql",
-        f"{tmp_path.name}/queries.sql calls shardq.deliver_signals, marked to be dropped by "
-        "0099_drop_deliver_signals.sql",
-    ]
+        "shardq.deliver_signals", *calls]
     (tmp_path / "schema" / "0099_drop_deliver_signals.sql").write_text(
         "DROP FUNCTION IF EXISTS shardq.deliver_signals(text);\n")
-    assert len(retirement_problems(tmp_path / "schema", [queries])) == 3
+    assert retirement_problems(tmp_path / "schema", [queries]) == calls

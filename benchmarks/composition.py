@@ -1,0 +1,131 @@
+"""The `children` scenario: child workflows measured (docs/composition.md).
+
+`fanin_10k_s`: one `fanin_parent` run on shard 0 starts `fanin_children`
+(10,000 at full size) `noop` children in one `start_children` call, their keys
+spread over every shard, and waits for all of them; seconds from just before
+its `Client.start` to its completion (the run.completed event's time). The
+children on the parent's shard start in its commit, the others through the
+outbox and the relay; each child's outcome comes back the same way, and the
+parent's one wait row counts them down. `fanin_over_drain` (target <= 1.5)
+divides it by the time the same fleet takes, in the same run, to drain as many
+independent `noop` runs started by one `start_many` call (the same work without
+a parent: start, one step, commit).
+
+`cancel_tree_s`: a tree of `tree_node` runs, the root on shard 0 with TREE_WIDTHS
+children per level (1 + 9 + 990 = 1,000 runs over three levels, on every
+shard), whose leaves park; once every run is parked the root is cancelled, and
+the time runs from just before `Client.cancel` until no run of the tree is live
+(read every POLL_S from every shard: the tree is all they hold, so no task or
+wait row left means every run ended). `cancel_tree_left` must be 0: a count
+left after CANCEL_TIMEOUT_S is runs that escaped the cancel.
+
+The standard fleet, and one relay process (its safety poll 60 s: it moves rows
+on the outbox's NOTIFY).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from shardq.benchmarks.bench import Bench
+from shardq.benchmarks.db import BenchError, query
+from shardq.benchmarks.fleet import FleetConfig, RelayFleet
+from shardq.benchmarks.measure import wait_for
+
+TREE_WIDTHS = [9, 110]
+"""Children per level below the root: 1 + 9 + 9 * 110 = 1,000 runs."""
+POLL_S = 0.05
+CANCEL_TIMEOUT_S = 300.0
+
+
+def children(b: Bench) -> dict[str, Any]:
+    """fanin_10k_s beside the drain of as many runs, then cancel_tree_s."""
+    if len(b.urls) < 2:
+        raise BenchError("children needs two shards or more")
+    b.fleet()
+    relays = RelayFleet(b.urls, FleetConfig(workers=1, concurrency=0, batch_size=500,
+                                            poll_interval=60.0)).start()
+    try:
+        relays.wait_ready()
+        n = b.sizes.fanin_children
+        b.reset()
+        drain_s = _drain(b, n)
+        b.reset()
+        fanin_s, timeline = _fanin(b, n)
+        b.reset()
+        tree = _cancel_tree(b)
+        problems = relays.errors()
+    finally:
+        relays.stop()
+    if problems:
+        raise BenchError(f"the relay failed: {problems}")
+    return {"fanin_children": n, "fanin_10k_s": round(fanin_s, 3),
+            "drain_same_runs_s": round(drain_s, 3),
+            "fanin_over_drain": round(fanin_s / drain_s, 3) if drain_s > 0 else None,
+            "fanin_timeline": timeline,
+            **tree}
+
+
+def _drain(b: Bench, n: int) -> float:
+    prefix = "fd-"
+    started = time.time()
+    b.client.start_many("noop", [(f"{prefix}{i}", None) for i in range(n)])
+    wait_for(lambda: _completed(b, "noop", prefix), n, label="children: drain",
+             timeout=max(120.0, n / 50))
+    return b.finished("noop", prefix, n) - started
+
+
+def _fanin(b: Bench, n: int) -> tuple[float, dict[str, Any]]:
+    """The parent's seconds, and where they went: from its start to each shard's
+    first and last child created, the last child ended, and the parent ended."""
+    started = time.time()
+    run = b.client.start("fanin_parent", "fanin-root", {"n": n, "prefix": "fc-"})
+    done = b.client.wait(run.execution_id, timeout=max(300.0, n / 20), poll=0.05)
+    if done.output != n:
+        raise BenchError(f"fanin: the parent ended {done.state} with {done.output!r}, "
+                         f"expected {n} children completed")
+    ended = b.finished("fanin_parent", "fanin-root", 1)
+    last_child = b.finished("noop", "fc-", n)
+    timeline: dict[str, Any] = {"last_child_ended_s": round(last_child - started, 3),
+                                "parent_ended_s": round(ended - started, 3)}
+    for index, url in enumerate(b.urls):
+        (span,) = query(url, "created_span", {"workflow": "noop", "prefix": "fc-%"})
+        if span["first_created"] is not None:
+            timeline[f"shard{index}_children_created_s"] = [
+                round(span["first_created"] - started, 3),
+                round(span["last_created"] - started, 3)]
+    return ended - started, timeline
+
+
+def _cancel_tree(b: Bench) -> dict[str, Any]:
+    total = 1 + TREE_WIDTHS[0] + TREE_WIDTHS[0] * TREE_WIDTHS[1]
+    leaves = TREE_WIDTHS[0] * TREE_WIDTHS[1]
+    root = b.client.start("tree_node", "tree", {"widths": TREE_WIDTHS}).execution_id
+    # Every run parked: the leaves on their signal, the others on their children.
+    wait_for(lambda: _parked(b), total, label="children: tree parked", timeout=300.0)
+    started = time.time()
+    b.client.cancel(root)
+    deadline = started + CANCEL_TIMEOUT_S
+    live = total
+    while live and time.time() < deadline:
+        time.sleep(POLL_S)
+        live = _open(b)
+    seconds = time.time() - started
+    return {"cancel_tree_runs": total, "cancel_tree_leaves": leaves,
+            "cancel_tree_s": round(seconds, 3), "cancel_tree_left": live}
+
+
+def _completed(b: Bench, workflow: str, prefix: str) -> int:
+    return sum(int(r["completed"]) for u in b.urls for r in query(
+        u, "drain_result", {"workflow": workflow, "prefix": prefix + "%"}))
+
+
+def _parked(b: Bench) -> int:
+    """Wait rows over every shard: the tree is all they hold."""
+    return sum(int(r["n"]) for u in b.urls for r in query(u, "parked_runs", {}))
+
+
+def _open(b: Bench) -> int:
+    """Task and wait rows over every shard: none left, every run of the tree ended."""
+    return sum(int(r["n"]) for u in b.urls for r in query(u, "open_runs", {}))

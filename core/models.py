@@ -71,6 +71,9 @@ class Event(StrEnum):
     """At the call's position: ctx.start_child (the child's id, workflow, workflow id)."""
     CHILD_OF = "child.of"
     """No position, in the child's history: the parent that started it, and where."""
+    RUN_CONTINUED = "run.continued"
+    """No position, first of a generation's history (ctx.continue_as_new): its number
+    and the position its calls start from."""
     CHILDREN_WAITING = "children.waiting"
     CHILDREN_ENDED = "children.ended"
     """At a wait for children: the outcomes it took (ctx.wait_child(ren))."""
@@ -372,6 +375,8 @@ class TurnCommit:
     """Signals to runs of other shards, written to the outbox in this commit."""
     children: list[ChildStart] = field(default_factory=list)
     """Child runs this commit starts (ctx.start_child)."""
+    continued: tuple[str, int, int] | None = None
+    """ctx.continue_as_new: the next generation's input JSON, number and first position."""
     family: tuple[uuid.UUID | None] | None = None
     """Set for a run that is a child (its parent) or started children ((None,)): a commit
     that ends it tells its parent and its children."""

@@ -60,8 +60,11 @@ def commit_turns(
     ]
     ends = [[c.execution_id.hex, None if c.family[0] is None else c.family[0].hex]
             for c in commits if c.family is not None]
+    continued = [[c.execution_id.hex, json.loads(c.continued[0]), c.continued[1],
+                  c.continued[2]] for c in commits if c.continued is not None]
     rare = {k: v for k, v in (("local", externals), ("outbox", outbox),
-                              ("children", children), ("ends", ends)) if v}
+                              ("children", children), ("ends", ends),
+                              ("continued", continued)) if v}
     # Every relative time a turn chose (its task's delay, a timer's wake, a wait's
     # deadline) counts from when it chose it, less the time its commit queued since:
     # a run parked for a rate limiter's slot is due at the slot, and its timer's

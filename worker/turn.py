@@ -27,7 +27,7 @@ from shardq.core.errors import (
 from shardq.core.models import Claim, State, TaskAction, TurnCommit
 from shardq.core.rules import Limits
 from shardq.workflow.context import WorkflowContext
-from shardq.workflow.control import Cancelled, Park, TurnAborted
+from shardq.workflow.control import Cancelled, ContinueAsNew, Park, TurnAborted
 from shardq.workflow.journal import Checkpoint, Journal
 from shardq.workflow.rates import RateSlots
 from shardq.workflow.registry import Registry, WorkflowDef
@@ -100,20 +100,11 @@ def _play(
         # (the journal flags it); nothing else can be open when the function returns.
         return journal.commit(state=State.COMPLETED, task=TaskAction.DELETE, output_json=output)
     except Park as park:
-        longest = park.open_wait.deadline_in if park.open_wait else None
-        if longest is not None and longest > definition.max_wait_s:
-            too_long = LimitExceeded(
-                f"a wait of {longest:.0f} s is longer than the definition's max_wait_s "
-                f"({definition.max_wait_s:.0f} s)")
-            return journal.commit(state=State.FAILED, task=TaskAction.DELETE,
-                                  error=error_payload(too_long), close_wait=True)
-        wake = park.wake_on_signals
-        if definition.updates and park.state in _WAITS:  # not a retry's backoff: no early wake
-            wake += tuple(u.signal_name for u in definition.updates)
-        return journal.commit(
-            state=park.state, task=park.task, delay=park.delay,
-            open_wait=park.open_wait, wake_on_signals=wake,
-        )
+        return _parking(definition, journal, park)
+    except ContinueAsNew as nxt:
+        return journal.commit(state=State.PENDING, task=TaskAction.SCHEDULE, close_wait=True,
+                              continued=(nxt.input_json, replay.generation + 1,
+                                         replay.position))
     except Cancelled:
         return journal.commit(state=State.CANCELLED, task=TaskAction.DELETE, close_wait=True)
     except WorkflowTimedOut as exc:
@@ -131,6 +122,25 @@ def _play(
             state=State.FAILED, task=TaskAction.DELETE, error=error_payload(replay.fatal or exc),
             close_wait=True,
         )
+
+
+def _parking(definition: WorkflowDef, journal: Journal, park: Park) -> TurnCommit:
+    """The commit of a run that must wait: a wait longer than the definition allows
+    fails it instead."""
+    longest = park.open_wait.deadline_in if park.open_wait else None
+    if longest is not None and longest > definition.max_wait_s:
+        too_long = LimitExceeded(
+            f"a wait of {longest:.0f} s is longer than the definition's max_wait_s "
+            f"({definition.max_wait_s:.0f} s)")
+        return journal.commit(state=State.FAILED, task=TaskAction.DELETE,
+                              error=error_payload(too_long), close_wait=True)
+    wake = park.wake_on_signals
+    if definition.updates and park.state in _WAITS:  # not a retry's backoff: no early wake
+        wake += tuple(u.signal_name for u in definition.updates)
+    return journal.commit(
+        state=park.state, task=park.task, delay=park.delay,
+        open_wait=park.open_wait, wake_on_signals=wake,
+    )
 
 
 def failing_commit(refused: TurnCommit, error: StoreRejected) -> TurnCommit:

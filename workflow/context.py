@@ -51,6 +51,7 @@ from shardq.workflow.arguments import (
     check_timeout,
 )
 from shardq.workflow.children import ChildCalls, Definitions
+from shardq.workflow.continuation import ContinueCalls
 from shardq.workflow.contracts import UPDATE_PREFIX, UpdateSpec
 from shardq.workflow.control import Cancelled, Park
 from shardq.workflow.externals import record_externals
@@ -69,7 +70,7 @@ T = TypeVar("T")
 
 
 
-class WorkflowContext(ChildCalls):
+class WorkflowContext(ChildCalls, ContinueCalls):
     """What a workflow function can do. Every method is safe to replay.
 
     Made by the turn for one run of the function, on its turn thread: `replay`

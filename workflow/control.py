@@ -1,8 +1,8 @@
 """The exceptions that steer a turn rather than report an error.
 
-All five derive from BaseException, not Exception: they unwind through
+All six derive from BaseException, not Exception: they unwind through
 workflow code, and an `except Exception` in a workflow must not swallow them.
-The context raises Park and Cancelled; the journal raises TurnAborted and
+The context raises Park, ContinueAsNew and Cancelled; the journal raises TurnAborted and
 CommitRejected at a checkpoint; the turn turns the first three into the commit
 that ends it, and hands CommitRejected to its caller. ReplayEnd stops a
 query's read-only replay (shardq.workflow.rebuild) where history ends.
@@ -29,6 +29,15 @@ class Park(BaseException):
         super().__init__()
         self.state, self.task, self.delay = state, task, delay
         self.open_wait, self.wake_on_signals = open_wait, wake_on_signals
+
+
+class ContinueAsNew(BaseException):
+    """The run goes on as a new generation with this input (ctx.continue_as_new); a
+    BaseException so that workflow code cannot catch it away."""
+
+    def __init__(self, input_json: str) -> None:
+        super().__init__()
+        self.input_json = input_json
 
 
 class Cancelled(BaseException):

@@ -102,6 +102,7 @@ class Journal:
         open_wait: OpenWait | None = None,
         wake_on_signals: tuple[str, ...] = (),
         close_wait: bool = False,
+        continued: tuple[str, int, int] | None = None,
     ) -> TurnCommit:
         """A commit of everything buffered, with this state and task; the buffer starts over.
 
@@ -125,6 +126,7 @@ class Journal:
             outbox=self.outbox,
             children=self.children,
             family=self.family,
+            continued=continued,
         )
         self.events, self.consumed, self.close_wait = [], [], False
         self.externals, self.outbox, self.children = [], [], []

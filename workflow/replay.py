@@ -26,7 +26,8 @@ class Replay:
     same NonDeterminismError, so workflow code that catches it cannot go on.
     """
 
-    __slots__ = ("_fatal", "_limit", "_position", "_read_only", "_recorded", "pending")
+    __slots__ = ("_base", "_fatal", "_limit", "_position", "_read_only", "_recorded",
+                 "generation", "pending")
 
     def __init__(
         self, history: Iterable[HistoryEvent], signals: Iterable[BufferedSignal] = (),
@@ -35,12 +36,20 @@ class Replay:
         """`read_only`: a call past what history recorded raises ReplayEnd (a query's
         replay stops there instead of doing anything new)."""
         self._position = 0
+        self._base = 0
         self._read_only = read_only
         self._limit = max_calls
         self._fatal: WorkflowError | None = None
         self._recorded: dict[int, list[HistoryEvent]] = {}
         consumed: set[int] = set()
+        self.generation = 0
+        """How many times the run continued as new (ctx.continue_as_new): each generation's
+        calls take positions after the last one's, so nothing keyed by a position (an
+        outbox row, a child's id, a rate limiter's slot) meets an earlier generation's."""
         for event in history:
+            if event.kind == Event.RUN_CONTINUED:
+                self.generation = int(event.payload["generation"])
+                self._position = self._base = int(event.payload["base"])
             if event.position is not None:
                 self._recorded.setdefault(event.position, []).append(event)
             if event.kind in _CONSUMING:
@@ -67,7 +76,7 @@ class Replay:
         if self._fatal is not None:
             raise self._fatal
         position = self._position
-        if self._limit is not None and position >= self._limit:
+        if self._limit is not None and position - self._base >= self._limit:
             self._fatal = LimitExceeded(
                 f"the run reached its definition's limit of {self._limit} recorded calls "
                 f"(max_history) at {call} {name!r}: a loop that never ends?"

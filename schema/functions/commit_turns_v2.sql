@@ -33,6 +33,9 @@
 --               input, priority, policy, gates]: a child run the commit starts
 --               (ctx.start_child), on this shard when `here` and its bucket is
 --               writable, else through the outbox (schema/0023)
+--     continued: [run_id, input, generation, base]: the run continues as new
+--                (ctx.continue_as_new) with this input, generation number and
+--                first position
 --     ends: [run_id, parent_id or null]: a run of a family (a child, or a parent
 --           of children): if the commit ends it, its parent hears of it and its
 --           children are asked to cancel (shardq.runs_ended); its parent is
@@ -111,6 +114,7 @@ DECLARE
     here_docs       jsonb;
     away_docs       jsonb;
     started         record;
+    continued_runs  uuid[];
 BEGIN
     -- Signals to other runs of this shard: every lock their delivery takes is
     -- taken here, before the fence and the first delivery, in the global order:
@@ -601,6 +605,40 @@ BEGIN
         IF ended_runs IS NOT NULL THEN
             PERFORM shardq.runs_ended(ended_runs);
         END IF;
+    END IF;
+
+    -- Runs that continue as new (ctx.continue_as_new) start their next generation
+    -- in place: the same id, the new input, a history emptied but for a marker
+    -- that numbers the generation and where its positions start (a child keeps
+    -- its child.of), consumed signals dropped and unconsumed ones kept; the task
+    -- row is due now (its `schedule` action). Live children of policy cancel are
+    -- asked to cancel, as at a run's end, and the run's list of children goes.
+    IF rare ? 'continued' THEN
+        SELECT array_agg((r->>0)::uuid) INTO continued_runs
+        FROM jsonb_array_elements(rare->'continued') AS r
+        WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling);
+    END IF;
+    IF continued_runs IS NOT NULL THEN
+        WITH nxt AS (
+            SELECT (r->>0)::uuid AS id, r->1 AS input, (r->>2)::integer AS generation,
+                   (r->>3)::integer AS base
+            FROM jsonb_array_elements(rare->'continued') AS r
+            WHERE (r->>0)::uuid = ANY(continued_runs)
+        ), emptied AS (
+            DELETE FROM shardq.history h
+            WHERE h.execution_id = ANY(continued_runs) AND h.kind <> 'child.of'
+        ), dropped AS (
+            DELETE FROM shardq.signals s
+            WHERE s.execution_id = ANY(continued_runs) AND s.consumed_at IS NOT NULL
+        ), renewed AS (
+            UPDATE shardq.executions x SET input = n.input FROM nxt n WHERE x.id = n.id
+        )
+        INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+        SELECT n.id, NULL, 'run.continued', 'run',
+               jsonb_build_object('generation', n.generation, 'base', n.base)
+        FROM nxt n;
+        PERFORM shardq.runs_ended(continued_runs);
+        DELETE FROM shardq.children c WHERE c.parent_id = ANY(continued_runs);
     END IF;
 
     RETURN QUERY

@@ -6,7 +6,8 @@
 -- outcomes it got, the parent due once it reaches 0: one update and at most one
 -- wake per parent, however many children ended. An outcome whose key landed
 -- before answers the earlier signal; one for a parent that ended first (an
--- abandoned child) is dropped, answered as delivered; only a parent that is not
+-- abandoned child), or no longer lists the child, is dropped, answered as
+-- delivered; only a parent that is not
 -- there (another tenant's counts as none) refuses it. One statement: its rows
 -- must not repeat a key (a child ends once, and sends one outcome).
 CREATE OR REPLACE FUNCTION shardq.deliver_outcomes(
@@ -26,7 +27,12 @@ LANGUAGE sql VOLATILE AS $$
             SELECT x.tenant FROM shardq.executions x WHERE x.id = i.id OFFSET 0
         ) x ON true
     ), fresh AS (
-        SELECT * FROM item i WHERE i.run_tenant = p_tenant AND i.earlier IS NULL
+        -- Only a child the parent lists: its list is gone once the parent ended and
+        -- was purged, or continued as new (a new generation starts none of them).
+        SELECT i.* FROM item i
+        WHERE i.run_tenant = p_tenant AND i.earlier IS NULL AND EXISTS (
+            SELECT 1 FROM shardq.children c
+            WHERE c.parent_id = i.id AND c.child_id = (i.payload->>'child')::uuid)
     ), marked AS (
         UPDATE shardq.children c SET ended = f.payload->>'state'
         FROM fresh f

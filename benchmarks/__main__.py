@@ -1,7 +1,7 @@
 """`python -m shardq.benchmarks [scenario ...] [options]`: shardq against the raw PostgreSQL floor.
 
 Scenarios (default `all`, in this order): floor, durable, claim, steps3, cycle, parked, relay,
-http, reshard, limits, children, wake.
+http, reshard, limits, composition, wake.
 See benchmarks/README.md for what each measures and how.
 """
 

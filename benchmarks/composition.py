@@ -1,4 +1,5 @@
-"""The `children` scenario: child workflows measured (docs/composition.md).
+"""The `composition` scenario: child workflows and schedules measured
+(docs/composition.md, docs/schedules.md).
 
 `fanin_10k_s`: one `fanin_parent` run on shard 0 starts `fanin_children`
 (10,000 at full size) `noop` children in one `start_children` call, their keys
@@ -25,22 +26,28 @@ on the outbox's NOTIFY).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, query
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
-from shardq.benchmarks.measure import wait_for
+from shardq.benchmarks.measure import percentiles, wait_for
 
+SCHEDULE_LEAD_S = 8.0
+"""How far ahead the schedules' common tick is set: the fleet is up and idle by then."""
+SCHEDULE_TIMEOUT_S = 120.0
+KILL_AT = 0.25
+"""The share of the ticks started when one worker is SIGKILLed."""
 TREE_WIDTHS = [9, 110]
 """Children per level below the root: 1 + 9 + 9 * 110 = 1,000 runs."""
 POLL_S = 0.05
 CANCEL_TIMEOUT_S = 300.0
 
 
-def children(b: Bench) -> dict[str, Any]:
-    """fanin_10k_s beside the drain of as many runs, then cancel_tree_s."""
+def composition(b: Bench) -> dict[str, Any]:
+    """fanin_10k_s beside the drain of as many runs, cancel_tree_s, then the schedules."""
     if len(b.urls) < 2:
         raise BenchError("children needs two shards or more")
     b.fleet()
@@ -58,13 +65,52 @@ def children(b: Bench) -> dict[str, Any]:
         problems = relays.errors()
     finally:
         relays.stop()
+    ticks = _schedules(b, b.sizes.schedules)
     if problems:
         raise BenchError(f"the relay failed: {problems}")
     return {"fanin_children": n, "fanin_10k_s": round(fanin_s, 3),
             "drain_same_runs_s": round(drain_s, 3),
             "fanin_over_drain": round(fanin_s / drain_s, 3) if drain_s > 0 else None,
             "fanin_timeline": timeline,
-            **tree}
+            **tree, **ticks}
+
+
+def _schedules(b: Bench, n: int) -> dict[str, Any]:
+    """`n` schedules due at one second, started by the fleet's tickers while one worker
+    is SIGKILLed: lag p99, duplicates and misses (one run per tick, no more, no less)."""
+    b.stop_fleet()
+    b.reset()
+    prefix = "bs-"
+    home = b.client.map.home_shard.url
+    (row,) = query(home, "bulk_schedules", {"n": n, "prefix": prefix,
+                                            "lead_s": SCHEDULE_LEAD_S})
+    tick = float(row["tick"])
+    fleet = b.fleet()
+    time.sleep(max(0.0, tick - time.time()))
+
+    def counted() -> tuple[int, int, list[float]]:
+        found = [query(u, "tick_runs", {"prefix": prefix + "%", "tick": tick})[0]
+                 for u in b.urls]
+        return (sum(int(r["runs"]) for r in found), sum(int(r["schedules"]) for r in found),
+                [float(x) for r in found for x in r["lags"]])
+
+    wait_for(lambda: counted()[0], int(n * KILL_AT), label="schedules: first ticks",
+             timeout=120.0)
+    victim = fleet.procs[0]
+    victim.kill()
+    victim.wait()
+    killed_at = time.time() - tick
+    deadline = time.time() + SCHEDULE_TIMEOUT_S
+    while counted()[1] < n and time.time() < deadline:
+        time.sleep(POLL_S)
+    time.sleep(1.0)  # a duplicate would be a second run of a tick already counted
+    runs, schedules, lags = counted()
+    b.stop_fleet()  # one worker down: the next scenario starts a whole fleet
+    lag = percentiles(lags)
+    return {"schedules": n, "schedules_due_lag_p99_s": round(lag.get("p99", math.nan), 3),
+            "schedules_due_lag_p50_s": round(lag.get("p50", math.nan), 3),
+            "schedule_duplicates": runs - schedules, "schedule_misses": n - schedules,
+            "schedule_killed_worker_at_s": round(killed_at, 3)}
 
 
 def _drain(b: Bench, n: int) -> float:

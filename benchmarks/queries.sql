@@ -315,3 +315,24 @@ SELECT extract(epoch FROM min(x.created_at))::float8 AS first_created,
        extract(epoch FROM max(x.created_at))::float8 AS last_created
 FROM shardq.executions x
 WHERE x.tenant = 'default' AND x.workflow_name = %(workflow)s AND x.workflow_id LIKE %(prefix)s
+
+-- name: bulk_schedules
+-- `n` schedules of `noop` (one tick an hour, overlap allow), all due at the same
+-- second, `lead_s` from now: what a ticker meets at the top of a busy minute.
+WITH tick AS (SELECT date_trunc('second', now()) + make_interval(secs => %(lead_s)s) AS at),
+ins AS (
+    INSERT INTO shardq.schedules (name, tenant, workflow_name, input, every_s, timezone,
+                                  overlap, catchup_s, next_at)
+    SELECT %(prefix)s || g, 'default', 'noop', 'null'::jsonb, 3600, 'UTC', 'allow', 600,
+           (SELECT at FROM tick)
+    FROM generate_series(1, %(n)s) AS g
+)
+SELECT extract(epoch FROM (SELECT at FROM tick))::float8 AS tick
+
+-- name: tick_runs
+-- The runs a schedule prefix's ticks started: how many, of how many schedules, and
+-- each one's start (its creation) after the tick, in seconds.
+SELECT count(*) AS runs, count(DISTINCT split_part(workflow_id, '@', 1)) AS schedules,
+       coalesce(array_agg(extract(epoch FROM created_at)::float8 - %(tick)s), '{}') AS lags
+FROM shardq.executions
+WHERE workflow_name = 'noop' AND workflow_id LIKE %(prefix)s

@@ -45,6 +45,10 @@ TARGETS = (
      "a parent starting 10,000 one-step children and waiting for all / draining as many runs"),
     ("cancel_tree_left", "<=", 0.0,
      "runs of a cancelled 3-level tree of 1,000 runs over 2 shards still live after 300 s"),
+    ("schedules_due_lag_p99_s", "<=", 5.0,
+     "schedules due at one second (60,000): p99 of run start - tick, a worker SIGKILLed"),
+    ("schedule_duplicates", "<=", 0.0, "ticks that started more than one run"),
+    ("schedule_misses", "<=", 0.0, "ticks that started no run"),
 )
 
 
@@ -123,10 +127,12 @@ def headline(scenarios: dict[str, Result]) -> Result:
                 "fairness_jain", "fairness_window_runs", "rate_limit_error",
                 "rate_limit_achieved_per_s", "rate_limit_configured_per_s",
                 "rate_limit_worst_1s_starts", "rate_limit_burst_error")})
-    if "children" in scenarios:
-        out.update({k: scenarios["children"][k] for k in (
+    if "composition" in scenarios:
+        c = scenarios["composition"]
+        out.update({k: c[k] for k in (
             "fanin_10k_s", "fanin_over_drain", "fanin_children", "cancel_tree_s",
-            "cancel_tree_left")})
+            "cancel_tree_left", "schedules_due_lag_p99_s", "schedule_duplicates",
+            "schedule_misses")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardq.benchmarks.bench import Bench
-from shardq.benchmarks.composition import children
+from shardq.benchmarks.composition import composition
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
 from shardq.benchmarks.dbcost import DbMeter
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
@@ -549,7 +549,7 @@ SCENARIOS: dict[str, Scenario] = {
     "http": http_signals,
     "reshard": reshard,
     "limits": limits,
-    "children": children,
+    "composition": composition,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

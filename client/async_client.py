@@ -54,6 +54,7 @@ from shardq.client.requests import (
     update_with_start_request,
     validate_update,
 )
+from shardq.client.schedules import AsyncScheduleCalls
 from shardq.core.errors import ConcurrencyKeyNotFound, RateLimiterNotFound
 from shardq.core.models import (
     BufferedSignal,
@@ -91,7 +92,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 R = TypeVar("R")
 
 
-class AsyncClient:
+class AsyncClient(AsyncScheduleCalls):
     """Entry point for asyncio applications: `Client`'s calls, awaited. Share one per
     event loop; `async with AsyncClient.connect(shard_map, registry) as client:`."""
 

@@ -38,6 +38,7 @@ from shardq.client.requests import (
     update_with_start_request,
     validate_update,
 )
+from shardq.client.schedules import ScheduleCalls
 from shardq.core.models import (
     BufferedSignal,
     DecisionResult,
@@ -80,7 +81,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 
-class Client(FlowControlCalls):
+class Client(FlowControlCalls, ScheduleCalls):
     """Entry point for applications. Thread-safe; share one per process.
 
     Every call routes by execution id or workflow key to one shard; only `list`

@@ -62,9 +62,6 @@ from shardq.core.rules import (
 )
 from shardq.shards.fanout import Reached
 from shardq.shards.routing import (
-    bucket_for,
-    bucket_for_key,
-    new_execution_id,
     parse_execution_id,
 )
 from shardq.store.listing import (
@@ -81,6 +78,7 @@ from shardq.store.params import (
     SignalDelivery,
     StartBatch,
     StartSignalled,
+    placed_run,
 )
 from shardq.workflow.contracts import QuerySpec, SignalSpec, UpdateSpec
 from shardq.workflow.rebuild import call_handler, rebuild_state
@@ -111,9 +109,7 @@ def new_run(definition: WorkflowDef, tenant: str, workflow_id: str, value: Any,
     input_json = definition.checked_input(workflow_id, value, limits)
     chosen = (definition.concurrency_of(value) if concurrency is None
               else check_concurrency(concurrency))
-    bucket = (bucket_for(tenant, definition.name, workflow_id) if chosen is None
-              else bucket_for_key(chosen[0]))
-    return NewRun(new_execution_id(bucket), workflow_id, input_json, bucket, chosen)
+    return placed_run(tenant, definition.name, workflow_id, input_json, chosen)
 
 
 def new_runs(definition: WorkflowDef, tenant: str, items: Sequence[tuple[str, Any]],

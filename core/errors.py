@@ -18,6 +18,7 @@ __all__ = [
     "NotSerializable",
     "PayloadInvalid",
     "QueryFailed",
+    "ScheduleNotFound",
     "ShardUnavailable",
     "SignalRefused",
     "SignalTimedOut",
@@ -151,6 +152,10 @@ class DecisionRefused(WorkflowError):
 
 class ExecutionNotFound(WorkflowError):
     """No such execution for this tenant (another tenant's execution looks the same)."""
+
+
+class ScheduleNotFound(WorkflowError):
+    """No schedule of that name for this tenant."""
 
 
 class ConcurrencyKeyNotFound(WorkflowError):

@@ -147,6 +147,29 @@ CREATE TABLE shardq.rate_reservations (
     at timestamp with time zone NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000);
 
+CREATE TABLE shardq.schedules (
+    name text NOT NULL,
+    tenant text NOT NULL,
+    workflow_name text NOT NULL,
+    input jsonb NOT NULL,
+    cron text,
+    every_s double precision,
+    timezone text NOT NULL,
+    overlap text NOT NULL,
+    catchup_s double precision NOT NULL,
+    paused boolean NOT NULL DEFAULT false,
+    next_at timestamp with time zone,
+    buffered_at timestamp with time zone,
+    triggered_at timestamp with time zone,
+    last_tick timestamp with time zone,
+    last_run uuid,
+    started bigint NOT NULL DEFAULT 0,
+    skipped bigint NOT NULL DEFAULT 0,
+    missed bigint NOT NULL DEFAULT 0,
+    created_at timestamp with time zone NOT NULL DEFAULT now(),
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+) WITH (fillfactor=70);
+
 CREATE TABLE shardq.schema_functions (
     name text NOT NULL,
     checksum text NOT NULL,
@@ -258,6 +281,11 @@ ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_period_s_check CHE
 ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_pkey PRIMARY KEY (name);
 ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_rate_check CHECK ((rate > 0));
 ALTER TABLE shardq.rate_reservations ADD CONSTRAINT rate_reservations_pkey PRIMARY KEY (execution_id, "position", attempt, limiter);
+ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_catchup_s_check CHECK ((catchup_s >= (0)::double precision));
+ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_check CHECK (((cron IS NULL) <> (every_s IS NULL)));
+ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_every_s_check CHECK ((every_s > (0)::double precision));
+ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['skip'::text, 'buffer_one'::text, 'allow'::text])));
+ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
 ALTER TABLE shardq.schema_functions ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (name, checksum);
 ALTER TABLE shardq.schema_migrations ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 ALTER TABLE shardq.shard_identity ADD CONSTRAINT shard_identity_pkey PRIMARY KEY (singleton);
@@ -284,6 +312,8 @@ CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'fai
 CREATE INDEX outbox_pair ON shardq.outbox USING btree (source_execution_id, target_execution_id, id) WHERE (state = 'pending'::text);
 CREATE UNIQUE INDEX outbox_source ON shardq.outbox USING btree (source_execution_id, source_position);
 CREATE INDEX rate_reservations_waiting ON shardq.rate_reservations USING btree (limiter, at);
+CREATE INDEX schedules_due ON shardq.schedules USING btree (next_at) WHERE (NOT paused);
+CREATE INDEX schedules_held ON shardq.schedules USING btree (name) WHERE ((buffered_at IS NOT NULL) OR (triggered_at IS NOT NULL));
 CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);

@@ -37,9 +37,11 @@ from shardq.core.models import (
     State,
     WaitInfo,
 )
+from shardq.core.schedules import Schedule, ScheduleSpec
 from shardq.shards.async_pools import AsyncDictConnection, AsyncShardPools
 from shardq.shards.config import Shard, ShardMap
 from shardq.store import listing, statements
+from shardq.store import schedule_statements as schedule_ops
 from shardq.store.params import InterruptDecision, SignalDelivery, StartBatch, StartSignalled
 from shardq.store.statements import LOCKED_RUN_ATTEMPTS, Op, _TaskAppeared, buckets_of, run_async
 
@@ -131,6 +133,18 @@ class AsyncStore:
 
     async def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
         return await self._run(shard, statements.children_of(execution_id))
+
+    async def create_schedule(self, tenant: str, spec: ScheduleSpec) -> Schedule:
+        return await self._run(self.map.home_shard, schedule_ops.create_schedule(tenant, spec))
+
+    async def schedules(self, *, tenant: str | None, name: str | None = None,
+                        after: str = "", limit: int = 100) -> list[Schedule]:
+        return await self._run(self.map.home_shard, schedule_ops.schedules(
+            tenant=tenant, name=name, after=after, limit=limit))
+
+    async def change_schedule(self, tenant: str, name: str, action: str) -> Schedule | None:
+        return await self._run(self.map.home_shard,
+                               schedule_ops.change_schedule(tenant, name, action))
 
     async def rate_wait_of(self, shard: Shard, execution_id: uuid.UUID) -> RateWait | None:
         return await self._run(shard, statements.rate_wait_of(execution_id))

@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardq.shards.routing import bucket_for, bucket_for_key, new_execution_id
+
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
@@ -88,3 +90,12 @@ class InterruptDecision:
     payload_json: str
     decision_id: str
     actor: str
+
+
+def placed_run(tenant: str, workflow: str, workflow_id: str, input_json: str,
+               concurrency: tuple[str, int] | None) -> NewRun:
+    """A run of this key under a fresh id of its bucket: the key's, or its concurrency
+    key's when it has one (every run of a key, its limit and its queue on one shard)."""
+    bucket = (bucket_for(tenant, workflow, workflow_id) if concurrency is None
+              else bucket_for_key(concurrency[0]))
+    return NewRun(new_execution_id(bucket), workflow_id, input_json, bucket, concurrency)

@@ -16,12 +16,15 @@ Only the worker's side is here; the clients' and the operators' calls stay on
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
 
-from shardq.core.models import Claim, CommitOutcome, RateLimit, TurnCommit
+from shardq.core.models import Claim, CommitOutcome, RateLimit, StartResult, State, TurnCommit
+from shardq.core.schedules import Plan, Schedule
 from shardq.shards.config import Shard, ShardMap
-from shardq.store.params import Lease
+from shardq.store.params import Lease, StartBatch
 
 
 class WorkerStore(Protocol):
@@ -87,3 +90,21 @@ class WorkerStore(Protocol):
     def declare_rate_limiters(self, shard: Shard, limits: Mapping[str, RateLimit]) -> None:
         """Write the limiters workflow code declares (the home shard)."""
         ...
+
+
+@runtime_checkable
+class TickerStore(Protocol):
+    """What a worker's schedule ticker needs (worker/ticker.py): `Store` has it, the
+    in-memory fake does not (a worker on it runs no ticker)."""
+
+    @property
+    def map(self) -> ShardMap: ...
+
+    def claim_schedules(self, limit: int) -> AbstractContextManager[
+        tuple[list[Schedule], datetime, Callable[[str, Plan, Any], None]]]: ...
+
+    def next_schedule_in(self) -> float | None: ...
+
+    def run_states(self, shard: Shard, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, State]: ...
+
+    def start_executions(self, shard: Shard, batch: StartBatch) -> list[StartResult]: ...

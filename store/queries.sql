@@ -664,3 +664,96 @@ WHERE execution_id = %(id)s AND idempotency_key = %(key)s
 -- The workflow (name, version) of each run: what a signal's schema is looked up by.
 SELECT id, workflow_name, workflow_version FROM shardq.executions
 WHERE id = ANY(%(ids)b::uuid[]) AND (SELECT shardq.owns(%(ids)b::uuid[]))
+
+-- == Schedules (schema/0024; the home shard's rows) ==
+
+-- name: db_now
+SELECT now() AS now
+
+-- name: create_schedule
+-- A new schedule; an existing name inserts nothing (the caller says so).
+INSERT INTO shardq.schedules (name, tenant, workflow_name, input, cron, every_s, timezone,
+                              overlap, catchup_s, next_at)
+VALUES (%(name)s, %(tenant)s, %(workflow)s, %(input)s::jsonb, %(cron)s, %(every_s)s,
+        %(timezone)s, %(overlap)s, %(catchup_s)s, %(next_at)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+
+-- name: schedules
+-- Schedules of a tenant (every tenant's when it is NULL), by name, after a name.
+SELECT name, tenant, workflow_name AS workflow, input, cron, every_s, timezone, overlap,
+       catchup_s, paused, next_at, last_tick, last_run, buffered_at, triggered_at, started,
+       skipped, missed, created_at
+FROM shardq.schedules
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(name)s::text IS NULL
+       OR name = %(name)s) AND name > %(after)s
+ORDER BY name
+LIMIT %(limit)s
+
+-- name: pause_schedule
+UPDATE shardq.schedules SET paused = true, updated_at = now()
+WHERE name = %(name)s AND tenant = %(tenant)s
+RETURNING name
+
+-- name: resume_schedule
+-- Ticks that passed while paused are not run: the next one is after now.
+UPDATE shardq.schedules SET paused = false, next_at = %(next_at)s, updated_at = now()
+WHERE name = %(name)s AND tenant = %(tenant)s
+RETURNING name
+
+-- name: trigger_schedule
+-- A run now, whatever the overlap policy, started by the next ticker round.
+UPDATE shardq.schedules SET triggered_at = now(), updated_at = now()
+WHERE name = %(name)s AND tenant = %(tenant)s
+RETURNING name, triggered_at
+
+-- name: delete_schedule
+-- Its runs go on; no tick starts another.
+DELETE FROM shardq.schedules WHERE name = %(name)s AND tenant = %(tenant)s RETURNING name
+
+-- name: claim_schedules
+-- A ticker's round: the due schedules and those holding a buffered tick or a
+-- trigger, locked until the round's commit (SKIP LOCKED: another ticker takes
+-- others), with this shard's clock.
+WITH due AS (
+    SELECT s.name FROM shardq.schedules s
+    WHERE NOT s.paused AND s.next_at <= now()
+    ORDER BY s.next_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT s.name FROM shardq.schedules s
+    WHERE (s.buffered_at IS NOT NULL OR s.triggered_at IS NOT NULL)
+      AND (s.triggered_at IS NOT NULL OR NOT s.paused)
+      AND s.name NOT IN (SELECT d.name FROM due d)
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+SELECT s.name, s.tenant, s.workflow_name AS workflow, s.input, s.cron, s.every_s, s.timezone,
+       s.overlap, s.catchup_s, s.paused, s.next_at, s.last_tick, s.last_run, s.buffered_at,
+       s.triggered_at, s.started, s.skipped, s.missed, s.created_at, now() AS db_now
+FROM shardq.schedules s
+WHERE s.name IN (SELECT d.name FROM due d UNION ALL SELECT h.name FROM held h)
+
+-- name: next_schedule_in
+-- Seconds until the next due tick (NULL: none), what a ticker sleeps at most.
+SELECT extract(epoch FROM min(next_at) - now())::float8 AS seconds
+FROM shardq.schedules WHERE NOT paused
+
+-- name: advance_schedules
+-- The claimed schedules moved on by their round, in one statement: what plan() decided.
+UPDATE shardq.schedules s
+SET next_at = u.next_at, buffered_at = u.buffered_at, triggered_at = NULL,
+    last_tick = coalesce(u.last_tick, s.last_tick), last_run = coalesce(u.last_run, s.last_run),
+    started = s.started + u.started, skipped = s.skipped + u.skipped,
+    missed = s.missed + u.missed, updated_at = now()
+FROM unnest(%(names)s::text[], %(next_at)s::timestamptz[], %(buffered_at)s::timestamptz[],
+            %(last_tick)s::timestamptz[], %(last_run)s::uuid[], %(started)s::integer[],
+            %(skipped)s::integer[], %(missed)s::integer[])
+     AS u(name, next_at, buffered_at, last_tick, last_run, started, skipped, missed)
+WHERE s.name = u.name
+
+-- name: run_states
+-- The state of each of these runs of this shard.
+SELECT id, shardq.run_state(id) AS state FROM shardq.executions
+WHERE id = ANY(%(ids)b::uuid[]) AND (SELECT shardq.owns(%(ids)b::uuid[]))

@@ -55,6 +55,7 @@ from shardq.store import commits as commits_sql
 from shardq.store import listing, statements
 from shardq.store.flow import FlowControlStore
 from shardq.store.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
+from shardq.store.schedules import ScheduleStore
 from shardq.store.statements import (
     LOCKED_RUN_ATTEMPTS,
     SQL,
@@ -65,7 +66,7 @@ from shardq.store.statements import (
 log = logging.getLogger(__name__)
 
 
-class Store(FlowControlStore):
+class Store(FlowControlStore, ScheduleStore):
     """Shard-aware access to the queue tables; one instance per process is enough."""
 
     def __init__(self, pools: ShardPools) -> None:

@@ -52,7 +52,8 @@ from shardq.workflow.registry import Registry
 from .support import Daemon, TcpProxy
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions", "concurrency_keys",
-          "key_queue", "tenant_weights", "rate_limiters", "rate_reservations")
+          "key_queue", "tenant_weights", "rate_limiters", "rate_reservations", "children",
+          "schedules")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
 
 

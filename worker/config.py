@@ -30,6 +30,8 @@ class WorkerConfig:
     commit_batch: int = 500
     """Most commits one transaction groups; also how many finished turns may wait for
     their last commit before the worker stops claiming."""
+    schedules: bool = True
+    """Run the schedule ticker (docs/schedules.md): the workers are the scheduler."""
     limits: Limits = field(default_factory=Limits)
     """Bounds on what runs send (`ctx.signal_external` payloads and keys), as a Client's
     `limits` bound what its callers send: give both the same."""

@@ -35,7 +35,7 @@ from shardq.shards.errors import ShardqError, ShardRetired
 from shardq.shards.routing import bucket_of
 from shardq.store.listener import WakeSource
 from shardq.store.params import Lease
-from shardq.store.protocol import WorkerStore
+from shardq.store.protocol import TickerStore, WorkerStore
 from shardq.worker.completer import Completer, Result
 from shardq.worker.config import WorkerConfig
 from shardq.worker.leases import beat
@@ -43,6 +43,7 @@ from shardq.worker.limiters import HomeRateSlots
 from shardq.worker.logcontext import about_run
 from shardq.worker.retention import RetentionPlan, purge_served
 from shardq.worker.slots import InFlight, Reservation, TurnItem, TurnQueue
+from shardq.worker.ticker import Ticker
 from shardq.worker.turn import failing_commit, run_turn
 from shardq.workflow.control import CommitRejected
 from shardq.workflow.registry import Registry
@@ -153,6 +154,8 @@ class Worker:
             spawn(f"shardq-turn-{i}", self._turn_loop)
         if self.config.housekeeping_interval_s > 0:
             spawn("shardq-housekeeping", self._housekeeping_loop)
+        if self.config.schedules and isinstance(self.store, TickerStore):
+            spawn("shardq-ticker", Ticker(self.store, self.registry, self._stopping).loop)
         self._follower.start()  # the claim loops, and the map thread
         log.info("worker started", extra={
             "owner": self.config.owner, "shards": ",".join(s.name for s in self.shards),

@@ -6,6 +6,7 @@ The root group and its options are here; each group of commands has a module:
 - limits.py: `limits ...`, concurrency limits per key;
 - fairness.py: `fairness ...`, tenants' weights in fair claims;
 - rates.py: `rates ...`, rate limiters;
+- schedules.py: `schedule ...`, schedules;
 - outbox.py: `outbox ...` (what the outboxes owe) and the `outbox-relay` daemon;
 - shards.py: `shards`, the shard map and each shard's state;
 - operations.py: `migrate`, `stale`, `purge` and the `metrics` exporter;
@@ -31,6 +32,7 @@ from shardq.bin.cli import (
     operations,
     outbox,
     rates,
+    schedules,
     serve,
     worker,
     workflow,
@@ -69,7 +71,7 @@ def cli(
 
 
 for command in (*workflow.COMMANDS, *limits.COMMANDS, *fairness.COMMANDS, *rates.COMMANDS,
-                *outbox.COMMANDS,
+                *schedules.COMMANDS, *outbox.COMMANDS,
                 *shard_map.COMMANDS, *operations.COMMANDS, *worker.COMMANDS, *serve.COMMANDS,
                 *dev.COMMANDS):
     cli.add_command(command)

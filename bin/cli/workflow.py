@@ -46,7 +46,7 @@ def workflow() -> None:
     """Start, signal, inspect and cancel workflow runs."""
 
 
-def _json_value(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+def json_argument(_ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
     """JSON text, `@path` (a UTF-8 file) or `-` (stdin): big inputs need not fit in argv.
 
     Read by the rules the HTTP API reads bodies by (shardq.core.rules)."""
@@ -122,11 +122,11 @@ def _check_key(_ctx: click.Context, param: click.Parameter, value: str | None) -
 tenant_option = click.option("--tenant", default="default", show_default=True)
 execution_id_argument = click.argument("execution_id", callback=_execution_id)
 payload_option = click.option(
-    "--payload-json", "--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
+    "--payload-json", "--payload", "payload", callback=json_argument, metavar="JSON|@FILE|-",
     help="The signal's JSON payload: JSON text, @FILE or - for stdin (--payload is an alias).",
 )
 start_input_option = click.option(
-    "--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
+    "--input", "input_value", callback=json_argument, metavar="JSON|@FILE|-",
     help="The input if the run is started: JSON text, @FILE or - for stdin.")
 
 
@@ -186,7 +186,7 @@ def _signal_text(delivered: bool, created: bool | None = None) -> str:
 @tenant_option
 @click.argument("name")
 @click.argument("workflow_id")
-@click.option("--input", "input_value", callback=_json_value, metavar="JSON|@FILE|-",
+@click.option("--input", "input_value", callback=json_argument, metavar="JSON|@FILE|-",
               help="The run's input: JSON text, @FILE or - for stdin.")
 @priority_option
 @concurrency_option
@@ -295,7 +295,7 @@ def workflow_interface(settings: Settings, app: str | None, name: str) -> None:
 
 
 argument_option = click.option(
-    "--arg", "argument", callback=_json_value, metavar="JSON|@FILE|-",
+    "--arg", "argument", callback=json_argument, metavar="JSON|@FILE|-",
     help="The handler's JSON argument: JSON text, @FILE or - for stdin.")
 wait_option = click.option(
     "--wait", default=30.0, show_default=True, type=Seconds(zero_ok=True, maximum=600),
@@ -548,7 +548,7 @@ def workflow_pending(
 @click.argument("interrupt")
 @click.option("--action", required=True, type=click.Choice(["approve", "edit", "reject"]))
 @click.option(
-    "--payload-json", "--payload", "payload", callback=_json_value, metavar="JSON|@FILE|-",
+    "--payload-json", "--payload", "payload", callback=json_argument, metavar="JSON|@FILE|-",
     help="The decision's JSON payload (the edited value for edit): JSON text, @FILE or -.",
 )
 @click.option("--decision-id", required=True,

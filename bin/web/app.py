@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from shardq.bin.web import api, inbox
+from shardq.bin.web import api, inbox, schedules
 from shardq.bin.web.openapi import document
 from shardq.bin.web.state import Shared
 from shardq.client.async_client import AsyncClient
@@ -49,7 +49,7 @@ def create_app(
             finally:
                 await signals.close()
 
-    app = Starlette(routes=[*api.ROUTES, *inbox.ROUTES],
+    app = Starlette(routes=[*schedules.ROUTES, *api.ROUTES, *inbox.ROUTES],
                     exception_handlers={404: _not_found, 405: _not_allowed}, lifespan=serving)
     app.state.shared = Shared(client, signals, tokens, inbox_stale_after,
                               document(client.registry.names()))

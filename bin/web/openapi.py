@@ -155,6 +155,16 @@ def _linked(responses: dict[str, Any], *codes: int) -> dict[str, Any]:
     for code in codes:
         responses[str(code)]["links"] = _AFTER_START
     return responses
+_SCHEDULE_NAME = _path("name", "The schedule's name")
+_TIME = {"type": ["string", "null"]}
+_SCHEDULE = _obj(
+    ["name", "workflow", "input", "cron", "every", "timezone", "overlap", "catchup_window",
+     "paused", "next_at", "last_tick", "last_run", "buffered_at", "triggered_at", "started",
+     "skipped", "missed"], name=_STRING, workflow=_STRING, input=ANY_JSON,
+    cron={"type": ["string", "null"]}, every={"type": ["number", "null"]}, timezone=_STRING,
+    overlap=_STRING, catchup_window={"type": "number"}, paused={"type": "boolean"},
+    next_at=_TIME, last_tick=_TIME, last_run=_TIME, buffered_at=_TIME, triggered_at=_TIME,
+    started={"type": "integer"}, skipped={"type": "integer"}, missed={"type": "integer"})
 _SIGNALLED = _obj(["ok", "signal_delivered"], ok={"type": "boolean"},
                   signal_delivered={"type": "boolean"})
 
@@ -248,6 +258,34 @@ OPENAPI: dict[str, Any] = {
             _query("workflow", _NAME, "Only interrupts of this workflow's runs"), _LIMIT,
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{32}$"},
                    "The next_cursor of the previous page"))},
+        f"{PREFIX}/schedules": {
+            "post": _op("createSchedule", "Create a schedule: a run of `workflow` at every "
+                        "tick of `cron` (in `timezone`) or `every` seconds (201)",
+                        _responses({201: _SCHEDULE}, 400, 404, 409, 413, 415),
+                        body=_envelope(["name", "workflow"], name=_NAME, workflow=_NAME,
+                                       input=ANY_JSON, cron={"type": ["string", "null"]},
+                                       every={"type": ["number", "null"], "minimum": 1},
+                                       timezone={"type": ["string", "null"]},
+                                       overlap={"enum": ["skip", "buffer_one", "allow", None]},
+                                       catchup_window={"type": ["number", "null"],
+                                                       "minimum": 0})),
+            "get": _op("listSchedules", "The tenant's schedules by name, a page after `after`",
+                       _responses({200: _obj(["items", "next_after"], items={
+                           "type": "array", "items": _SCHEDULE},
+                           next_after={"type": ["string", "null"]})}, 400),
+                       _query("after", _STRING, "The next_after of the previous page"),
+                       _LIMIT)},
+        f"{PREFIX}/schedules/{{name}}": {
+            "get": _op("getSchedule", "A schedule", _responses({200: _SCHEDULE}, 404),
+                       _SCHEDULE_NAME),
+            "delete": _op("deleteSchedule", "Delete a schedule; its runs go on",
+                          _responses({200: _SCHEDULE}, 404), _SCHEDULE_NAME)},
+        **{f"{PREFIX}/schedules/{{name}}/{action}": {"post": _op(
+            f"{action}Schedule", summary, _responses({200: _SCHEDULE}, 404), _SCHEDULE_NAME)}
+           for action, summary in (
+               ("pause", "Pause a schedule: no tick starts a run until it is resumed"),
+               ("resume", "Resume a schedule from its first tick after now"),
+               ("trigger", "Start a run of the schedule now, whatever its overlap policy"))},
         PREFIX: {"get": {
             "operationId": "index", "summary": "Where to go from here: the OpenAPI document, "
             "/healthz and the review inbox (no token needed)",
@@ -288,7 +326,7 @@ def document(workflows: list[str]) -> dict[str, Any]:
     if not workflows:
         return served
     for path, operations in served["paths"].items():
-        if "{name}" not in path or "{execution_id}" in path:
+        if "{name}" not in path or "{execution_id}" in path or "/schedules/" in path:
             continue
         for operation in operations.values():
             for parameter in operation.get("parameters", []):

@@ -21,6 +21,7 @@ from shardq.core.errors import (
     ExecutionNotFound,
     PayloadInvalid,
     QueryFailed,
+    ScheduleNotFound,
     SignalRefused,
     UnknownHandler,
     UnknownWorkflow,
@@ -32,11 +33,13 @@ from shardq.core.errors import (
 from shardq.shards.config import ShardMap, redact
 from shardq.shards.errors import MapMismatch, SchemaBehind, ShardqError, ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId
+from shardq.store.schedule_statements import ScheduleExists
 
 STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     (UpdateTimedOut, 202),
-    ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler), 404),
-    ((UpdateRefused, DecisionRefused, SignalRefused), 409),
+    ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler,
+      ScheduleNotFound), 404),
+    ((UpdateRefused, DecisionRefused, SignalRefused, ScheduleExists), 409),
     ((UpdateFailed, UpdateRejected, QueryFailed), 422),
     # A shard found, late, to hold another map or an older schema: the server's
     # configuration is at fault, not the request, and nothing was written.

@@ -1,0 +1,134 @@
+"""The ticker: a thread of every worker that starts the runs of due schedule ticks.
+
+There is no scheduler process. Each round claims up to `batch` due schedules on
+the home shard (SKIP LOCKED: tickers of several workers share the work), asks
+core/schedules.py's `plan` what each must start, starts those runs on their own
+shards (grouped into one start per workflow and shard), and moves the rows on,
+all before the round's home-shard transaction commits. A tick's run is named by
+the schedule and the tick's time, so a ticker killed between the starts and
+its commit leaves rows that the next round claims again, and whose runs it
+finds already there: one run per tick, whatever crashes (docs/schedules.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+from shardq.core.errors import UnknownWorkflow
+from shardq.core.models import StartResult
+from shardq.core.schedules import Plan, Schedule, plan, tick_workflow_id
+from shardq.shards.errors import ShardqError
+from shardq.shards.routing import bucket_of
+from shardq.store.params import NewRun, StartBatch, placed_run
+from shardq.store.protocol import TickerStore
+from shardq.workflow.registry import Registry, WorkflowDef
+
+log = logging.getLogger(__name__)
+
+TICK_BATCH = 2_000
+"""Schedules one round claims."""
+MAX_SLEEP_S = 1.0
+"""The longest a ticker sleeps between rounds: a schedule created or triggered
+meanwhile is seen within it."""
+
+
+class Ticker:
+    """Runs rounds until `stopping` is set."""
+
+    def __init__(self, store: TickerStore, registry: Registry, stopping: threading.Event,
+                 *, batch: int = TICK_BATCH) -> None:
+        self.store = store
+        self.registry = registry
+        self.stopping = stopping
+        self.batch = batch
+        self._unknown: set[str] = set()  # workflows already logged as not registered
+
+    def loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                full = self.round() >= self.batch
+                due_in = None if full else self.store.next_schedule_in()
+            except ShardqError as exc:  # the home shard away: the next round asks again
+                log.warning("schedule round failed", extra={"error": str(exc)})
+                full, due_in = False, None
+            if not full:
+                pause = MAX_SLEEP_S if due_in is None else min(MAX_SLEEP_S, max(0.0, due_in))
+                self.stopping.wait(pause)
+
+    def round(self) -> int:
+        """One claim of due schedules, their runs started and their rows moved on;
+        how many schedules it claimed."""
+        with self.store.claim_schedules(self.batch) as (schedules, now, advance):
+            if not schedules:
+                return 0
+            live = self._live([s.last_run for s in schedules if s.last_run is not None])
+            # A schedule of a workflow this worker lacks is left due: a worker that
+            # has it starts its ticks.
+            plans = [(s, plan(s, now, s.last_run in live)) for s in schedules if self._knows(s)]
+            started = self._start(plans)
+            for schedule, chosen in plans:
+                advance(schedule.name, chosen, started.get(schedule.name))
+            return len(schedules)
+
+    def _knows(self, schedule: Schedule) -> bool:
+        try:
+            self.registry.get(schedule.workflow)
+        except UnknownWorkflow:
+            if schedule.workflow not in self._unknown:
+                log.error("a schedule's workflow is not registered in this worker",
+                          extra={"schedule": schedule.name, "workflow": schedule.workflow})
+            self._unknown.add(schedule.workflow)
+            return False
+        return True
+
+    def _live(self, runs: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Of these runs, those still running (a run not found counts as ended)."""
+        by_shard: dict[str, list[uuid.UUID]] = defaultdict(list)
+        shards = {}
+        for run in runs:
+            shard = self.store.map.for_bucket(bucket_of(run))
+            shards[shard.name] = shard
+            by_shard[shard.name].append(run)
+        live: set[uuid.UUID] = set()
+        for name, ids in by_shard.items():
+            states = self.store.run_states(shards[name], ids)
+            live.update(i for i, state in states.items() if not state.terminal)
+        return live
+
+    def _start(self, plans: list[tuple[Schedule, Plan]]) -> dict[str, uuid.UUID]:
+        """Start every planned tick's run: one start per workflow, tenant and shard. The
+        run of each schedule's latest tick started, by schedule name."""
+        groups: dict[tuple[str, str, str], list[tuple[str, datetime, NewRun]]] = defaultdict(
+            list)
+        definitions: dict[str, WorkflowDef] = {}
+        for schedule, chosen in plans:
+            definition = definitions.setdefault(schedule.workflow,
+                                                self.registry.get(schedule.workflow))
+            ticks = [(t, False) for t in chosen.starts]
+            if chosen.manual is not None:
+                ticks.append((chosen.manual, True))
+            for tick, manual in ticks:
+                input_json = json.dumps(schedule.input)
+                run = placed_run(schedule.tenant, definition.name,
+                                 tick_workflow_id(schedule.name, tick, manual=manual),
+                                 input_json, definition.concurrency_of(schedule.input))
+                shard = self.store.map.for_bucket(run.bucket)
+                groups[(schedule.tenant, definition.name, shard.name)].append(
+                    (schedule.name, tick, run))
+        last: dict[str, tuple[datetime, uuid.UUID]] = {}
+        for (tenant, workflow, shard_name), members in groups.items():
+            definition = definitions[workflow]
+            shard = next(s for s in self.store.map.shards if s.name == shard_name)
+            results: list[StartResult] = self.store.start_executions(shard, StartBatch(
+                tenant, definition.name, definition.version, [r for _, _, r in members],
+                definition.gates, definition.priority))
+            for (name, tick, _), result in zip(members, results, strict=True):
+                if name not in last or tick >= last[name][0]:
+                    last[name] = (tick, result.execution_id)
+        return {name: run for name, (_, run) in last.items()}

@@ -32,7 +32,7 @@ from shardq.bin.cli.common import (
     open_client,
     pass_settings,
 )
-from shardq.core.models import State
+from shardq.core.models import Event, State
 
 if TYPE_CHECKING:
     from shardq.core.models import Execution, UpdateResult
@@ -418,6 +418,8 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
         deadline = f", deadline {wait.deadline.isoformat()}" if wait.deadline else ""
         lines.append(f"  waits on {wait.kind} {wait.name!r} for "
                      f"{(now - wait.started_at).total_seconds():.0f} s{deadline}")
+    lines += [f"  child of {e.payload['parent']} (its call {e.payload['position']})"
+              for e in events if e.kind == Event.CHILD_OF]
     lines += [f"  child {c.workflow} {c.workflow_id!r} ({c.child_id}, policy {c.policy}): "
               f"{c.ended or 'running'}" for c in view.children]
     lines += [f"  buffered signal {b.name!r} (id {b.id}), "

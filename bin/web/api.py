@@ -345,6 +345,12 @@ async def show(request: Request, tenant: str) -> Response:
             "until": view.rate_limited.until.isoformat()},
         "pending_signals": [{"signal_id": b.id, "name": b.name, "payload": b.payload,
                              "received_at": b.received_at.isoformat()} for b in buffered],
+        "children": [{"execution_id": str(c.child_id), "workflow": c.workflow,
+                      "workflow_id": c.workflow_id, "policy": c.policy, "ended": c.ended}
+                     for c in view.children],
+        "parent": next(({"execution_id": e.payload["parent"],
+                         "position": e.payload["position"]}
+                        for e in events if e.kind == Event.CHILD_OF), None),
         # Every decision attempt on the run's interrupts, accepted or refused: its audit.
         "decisions": [{"interrupt": e.name, "accepted": e.kind == Event.INTERRUPT_DECIDED,
                        **e.payload} for e in events

@@ -42,6 +42,12 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
         "limiter": {"type": "string"}, "until": {"type": "string"}}},
     "pending_signals": {"type": "array", "items": {"type": "object"}},
     "decisions": {"type": "array", "items": {"type": "object"}},
+    "children": {"type": "array", "items": {"type": "object", "properties": {
+        "execution_id": {"type": "string"}, "workflow": {"type": "string"},
+        "workflow_id": {"type": "string"}, "policy": {"type": "string"},
+        "ended": {"type": ["string", "null"]}}}},
+    "parent": {"type": ["object", "null"], "properties": {
+        "execution_id": {"type": "string"}, "position": {"type": "integer"}}},
 }}
 UPDATE_RESULT = {"type": "object", "required": ["update_id", "completed"], "properties": {
     "execution_id": {"type": "string"}, "update_id": {"type": "integer"},

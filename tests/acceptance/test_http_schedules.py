@@ -6,6 +6,9 @@ from typing import Any
 
 import pytest
 
+from shardq.client.client import Client
+
+from ..integration.test_children import registry
 from ..support import wait_until
 from .test_http_api import Api, StartWorker, api  # noqa: F401 - the fixture
 
@@ -15,9 +18,9 @@ pytestmark = pytest.mark.slow
 def test_a_schedule_is_created_run_paused_triggered_and_deleted(
     api: Api, start_worker: StartWorker,  # noqa: F811 - the fixture
 ) -> None:
-    from ..app import registry
+    from ..app import registry as app
 
-    start_worker(registry)
+    start_worker(app)
     made = api.http.post("/schedules", json={"name": "nightly", "workflow": "park",
                                              "every": 1, "overlap": "allow"})
     assert made.status_code == 201, made.text
@@ -64,3 +67,21 @@ def test_a_bad_schedule_is_a_4xx_and_stores_nothing(
     assert error in refused.json()["error"]
     assert api.http.get("/schedules").json()["items"] == []
     assert api.http.post("/schedules/missing/pause").status_code == 404
+
+
+def test_a_run_view_names_its_children_and_a_child_its_parent(
+    api: Api, client: Client, start_worker: StartWorker,  # noqa: F811 - the fixture
+) -> None:
+    start_worker(registry)
+    run = client.start("parent", "view-parent", {"workflow": "add", "id": "view-child",
+                                                 "input": {"a": 1, "b": 2}}, tenant="acme")
+    assert client.wait(run.execution_id, timeout=20, tenant="acme").output == {"output": 3}
+    shown = api.http.get(f"/workflows/{run.execution_id}").json()
+    (child,) = shown["children"]
+    assert (child["workflow"], child["workflow_id"], child["ended"]) == (
+        "add", "view-child", "completed")
+    assert shown["parent"] is None
+    of = api.http.get(f"/workflows/{child['execution_id']}").json()["parent"]
+    assert of == {"execution_id": str(run.execution_id), "position": 0}
+    other = api.other.get(f"/workflows/{child['execution_id']}")
+    assert other.status_code == 404

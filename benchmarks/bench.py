@@ -13,6 +13,7 @@ outside the timed window, and must equal the number started.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import signal
 import subprocess
@@ -34,6 +35,7 @@ from shardq.benchmarks.pyspy import summarize
 from shardq.benchmarks.workflows import registry
 from shardq.client.client import Client
 from shardq.shards.config import ShardMap
+from shardq.shards.routing import bucket_for
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,14 @@ class Bench:
         return errors
 
     # -- state -----------------------------------------------------------------
+
+    def keys_on(self, index: int, workflow: str, prefix: str, count: int) -> list[str]:
+        """`count` workflow ids `<prefix>-<i>` whose runs of `workflow` live on shard
+        `index`."""
+        shard = self.client.map.shards[index]
+        found = (k for k in (f"{prefix}-{i}" for i in itertools.count())
+                 if self.client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
+        return list(itertools.islice(found, count))
 
     def reset(self, *, checkpoint: bool = False) -> None:
         """Empty the queue tables (no dead tuples carried over), optionally CHECKPOINT."""

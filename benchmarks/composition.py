@@ -61,6 +61,8 @@ def composition(b: Bench) -> dict[str, Any]:
         b.reset()
         fanin_s, timeline = _fanin(b, n)
         b.reset()
+        same_s = _fanin_one_shard(b, n)
+        b.reset()
         tree = _cancel_tree(b)
         problems = relays.errors()
     finally:
@@ -71,7 +73,8 @@ def composition(b: Bench) -> dict[str, Any]:
     return {"fanin_children": n, "fanin_10k_s": round(fanin_s, 3),
             "drain_same_runs_s": round(drain_s, 3),
             "fanin_over_drain": round(fanin_s / drain_s, 3) if drain_s > 0 else None,
-            "fanin_timeline": timeline,
+            "fanin_timeline": timeline, "fanin_one_shard_s": round(same_s, 3),
+            "fanin_one_shard_over_drain": round(same_s / drain_s, 3) if drain_s > 0 else None,
             **tree, **ticks}
 
 
@@ -142,6 +145,19 @@ def _fanin(b: Bench, n: int) -> tuple[float, dict[str, Any]]:
                 round(span["first_created"] - started, 3),
                 round(span["last_created"] - started, 3)]
     return ended - started, timeline
+
+
+def _fanin_one_shard(b: Bench, n: int) -> float:
+    """fanin_10k_s with every child on the parent's shard: no outbox, no relay."""
+    ids = b.keys_on(0, "noop", "f1", n)
+    (root,) = b.keys_on(0, "fanin_parent", "fanin-one", 1)
+    started = time.time()
+    run = b.client.start("fanin_parent", root, {"ids": ids})
+    done = b.client.wait(run.execution_id, timeout=max(300.0, n / 20), poll=0.05)
+    if done.output != n:
+        raise BenchError(f"fanin on one shard: the parent ended {done.state} with "
+                         f"{done.output!r}, expected {n} children completed")
+    return b.finished("fanin_parent", root, 1) - started
 
 
 def _cancel_tree(b: Bench) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import threading
@@ -23,7 +22,6 @@ from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.benchmarks.reshard import reshard
 from shardq.core.models import SignalRequest
-from shardq.shards.routing import bucket_for
 
 Scenario = Callable[[Bench], dict[str, Any]]
 
@@ -458,13 +456,6 @@ def relay(b: Bench) -> dict[str, Any]:
     return out
 
 
-def _keys_on(b: Bench, index: int, workflow: str, prefix: str, count: int) -> list[str]:
-    shard = b.client.map.shards[index]
-    found = (k for k in (f"{prefix}-{i}" for i in itertools.count())
-             if b.client.map.for_bucket(bucket_for("default", workflow, k)) == shard)
-    return list(itertools.islice(found, count))
-
-
 def _parked(b: Bench, count: int, label: str) -> None:
     wait_for(lambda: sum(int(r["n"]) for u in b.urls for r in query(u, "open_waits")),
              count, label=f"{label}: parking", timeout=max(60.0, count / 20))
@@ -473,12 +464,12 @@ def _parked(b: Bench, count: int, label: str) -> None:
 def _relay_throughput(b: Bench, target: int, label: str) -> dict[str, Any]:
     n = b.sizes.relay_signals - b.sizes.relay_signals % RELAY_FANOUT
     prefix = f"rs-{label}-"
-    sinks = b.client.start_many("relay_sink", [(k, None) for k in _keys_on(
-        b, target, "relay_sink", prefix, n)])
+    sinks = b.client.start_many("relay_sink", [(k, None) for k in b.keys_on(
+        target, "relay_sink", prefix, n)])
     _parked(b, n, label)
     ids = [str(s.execution_id) for s in sinks]
     sources = [(k, {"targets": ids[i * RELAY_FANOUT:(i + 1) * RELAY_FANOUT]})
-               for i, k in enumerate(_keys_on(b, 0, "relay_source", f"src-{label}",
+               for i, k in enumerate(b.keys_on(0, "relay_source", f"src-{label}",
                                               n // RELAY_FANOUT))]
     started = time.time()
     b.client.start_many("relay_source", sources)
@@ -498,10 +489,10 @@ def _fanout(b: Bench, batch: bool, label: str) -> dict[str, Any]:
     """One run on shard 0 signals FANOUT_TARGETS parked runs of its shard; timed from its
     start to the last target's completion."""
     prefix = f"fo-{label}-"
-    sinks = b.client.start_many("relay_sink", [(k, None) for k in _keys_on(
-        b, 0, "relay_sink", prefix, FANOUT_TARGETS)])
+    sinks = b.client.start_many("relay_sink", [(k, None) for k in b.keys_on(
+        0, "relay_sink", prefix, FANOUT_TARGETS)])
     _parked(b, FANOUT_TARGETS, label)
-    (key,) = _keys_on(b, 0, "fanout_source", f"fos-{label}", 1)
+    (key,) = b.keys_on(0, "fanout_source", f"fos-{label}", 1)
     started = time.time()
     source = b.client.start("fanout_source", key, {
         "targets": [str(s.execution_id) for s in sinks], "batch": batch}).execution_id
@@ -521,8 +512,8 @@ def _fanout(b: Bench, batch: bool, label: str) -> dict[str, Any]:
 
 def _relay_latency(b: Bench, target: int, label: str) -> dict[str, float]:
     samples = b.sizes.relay_samples + RELAY_WARMUP
-    targets = _keys_on(b, target, "wake_probe", f"rl-{label}", samples)
-    senders = _keys_on(b, 0, "relay_probe", f"rp-{label}", samples)
+    targets = b.keys_on(target, "wake_probe", f"rl-{label}", samples)
+    senders = b.keys_on(0, "relay_probe", f"rp-{label}", samples)
     latencies = []
     bar = Progress(f"{label}: relay latency", samples)
     for i, (target_key, sender_key) in enumerate(zip(targets, senders, strict=True)):

@@ -167,9 +167,10 @@ def claim_probe(ctx: WorkflowContext) -> dict[str, float]:
 
 @registry.workflow("fanin_parent", max_history=20_000)
 def fanin_parent(ctx: WorkflowContext) -> int:
-    """Start `n` `noop` children (ids `<prefix><i>`) in one call and wait for them all."""
-    handles = ctx.start_children([ChildRequest("noop", f"{ctx.input['prefix']}{i}")
-                                  for i in range(ctx.input["n"])])
+    """Start `noop` children in one call, ids `ids` (or `<prefix><i>` for i < `n`), and
+    wait for them all."""
+    ids = ctx.input.get("ids") or [f"{ctx.input['prefix']}{i}" for i in range(ctx.input["n"])]
+    handles = ctx.start_children([ChildRequest("noop", i) for i in ids])
     return sum(1 for o in ctx.wait_children(handles) if o is not None and o.ok)
 
 

@@ -137,9 +137,22 @@ class AsyncScheduleCalls:
         return await self.store.schedules(tenant=tenant, after=after,
                                           limit=check_page_size(limit, 1000))
 
-    async def change_schedule(self, name: str, action: str, *,
-                              tenant: str = DEFAULT_TENANT) -> Schedule:
-        """Client.pause_schedule, resume_schedule, trigger_schedule or delete_schedule,
-        by `action`."""
+    async def pause_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> Schedule:
+        """Client.pause_schedule."""
+        return await self._change(name, "pause", tenant)
+
+    async def resume_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> Schedule:
+        """Client.resume_schedule."""
+        return await self._change(name, "resume", tenant)
+
+    async def trigger_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> Schedule:
+        """Client.trigger_schedule."""
+        return await self._change(name, "trigger", tenant)
+
+    async def delete_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> Schedule:
+        """Client.delete_schedule."""
+        return await self._change(name, "delete", tenant)
+
+    async def _change(self, name: str, action: str, tenant: str) -> Schedule:
         _named(name, tenant)
         return _found(await self.store.change_schedule(tenant, name, action), name)

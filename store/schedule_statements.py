@@ -12,7 +12,9 @@ from shardq.core.errors import InvalidArgument
 from shardq.core.schedules import Schedule, ScheduleSpec, first_tick
 from shardq.store.statements import SQL, Op
 
-ACTIONS = frozenset({"pause", "resume", "trigger", "delete"})
+ACTIONS = {"pause": SQL["pause_schedule"], "resume": SQL["resume_schedule"],
+           "trigger": SQL["trigger_schedule"], "delete": SQL["delete_schedule"]}
+"""The statement of each change of a schedule."""
 
 
 class ScheduleExists(InvalidArgument):
@@ -56,7 +58,7 @@ def change_schedule(tenant: str, name: str, action: str) -> Op[Schedule | None]:
         now = yield from db_now()
         params["next_at"] = first_tick(found[0].cron, found[0].every_s, found[0].timezone,
                                        now)
-    yield SQL[f"{action}_schedule"], params
+    yield ACTIONS[action], params
     if action == "delete":
         return found[0]
     changed = yield from schedules(tenant=tenant, name=name)

@@ -71,8 +71,8 @@ async def show(request: Request, tenant: str) -> Response:
 def _change(action: str) -> Any:
     @_api
     async def change(request: Request, tenant: str) -> Response:
-        found = await shared(request).client.change_schedule(
-            request.path_params["name"], action, tenant=tenant)
+        found = await getattr(shared(request).client, f"{action}_schedule")(
+            request.path_params["name"], tenant=tenant)
         return JSONResponse(schedule_json(found))
 
     return change

@@ -39,6 +39,8 @@ PAIRS: list[tuple[type, type, dict[str, str], dict[str, str]]] = [
         "take_rate_slot": "worker's steps", "declare_rate_limiters": "worker",
         "health": "exporter", "stale_waits": "exporter",
         "takes_writes": "relay", "transaction": "relay and mover",
+        "claim_schedules": "worker's ticker", "next_schedule_in": "worker's ticker",
+        "run_states": "worker's ticker",
     }, {}),
     (pools.ShardPools, async_pools.AsyncShardPools, {
         "fatal": "daemons stop on a map or schema mismatch; serve answers 503 instead",

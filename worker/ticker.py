@@ -67,7 +67,9 @@ class Ticker:
         with self.store.claim_schedules(self.batch) as (schedules, now, advance):
             if not schedules:
                 return 0
-            live = self._live([s.last_run for s in schedules if s.last_run is not None])
+            # Whether the last run still runs matters to skip and buffer_one only.
+            live = self._live([s.last_run for s in schedules if s.last_run is not None
+                               and (s.overlap != "allow" or s.buffered_at is not None)])
             # A schedule of a workflow this worker lacks is left due: a worker that
             # has it starts its ticks.
             plans = [(s, plan(s, now, s.last_run in live)) for s in schedules if self._knows(s)]

@@ -420,7 +420,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   RETURNS TABLE(execution_id uuid, kind text, name text, started_at timestamp with time zone, deadline timestamp with time zone)
 --   LANGUAGE sql STABLE
 -- FUNCTION shardq.start_child_runs(p_docs jsonb)
---   RETURNS TABLE(child uuid, parent uuid, tenant text, refusal text)
+--   RETURNS void
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.take_rate_slot(p_limiter text, p_run uuid, p_position integer, p_attempt integer, p_park_after double precision)
 --   RETURNS double precision

@@ -113,7 +113,6 @@ DECLARE
     ended_runs      uuid[];
     here_docs       jsonb;
     away_docs       jsonb;
-    started         record;
     continued_runs  uuid[];
 BEGIN
     -- Signals to other runs of this shard: every lock their delivery takes is
@@ -540,8 +539,7 @@ BEGIN
 
     -- Children the turns started (none for a run cancelled in this commit): each
     -- parent lists its own; a child whose bucket is writable here is created
-    -- now, the others get an outbox row each. A workflow key another run holds
-    -- sends the parent the child's failure, which its wait then finds.
+    -- now (start_child_runs), the others get an outbox row each.
     IF rare ? 'children' THEN
         WITH doc AS (
             SELECT (r->>0)::uuid AS parent, (r->>1)::integer AS position,
@@ -578,20 +576,7 @@ BEGIN
             PERFORM pg_notify(shardq.outbox_channel(), '');
         END IF;
         IF here_docs IS NOT NULL THEN
-            FOR started IN SELECT * FROM shardq.start_child_runs(here_docs) s
-                           WHERE s.refusal IS NOT NULL LOOP
-                PERFORM shardq.send_control(
-                    started.child, -1, started.parent, started.tenant, 'shardq:run:child',
-                    jsonb_build_object(
-                        'child', started.child, 'state', 'failed',
-                        'error', jsonb_build_object('type', 'ChildStartRefused',
-                                                    'message', started.refusal))
-                    || (SELECT jsonb_build_object('workflow', d->'workflow',
-                                                  'workflow_id', d->'workflow_id')
-                        FROM jsonb_array_elements(here_docs) d
-                        WHERE (d->>'id')::uuid = started.child),
-                    'child:' || started.child, true);
-            END LOOP;
+            PERFORM shardq.start_child_runs(here_docs);
         END IF;
     END IF;
 

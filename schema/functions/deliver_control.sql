@@ -32,7 +32,6 @@ DECLARE
     r_woken    bigint[] := array_fill(0::bigint, ARRAY[n]);
     picked     integer[];
     docs       jsonb;
-    queued     boolean := false;
     r          record;
     i          integer;
 BEGIN
@@ -41,17 +40,7 @@ BEGIN
     INTO picked, docs
     FROM generate_subscripts(p_ids, 1) AS x(o) WHERE p_names[x.o] = 'shardq:run:start';
     IF picked IS NOT NULL THEN
-        FOR r IN SELECT * FROM shardq.start_child_runs(docs) s WHERE s.refusal IS NOT NULL LOOP
-            queued := shardq.send_control(
-                r.child, -1, r.parent, r.tenant, 'shardq:run:child',
-                (SELECT jsonb_build_object('child', r.child, 'workflow', d->'workflow',
-                                           'workflow_id', d->'workflow_id', 'state', 'failed',
-                                           'error', jsonb_build_object(
-                                               'type', 'ChildStartRefused',
-                                               'message', r.refusal))
-                 FROM jsonb_array_elements(docs) d WHERE (d->>'id')::uuid = r.child),
-                'child:' || r.child, true) OR queued;
-        END LOOP;
+        PERFORM shardq.start_child_runs(docs);
     END IF;
 
     -- Outcomes, as one set.
@@ -105,9 +94,6 @@ BEGIN
         END IF;
     END LOOP;
 
-    IF queued THEN
-        PERFORM pg_notify(shardq.outbox_channel(), '');
-    END IF;
     RETURN QUERY
     SELECT x.o, r_sid[x.o], r_earlier[x.o], r_ename[x.o], r_reason[x.o], r_detail[x.o],
            r_woken[x.o]

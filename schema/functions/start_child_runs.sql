@@ -6,15 +6,17 @@
 -- A new child's task row counts one claim already: its first claim reads its
 -- history, whose `child.of` event names its parent (what the worker tells its
 -- commits, so the child's end reaches the parent). A workflow key another run
--- holds refuses that child (`refusal`): the caller sends the parent the
--- child's failure. A key its own child holds (the start sent again) is no
--- refusal and starts nothing.
-CREATE OR REPLACE FUNCTION shardq.start_child_runs(p_docs jsonb)
-RETURNS TABLE (child uuid, parent uuid, tenant text, refusal text)
+-- holds refuses that child: the parent is sent the child's failure
+-- (ChildStartRefused), which its wait then finds, in this transaction or
+-- through the outbox (send_control). A key its own child holds (the start sent
+-- again) is no refusal and starts nothing. Both the parent's commit and the
+-- relay's delivery start children here.
+CREATE OR REPLACE FUNCTION shardq.start_child_runs(p_docs jsonb) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
-#variable_conflict use_column
 DECLARE
     created uuid[];
+    queued  boolean := false;
+    r       record;
 BEGIN
     WITH inserted AS (
         INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
@@ -40,14 +42,27 @@ BEGIN
     END IF;
 
     -- A statement of its own: it sees a key a racing start committed meanwhile.
-    RETURN QUERY
-    SELECT d.id, d.parent, d.tenant,
-           CASE WHEN d.id = ANY(created) OR x.id = d.id THEN NULL
-                ELSE format('workflow id %L of %s is taken by run %s, not a child of this run',
-                            d.workflow_id, d.workflow, x.id) END
-    FROM shardq.child_docs(p_docs) d
-    LEFT JOIN shardq.executions x
-      ON x.tenant = d.tenant AND x.workflow_name = d.workflow AND x.workflow_id = d.workflow_id
-    ORDER BY d.o;
+    FOR r IN
+        SELECT d.id, d.parent, d.tenant, d.workflow, d.workflow_id, x.id AS holder
+        FROM shardq.child_docs(p_docs) d
+        JOIN shardq.executions x
+          ON x.tenant = d.tenant AND x.workflow_name = d.workflow
+         AND x.workflow_id = d.workflow_id
+        WHERE NOT d.id = ANY(created) AND x.id <> d.id
+        ORDER BY d.o
+    LOOP
+        queued := shardq.send_control(
+            r.id, -1, r.parent, r.tenant, 'shardq:run:child',
+            jsonb_build_object(
+                'child', r.id, 'workflow', r.workflow, 'workflow_id', r.workflow_id,
+                'state', 'failed',
+                'error', jsonb_build_object('type', 'ChildStartRefused', 'message', format(
+                    'workflow id %L of %s is taken by run %s, not a child of this run',
+                    r.workflow_id, r.workflow, r.holder))),
+            'child:' || r.id, true) OR queued;
+    END LOOP;
+    IF queued THEN
+        PERFORM pg_notify(shardq.outbox_channel(), '');
+    END IF;
 END
 $$;

@@ -22,6 +22,7 @@ from ..support import key_on, rows, wait_until
 StartWorker = Callable[..., Worker]
 StartRelay = Callable[..., Relay]
 registry = Registry()
+TURNS: dict[str, int] = {}
 
 
 @registry.workflow("add")
@@ -55,6 +56,16 @@ def fan(ctx: WorkflowContext) -> Any:
                                   for n, i in enumerate(ctx.input["ids"])])
     outcomes = ctx.wait_children(handles, ctx.input.get("count"))
     return [None if o is None else o.result() for o in outcomes]
+
+
+@registry.workflow("fan_held")
+def fan_held(ctx: WorkflowContext) -> Any:
+    """Start `n` children that each wait for a signal; wait for all of them. Counts its
+    turns (the function runs from the top on each) in `TURNS`, by workflow id."""
+    TURNS[ctx.workflow_id] = TURNS.get(ctx.workflow_id, 0) + 1
+    handles = ctx.start_children([ChildRequest("held", f"{ctx.workflow_id}.{n}")
+                                  for n in range(ctx.input["n"])])
+    return [o and o.result() for o in ctx.wait_children(handles)]
 
 
 @registry.workflow("tree")
@@ -196,7 +207,7 @@ def test_a_child_id_another_run_holds_fails_the_child_not_the_other_run(
     assert _state(client, other.execution_id) is State.WAITING
 
 
-def test_a_parent_waits_for_two_hundred_children_on_one_row(
+def test_a_parent_gets_two_hundred_children_s_outputs_across_shards(
     client: Client, start_worker: StartWorker, relay: StartRelay
 ) -> None:
     start_worker(registry, concurrency=16)
@@ -205,9 +216,6 @@ def test_a_parent_waits_for_two_hundred_children_on_one_row(
     run = client.start("fan", key_on(client.map, 0, "fan", "all"), {"ids": ids})
     wait_until(lambda: _state(client, run.execution_id) in (State.WAITING, State.COMPLETED),
                what="parent parked")
-    waits = rows(client.map.shards[0].url,
-                 "SELECT count(*) FROM shardq.waits WHERE execution_id = %s", run.execution_id)
-    assert waits[0][0] <= 1
     done = client.wait(run.execution_id, timeout=60)
     assert done.state is State.COMPLETED, done.error
     assert done.output == [n + 1 for n in range(200)]
@@ -215,6 +223,36 @@ def test_a_parent_waits_for_two_hundred_children_on_one_row(
     counts = [rows(s.url, "SELECT count(*) FROM shardq.executions WHERE workflow_name = 'add'"
                    " AND parent_id = %s", run.execution_id)[0][0] for s in client.map.shards]
     assert sum(counts) == 200 and all(counts)
+
+
+def test_a_parent_is_woken_once_when_its_last_child_ends_not_per_child(
+    client: Client, start_worker: StartWorker, relay: StartRelay
+) -> None:
+    start_worker(registry, concurrency=8)
+    relay()
+    run = client.start("fan_held", key_on(client.map, 0, "fan_held", "w"), {"n": 40})
+    url = client.map.shards[0].url
+    wait = ("SELECT w.kind, (w.request->>'need')::int, EXISTS (SELECT 1 FROM shardq.tasks t "
+            "WHERE t.execution_id = w.execution_id) FROM shardq.waits w "
+            "WHERE w.execution_id = %s")
+    wait_until(lambda: rows(url, wait, run.execution_id) == [("children", 40, False)],
+               timeout=20, what="the parent parked on one row needing 40")
+    kids = [c.child_id for c in client.describe(run.execution_id).children]
+    wait_until(lambda: all(_state(client, k) is State.WAITING for k in kids), timeout=20,
+               what="every child waiting")
+    for kid in kids[:-1]:
+        client.signal(kid, "go", 1)
+    # 39 outcomes in: the one row counted them down, and the parent was not made due.
+    wait_until(lambda: rows(url, wait, run.execution_id) == [("children", 1, False)],
+               timeout=20, what="39 outcomes counted")
+    assert [e.kind for e in client.history(run.execution_id)
+            if e.kind.startswith("children.")] == ["children.waiting"]
+    client.signal(kids[-1], "go", 1)
+    assert client.wait(run.execution_id, timeout=20).output == [1] * 40
+    # Two turns: the one that started the children and parked, the one the last woke.
+    assert TURNS[client.get(run.execution_id).workflow_id] == 2
+    assert [e.kind for e in client.history(run.execution_id)
+            if e.kind.startswith("children.")] == ["children.waiting", "children.ended"]
 
 
 def test_a_quorum_wait_returns_once_enough_children_ended(

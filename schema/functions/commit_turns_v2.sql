@@ -308,10 +308,13 @@ BEGIN
             deadline = excluded.deadline, request = excluded.request;
     END IF;
 
+    -- Joined to the ids, not filtered by `id = ANY(s_ids)` with an array_position
+    -- lookup per row: quadratic, 0.9 s for a wait that took 10,000 children's outcomes.
     IF cardinality(s_ids) > 0 THEN
         UPDATE shardq.signals s
-        SET consumed_at = now(), consumed_position = s_positions[array_position(s_ids, s.id)]
-        WHERE s.execution_id = ANY(fenced) AND s.id = ANY(s_ids) AND s.consumed_at IS NULL;
+        SET consumed_at = now(), consumed_position = c.position
+        FROM unnest(s_ids, s_positions) AS c(id, position)
+        WHERE s.execution_id = ANY(fenced) AND s.id = c.id AND s.consumed_at IS NULL;
     END IF;
 
     -- Task rows last: until here they carry the lease token the fence matched.

@@ -68,6 +68,7 @@ class Sizes:
     rated_runs: int = 2_000
     fanin_children: int = 10_000
     schedules: int = 60_000
+    replay_runs: int = 100_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -82,7 +83,8 @@ class Sizes:
                    relay_signals=600, relay_samples=60, http_signals=2_000,
                    limit_probes=100, flood_floor=3_000, limited_runs=10_000,
                    limited_keys=250, violation_runs=5_000, violation_keys=50,
-                   fairness_runs=10_000, rated_runs=1_000, fanin_children=2_000, schedules=10_000)
+                   fairness_runs=10_000, rated_runs=1_000, fanin_children=2_000, schedules=10_000,
+                   replay_runs=10_000)
 
 
 @dataclass

@@ -336,3 +336,25 @@ SELECT count(*) AS runs, count(DISTINCT split_part(workflow_id, '@', 1)) AS sche
        coalesce(array_agg(extract(epoch FROM created_at)::float8 - %(tick)s), '{}') AS lags
 FROM shardq.executions
 WHERE workflow_name = 'noop' AND workflow_id LIKE %(prefix)s
+
+-- name: template_history
+-- A finished run's rows as the engine wrote them: what clone_runs copies.
+SELECT h.position, h.kind, h.name, h.payload
+FROM shardq.history h JOIN shardq.executions x ON x.id = h.execution_id
+WHERE x.workflow_name = %(workflow)s AND x.workflow_id = %(workflow_id)s
+ORDER BY h.seq
+
+-- name: clone_runs
+-- Copies of one finished run (its history rows `events`, [position, kind, name,
+-- payload] each, in order) under the given ids, workflow ids `<prefix><i>`.
+WITH ids AS (
+    SELECT t.id, t.ord FROM unnest(%(ids)s::uuid[]) WITH ORDINALITY AS t(id, ord)
+), made AS (
+    INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
+                                   input)
+    SELECT i.id, 'default', %(workflow)s, 1, %(prefix)s || i.ord, 'null'::jsonb FROM ids i
+)
+INSERT INTO shardq.history (execution_id, position, kind, name, payload)
+SELECT i.id, (e.ev->>0)::integer, e.ev->>1, e.ev->>2, e.ev->3
+FROM ids i CROSS JOIN jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(ev, o)
+ORDER BY i.ord, e.o

@@ -21,6 +21,7 @@ from shardq.benchmarks.limits import limits
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.benchmarks.reshard import reshard
+from shardq.benchmarks.upgrades import upgrades
 from shardq.core.models import SignalRequest
 
 Scenario = Callable[[Bench], dict[str, Any]]
@@ -541,6 +542,7 @@ SCENARIOS: dict[str, Scenario] = {
     "reshard": reshard,
     "limits": limits,
     "composition": composition,
+    "upgrades": upgrades,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

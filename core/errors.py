@@ -235,7 +235,18 @@ class StoreFailed(WorkflowError):
 
 
 class NonDeterminismError(WorkflowError):
-    """The workflow code made a different call than the one recorded at that position."""
+    """The workflow code made a different call than the one recorded at that position.
+
+    `position`, `recorded` and `called` say where and how, when one call is to
+    blame (`shardq replay` reports them): `recorded` the history's call there
+    (e.g. "step 'charge'", or None where history ends), `called` the code's (None
+    where the code returned).
+    """
+
+    def __init__(self, message: str, *, position: int | None = None,
+                 recorded: str | None = None, called: str | None = None) -> None:
+        super().__init__(message)
+        self.position, self.recorded, self.called = position, recorded, called
 
 
 class StepFailed(WorkflowError):

@@ -77,6 +77,10 @@ class Event(StrEnum):
     CHILDREN_WAITING = "children.waiting"
     CHILDREN_ENDED = "children.ended"
     """At a wait for children: the outcomes it took (ctx.wait_child(ren))."""
+    PATCH_MARKED = "patch.marked"
+    """At the position of a ctx.patched call a run reached on code that has the patch: the
+    change id (its name). Replay of older runs, which never recorded it, takes the old
+    branch (docs/versioning.md)."""
     UPDATE_COMPLETED = "update.completed"
     """At the position of the wait that handled it: an update's argument and its handler's
     response (or error). Not a call of its own: replay applies it at that wait."""

@@ -327,6 +327,14 @@ FROM shardq.events
 WHERE execution_id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 ORDER BY seq
 
+-- name: read_histories
+-- The events of a page of runs at once, by run then seq (`shardq replay` reads a
+-- listing page's runs so: one statement, not one per run).
+SELECT execution_id, seq, position, kind, name, payload, recorded_at
+FROM shardq.events
+WHERE execution_id = ANY(%(ids)s)
+ORDER BY execution_id, seq
+
 -- name: fence_run
 -- Refuses (shardq.fence) unless the run's bucket is writable on this shard.
 SELECT shardq.fence(ARRAY[%(id)s::uuid])

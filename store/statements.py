@@ -360,6 +360,15 @@ def read_history(execution_id: uuid.UUID) -> Op[list[HistoryEvent]]:
                          r["recorded_at"]) for r in rows]
 
 
+def read_histories(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, list[HistoryEvent]]]:
+    """Each of these runs' events in order (a run with none, or not here, is absent)."""
+    found: dict[uuid.UUID, list[HistoryEvent]] = {}
+    for r in (yield SQL["read_histories"], {"ids": list(ids)}):
+        found.setdefault(r["execution_id"], []).append(HistoryEvent(
+            r["seq"], r["position"], r["kind"], r["name"], r["payload"], r["recorded_at"]))
+    return found
+
+
 def list_executions(query: listing.ListQuery, mine: str) -> Op[list[Execution]]:
     """A page of one shard's runs; `mine`: the buckets the reader's map gives it
     (store.buckets_of)."""

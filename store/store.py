@@ -129,6 +129,13 @@ class Store(FlowControlStore, ScheduleStore):
         with self.connection(shard) as conn:
             return statements.run(conn, statements.read_history(execution_id))
 
+    def read_histories(
+        self, shard: Shard, ids: Sequence[uuid.UUID],
+    ) -> dict[uuid.UUID, list[HistoryEvent]]:
+        """The events of many runs of `shard` in one statement (`shardq replay`'s pages)."""
+        with self.connection(shard) as conn:
+            return statements.run(conn, statements.read_histories(ids))
+
     def list_executions(
         self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
     ) -> list[Execution]:

@@ -141,12 +141,14 @@ class ChildCalls:
             seen.add(key)
         handles = []
         new = iter(zip(fresh, starts, strict=True))
-        for _, recorded in calls:
+        for request, (position, recorded) in zip(requests, calls, strict=True):
             if recorded:
+                self._replay.argument(position, f"child {request.workflow_id!r}", "workflow",
+                                      recorded[0].payload["workflow"], request.workflow)
                 handles.append(self._keep(_handle_of(recorded[0].payload)))
                 continue
-            (request, position), (definition, input_json) = next(new)
-            handles.append(self._keep(self._record_start(request, position, definition,
+            (fresh_request, _), (definition, input_json) = next(new)
+            handles.append(self._keep(self._record_start(fresh_request, position, definition,
                                                          input_json)))
         return handles
 

@@ -65,12 +65,13 @@ from shardq.workflow.recorded import (
 from shardq.workflow.replay import Replay
 from shardq.workflow.retry import RetryPolicy
 from shardq.workflow.steps import attempt_step, run_attempt
+from shardq.workflow.versions import PatchCalls
 
 T = TypeVar("T")
 
 
 
-class WorkflowContext(ChildCalls, ContinueCalls):
+class WorkflowContext(ChildCalls, ContinueCalls, PatchCalls):
     """What a workflow function can do. Every method is safe to replay.
 
     Made by the turn for one run of the function, on its turn thread: `replay`
@@ -200,11 +201,14 @@ class WorkflowContext(ChildCalls, ContinueCalls):
         self._guard()
         position, recorded = self._replay.next("sleep", name)
         kinds = {e.kind: e for e in recorded}
+        started = kinds.get(Event.TIMER_STARTED)
+        if started is not None:  # a running worker keeps the recorded wake time
+            self._replay.argument(position, f"sleep {name!r}", "seconds",
+                                  started.payload.get("seconds"), seconds)
         self._replay_updates(recorded)
         if Event.TIMER_FIRED in kinds:
             return
         self._take_updates(position)
-        started = kinds.get(Event.TIMER_STARTED)
         if started is None:
             self._journal.events.append(NewEvent(
                 position, Event.TIMER_STARTED, name, {"seconds": seconds}, wake_in=seconds

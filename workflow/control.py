@@ -60,4 +60,9 @@ class CommitRejected(BaseException):
 
 class ReplayEnd(BaseException):
     """A read-only replay reached a call history has not recorded; a BaseException so that
-    workflow code cannot catch it and go on to do something new."""
+    workflow code cannot catch it and go on to do something new. `position` and `call`
+    name that call when it is one (a refused write has neither)."""
+
+    def __init__(self, position: int | None = None, call: str | None = None) -> None:
+        super().__init__()
+        self.position, self.call = position, call

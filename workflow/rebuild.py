@@ -20,8 +20,9 @@ from shardq.core.errors import NonDeterminismError, QueryFailed
 from shardq.core.models import Claim, CommitOutcome, Execution, HistoryEvent, TurnCommit
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.control import Cancelled, Park, ReplayEnd
+from shardq.workflow.exported import RecordedRun
 from shardq.workflow.journal import Journal
-from shardq.workflow.registry import WorkflowDef
+from shardq.workflow.registry import Registry, WorkflowDef
 from shardq.workflow.replay import Replay
 
 
@@ -46,6 +47,25 @@ class _ReadOnlyJournal(Journal):
         raise ReplayEnd()
 
 
+def read_only_context(
+    definition: WorkflowDef, run: RecordedRun, *, registry: Registry | None = None,
+    strict: bool = False,
+) -> tuple[WorkflowContext, Replay]:
+    """A context that replays `run`'s history and can do nothing new (ReplayEnd), and
+    its replay (`strict`: see Replay)."""
+    claim = Claim(
+        run.execution_id, uuid.UUID(int=0), 0, run.tenant, run.workflow_name,
+        run.workflow_version, run.workflow_id, run.input,
+        cancel_requested=False, db_now=datetime.now(UTC), history=run.history, signals=(),
+    )
+    replay = Replay(claim.history, (), max_calls=definition.max_history, read_only=True,
+                    strict=strict)
+    ctx = WorkflowContext(claim, replay, _ReadOnlyJournal(claim), None,
+                          state=definition.new_state(), updates=definition.updates,
+                          registry=registry)
+    return ctx, replay
+
+
 def rebuild_state(
     definition: WorkflowDef, execution: Execution, history: Sequence[HistoryEvent]
 ) -> Any:
@@ -53,14 +73,7 @@ def rebuild_state(
 
     Raises QueryFailed when history does not replay (the code diverged from it).
     """
-    claim = Claim(
-        execution.id, uuid.UUID(int=0), 0, execution.tenant, execution.workflow_name,
-        execution.workflow_version, execution.workflow_id, execution.input,
-        cancel_requested=False, db_now=datetime.now(UTC), history=tuple(history), signals=(),
-    )
-    replay = Replay(claim.history, (), max_calls=definition.max_history, read_only=True)
-    ctx = WorkflowContext(claim, replay, _ReadOnlyJournal(claim), None,
-                          state=definition.new_state(), updates=definition.updates)
+    ctx, replay = read_only_context(definition, RecordedRun.of(execution, tuple(history)))
     try:
         definition.fn(ctx)
     except (ReplayEnd, Park, Cancelled):

@@ -5,6 +5,10 @@ next position; a position already in history hands back its recorded events, so
 code before the first new call is pure replay. A recorded call of another kind
 or name than the code now makes, or a recorded position the code never reaches
 (it returned earlier), is a non-determinism error naming the position.
+
+A patch marker (ctx.patched) is the one call that may be absent: at a position
+where history recorded something else, the run predates the patch and takes
+no position for it (docs/versioning.md).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from shardq.workflow.control import ReplayEnd
 
 _NOTHING: tuple[HistoryEvent, ...] = ()
 _CONSUMING = frozenset({Event.SIGNAL_CONSUMED, Event.CONDITION_CONSUMED, Event.UPDATE_COMPLETED})
+RUN_ENDS = frozenset({"run.completed", "run.failed", "run.cancelled", "run.timed_out"})
+"""The events that end a run's history (written by the store, not by a call)."""
 
 
 class Replay:
@@ -27,14 +33,20 @@ class Replay:
     """
 
     __slots__ = ("_base", "_fatal", "_limit", "_position", "_read_only", "_recorded",
-                 "generation", "pending")
+                 "ended", "generation", "pending", "strict")
 
     def __init__(
         self, history: Iterable[HistoryEvent], signals: Iterable[BufferedSignal] = (),
-        *, max_calls: int | None = None, read_only: bool = False,
+        *, max_calls: int | None = None, read_only: bool = False, strict: bool = False,
     ) -> None:
         """`read_only`: a call past what history recorded raises ReplayEnd (a query's
-        replay stops there instead of doing anything new)."""
+        replay stops there instead of doing anything new). `strict` (`shardq replay`):
+        an argument history recorded (a timer's seconds, a child's workflow) that
+        the code now gives otherwise is a divergence too; a running worker keeps
+        what was recorded instead."""
+        self.strict = strict
+        self.ended: str | None = None
+        """The event that ended the run (`run.completed`, ...), when history holds it."""
         self._position = 0
         self._base = 0
         self._read_only = read_only
@@ -54,6 +66,8 @@ class Replay:
                 self._recorded.setdefault(event.position, []).append(event)
             if event.kind in _CONSUMING:
                 consumed.add(int(event.payload["signal_id"]))
+            if event.kind in RUN_ENDS:
+                self.ended = event.kind
         self.pending = [s for s in signals if s.id not in consumed]
         """Of the run's unconsumed `signals`, those no recorded call consumed either, oldest
         first: what the code's new calls may consume."""
@@ -73,6 +87,63 @@ class Replay:
 
         Raises NonDeterminismError when history recorded another call there.
         """
+        position = self._take(call, name)
+        recorded = self._recorded.get(position, _NOTHING)
+        if not recorded and self._read_only:
+            raise ReplayEnd(position, f"{call} {name!r}")
+        first = recorded[0] if recorded else None
+        if first is not None and first.kind == Event.UPDATE_COMPLETED:
+            # An update handled at a wait is recorded at the wait's position: the
+            # wait's own events say which call that is.
+            first = next((e for e in recorded if e.kind != Event.UPDATE_COMPLETED), None)
+        if first is not None:
+            recorded_call = first.kind.split(".", 1)[0]
+            if recorded_call != call or first.name != name:
+                hint = (" (a patch's marker: keep the call as ctx.deprecate_patch until no "
+                        "run that recorded it is left)" if first.kind == Event.PATCH_MARKED
+                        else "")
+                self._fatal = NonDeterminismError(
+                    f"non-deterministic workflow at position {position}: history recorded "
+                    f"{recorded_call} {first.name!r}, the code now calls {call} {name!r}{hint}",
+                    position=position, recorded=f"{recorded_call} {first.name!r}",
+                    called=f"{call} {name!r}",
+                )
+                raise self._fatal
+        return position, recorded
+
+    def patch(self, change_id: str, *, deprecated: bool = False) -> int | None:
+        """ctx.patched / ctx.deprecate_patch at the next position: whether the run takes
+        the patched code path, as -1 (yes, recorded: replayed), a position (yes, new:
+        the caller records the marker there) or None (no: the run predates the patch,
+        or, for a deprecated patch, it never recorded the marker). Only a marker
+        history recorded here, or a new marker, takes a position."""
+        if self._fatal is not None:
+            raise self._fatal
+        recorded = self._recorded.get(self._position, _NOTHING)
+        if any(e.kind == Event.PATCH_MARKED and e.name == change_id for e in recorded):
+            self._position += 1
+            return -1
+        if recorded or deprecated or self.ended is not None:
+            # History went on without the marker (or ended before it): older code's run.
+            return None
+        if self._read_only:
+            raise ReplayEnd(self._position, f"patch {change_id!r}")
+        return self._take("patch", change_id)
+
+    def argument(self, position: int, call: str, what: str, recorded: object,
+                 given: object) -> None:
+        """In strict replay, a divergence when the code gives `what` otherwise than history
+        recorded it at `position`."""
+        if self.strict and recorded != given:
+            self._fatal = NonDeterminismError(
+                f"non-deterministic workflow at position {position}: history recorded "
+                f"{call} with {what} {recorded!r}, the code now gives {given!r}",
+                position=position, recorded=f"{call} {what} {recorded!r}",
+                called=f"{call} {what} {given!r}",
+            )
+            raise self._fatal
+
+    def _take(self, call: str, name: str) -> int:
         if self._fatal is not None:
             raise self._fatal
         position = self._position
@@ -83,23 +154,7 @@ class Replay:
             )
             raise self._fatal
         self._position += 1
-        recorded = self._recorded.get(position, _NOTHING)
-        if not recorded and self._read_only:
-            raise ReplayEnd()
-        first = recorded[0] if recorded else None
-        if first is not None and first.kind == Event.UPDATE_COMPLETED:
-            # An update handled at a wait is recorded at the wait's position: the
-            # wait's own events say which call that is.
-            first = next((e for e in recorded if e.kind != Event.UPDATE_COMPLETED), None)
-        if first is not None:
-            recorded_call = first.kind.split(".", 1)[0]
-            if recorded_call != call or first.name != name:
-                self._fatal = NonDeterminismError(
-                    f"non-deterministic workflow at position {position}: history recorded "
-                    f"{recorded_call} {first.name!r}, the code now calls {call} {name!r}"
-                )
-                raise self._fatal
-        return position, recorded
+        return position
 
     def finish(self) -> None:
         """Check a run whose code returned: raises NonDeterminismError if it diverged.
@@ -112,7 +167,9 @@ class Replay:
         position = self._position
         if self._recorded and max(self._recorded) >= position:
             leftover = min(p for p in self._recorded if p >= position)
+            first = self._recorded[leftover][0]
             raise NonDeterminismError(
                 f"non-deterministic workflow: it returned after {position} call(s) but "
-                f"history recorded a call at position {leftover}"
+                f"history recorded a call at position {leftover}",
+                position=leftover, recorded=f"{first.kind.split('.', 1)[0]} {first.name!r}",
             )

@@ -6,7 +6,8 @@ Exit codes (also in docs/cli.md):
   behind · 6 a migration failed · 7 a workflow-level refusal · 8 partial: a
   command that reads every shard printed what the reachable ones hold and named
   the shards it could not read (`outbox`, `outbox failed`, `stale`, `workflow
-  list`, `workflow pending`, `purge`)
+  list`, `workflow pending`, `purge`) · 9 the map is being changed · 10 `replay` found
+  runs whose history the code no longer replays
 
 The rule between 2 and 7: a value the command line cannot even parse is a usage
 error, 2 (JSON text that is not JSON or holds NaN, an out-of-range number or a

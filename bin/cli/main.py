@@ -7,6 +7,7 @@ The root group and its options are here; each group of commands has a module:
 - fairness.py: `fairness ...`, tenants' weights in fair claims;
 - rates.py: `rates ...`, rate limiters;
 - schedules.py: `schedule ...`, schedules;
+- replay.py: `replay` (histories against the code) and `history export`;
 - outbox.py: `outbox ...` (what the outboxes owe) and the `outbox-relay` daemon;
 - shards.py: `shards`, the shard map and each shard's state;
 - operations.py: `migrate`, `stale`, `purge` and the `metrics` exporter;
@@ -32,6 +33,7 @@ from shardq.bin.cli import (
     operations,
     outbox,
     rates,
+    replay,
     schedules,
     serve,
     worker,
@@ -71,7 +73,7 @@ def cli(
 
 
 for command in (*workflow.COMMANDS, *limits.COMMANDS, *fairness.COMMANDS, *rates.COMMANDS,
-                *schedules.COMMANDS, *outbox.COMMANDS,
+                *schedules.COMMANDS, *outbox.COMMANDS, *replay.COMMANDS,
                 *shard_map.COMMANDS, *operations.COMMANDS, *worker.COMMANDS, *serve.COMMANDS,
                 *dev.COMMANDS):
     cli.add_command(command)

@@ -9,6 +9,7 @@ import pytest
 
 from shardq.core.errors import NonDeterminismError
 from shardq.core.models import BufferedSignal, Event, HistoryEvent
+from shardq.workflow.control import ReplayEnd
 from shardq.workflow.replay import Replay
 
 _seq = iter(range(1, 1_000_000))
@@ -95,3 +96,73 @@ def test_returning_before_a_recorded_position_is_non_determinism() -> None:
         match=r"returned after 1 call\(s\) but history recorded a call at position 1",
     ):
         replay.finish()
+
+
+# -- patches (ctx.patched, ctx.deprecate_patch) ------------------------------------------
+
+
+def test_a_patch_reached_on_new_code_takes_a_position_and_replays_true() -> None:
+    fresh = Replay((recorded(0, Event.STEP_COMPLETED, "a", result=1),))
+    fresh.next("step", "a")
+    assert fresh.patch("fix") == 1  # new: the caller records the marker at 1
+    assert fresh.next("step", "b")[0] == 2
+    again = Replay((recorded(0, Event.STEP_COMPLETED, "a", result=1),
+                    recorded(1, Event.PATCH_MARKED, "fix")))
+    again.next("step", "a")
+    assert again.patch("fix") == -1  # recorded: true, nothing to record
+    assert again.position == 2
+    again.finish()
+
+
+def test_a_run_recorded_before_the_patch_takes_the_old_branch_and_no_position() -> None:
+    old = Replay((recorded(0, Event.STEP_COMPLETED, "a", result=1),
+                  recorded(1, Event.STEP_COMPLETED, "old", result=2)))
+    old.next("step", "a")
+    assert old.patch("fix") is None
+    assert old.position == 1
+    assert old.next("step", "old")[0] == 1
+    old.finish()
+
+
+def test_a_patch_past_the_end_of_a_finished_run_is_false_and_a_query_stops_there() -> None:
+    ended = Replay((recorded(0, Event.STEP_COMPLETED, "a", result=1),
+                    HistoryEvent(next(_seq), None, "run.completed", "run", {})))
+    ended.next("step", "a")
+    assert ended.ended == "run.completed"
+    assert ended.patch("fix") is None
+    live = Replay((recorded(0, Event.STEP_COMPLETED, "a", result=1),), read_only=True)
+    live.next("step", "a")
+    with pytest.raises(ReplayEnd) as stopped:
+        live.patch("fix")
+    assert (stopped.value.position, stopped.value.call) == (1, "patch 'fix'")
+
+
+def test_a_deprecated_patch_steps_over_its_marker_and_takes_nothing_elsewhere() -> None:
+    marked = Replay((recorded(0, Event.PATCH_MARKED, "fix"),
+                     recorded(1, Event.STEP_COMPLETED, "new", result=1)))
+    marked.patch("fix", deprecated=True)
+    assert marked.next("step", "new")[0] == 1
+    unmarked = Replay((recorded(0, Event.STEP_COMPLETED, "new", result=1),))
+    unmarked.patch("fix", deprecated=True)
+    assert unmarked.next("step", "new")[0] == 0
+    fresh = Replay(())
+    fresh.patch("fix", deprecated=True)
+    assert fresh.position == 0
+
+
+def test_a_marker_the_code_no_longer_calls_is_non_determinism_with_a_hint() -> None:
+    replay = Replay((recorded(0, Event.PATCH_MARKED, "fix"),))
+    with pytest.raises(NonDeterminismError, match="deprecate_patch") as found:
+        replay.next("step", "new")
+    assert (found.value.position, found.value.recorded, found.value.called) == (
+        0, "patch 'fix'", "step 'new'")
+
+
+def test_strict_replay_compares_recorded_arguments_and_lenient_replay_keeps_them() -> None:
+    history = (recorded(0, Event.TIMER_STARTED, "nap", seconds=5),)
+    Replay(history).argument(0, "sleep 'nap'", "seconds", 5, 60)  # a worker: no error
+    strict = Replay(history, strict=True)
+    with pytest.raises(NonDeterminismError, match="recorded sleep 'nap' with seconds 5, the "
+                                                  "code now gives 60"):
+        strict.argument(0, "sleep 'nap'", "seconds", 5, 60)
+    assert strict.fatal is not None

@@ -40,7 +40,7 @@ PAIRS: list[tuple[type, type, dict[str, str], dict[str, str]]] = [
         "health": "exporter", "stale_waits": "exporter",
         "takes_writes": "relay", "transaction": "relay and mover",
         "claim_schedules": "worker's ticker", "next_schedule_in": "worker's ticker",
-        "run_states": "worker's ticker",
+        "run_states": "worker's ticker", "read_histories": "shardq replay",
     }, {}),
     (pools.ShardPools, async_pools.AsyncShardPools, {
         "fatal": "daemons stop on a map or schema mismatch; serve answers 503 instead",

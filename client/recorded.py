@@ -1,0 +1,89 @@
+"""Recorded runs read from the shards for `shardq replay`: a listing page at a time,
+each page's histories in one more statement.
+
+Shard by shard, in id order (creation order), by the listing's own keyset pages
+(store/listing.py): a run being moved is read once, from the shard the map gives
+its bucket, and no statement holds a snapshot longer than a page, so a check of
+every run a fleet holds never keeps vacuum from the tables the workers write.
+A time window starts the walk at the first id of its start (ids lead with their
+creation millisecond) and stops it at the first id past its end.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from shardq.client.client import Client
+from shardq.core.models import State
+from shardq.core.rules import check_name
+from shardq.shards.config import Shard
+from shardq.store.listing import Cursor, ListQuery
+from shardq.workflow.exported import RecordedRun
+
+PAGE = 500
+"""Runs a listing page reads; their histories come in one statement after it."""
+
+
+def recorded_runs(
+    client: Client, *, workflows: Sequence[str] = (), states: Sequence[State] = (),
+    since: datetime | None = None, until: datetime | None = None,
+    tenant: str | None = None, limit: int | None = None,
+) -> Iterator[RecordedRun]:
+    """The runs matching every filter given (any of `workflows`, any of `states`, created
+    in [`since`, `until`), of `tenant` or every tenant), with their histories; at most
+    `limit` of them."""
+    for name in workflows:
+        check_name(name, "workflow")
+    if tenant is not None:
+        check_name(tenant, "tenant")
+    left = limit
+    names: Sequence[str | None] = list(workflows) or [None]
+    wanted: Sequence[State | None] = list(states) or [None]
+    for shard in client.map.shards:
+        for workflow in names:
+            for state in wanted:
+                window = _Window(workflow, state, since, until, tenant)
+                for run in _shard_runs(client, shard, window):
+                    if left is not None:
+                        if left <= 0:
+                            return
+                        left -= 1
+                    yield run
+
+
+@dataclass(frozen=True)
+class _Window:
+    workflow: str | None
+    state: State | None
+    since: datetime | None
+    until: datetime | None
+    tenant: str | None
+
+
+def _shard_runs(client: Client, shard: Shard, window: _Window) -> Iterator[RecordedRun]:
+    store = client.store
+    since, until = window.since, window.until
+    after = Cursor(_first_id_at(since)) if since is not None else None
+    while True:
+        listed = store.list_executions(shard, ListQuery(
+            tenant=window.tenant, state=window.state, workflow=window.workflow, limit=PAGE,
+            after=after))
+        page = [e for e in listed if until is None or e.created_at < until]
+        if page:
+            histories = store.read_histories(shard, [e.id for e in page])
+            for execution in page:
+                yield RecordedRun.of(execution, tuple(histories.get(execution.id, ())))
+        # A run past `until` ends the walk: every later id is later still.
+        if len(listed) < PAGE or len(page) < len(listed):
+            return
+        after = Cursor(listed[-1].id)
+
+
+def _first_id_at(moment: datetime) -> uuid.UUID:
+    """The smallest execution id of runs created at `moment` or later (its millisecond
+    leads the id: shards/routing.py)."""
+    ms = max(0, int(moment.timestamp() * 1000))
+    return uuid.UUID(int=min(ms, (1 << 48) - 1) << 80)

@@ -33,6 +33,8 @@ class FleetConfig:
     batch_size: int
     poll_interval: float = 1.0
     lease_s: float = 30.0
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the worker processes (e.g. the upgrades scenario's tracing)."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -64,7 +66,7 @@ class Fleet:
 
     def start(self) -> Fleet:
         env = {**os.environ, "SHARDQ_SHARDS": ",".join(self.urls),
-               "SHARDQ_POOL_MAX": str(POOL_MAX)}
+               "SHARDQ_POOL_MAX": str(POOL_MAX), **dict(self.config.env)}
         env.pop("SHARDQ_SHARDS_FILE", None)
         for i in range(self.config.workers):
             log = self._dir / f"worker-{i}.log"

@@ -49,6 +49,8 @@ TARGETS = (
      "schedules due at one second (60,000): p99 of run start - tick, a worker SIGKILLed"),
     ("schedule_duplicates", "<=", 0.0, "ticks that started more than one run"),
     ("schedule_misses", "<=", 0.0, "ticks that started no run"),
+    ("otel_overhead", ">=", 0.9,
+     "drain with tracing on (in-memory exporter) / the same drain with tracing off"),
     ("replay_runs_per_s", ">=", 5000.0,
      "shardq replay over 100,000 recorded three-step histories: runs/s, its start-up included"),
 )
@@ -138,7 +140,7 @@ def headline(scenarios: dict[str, Result]) -> Result:
     if "upgrades" in scenarios:
         u = scenarios["upgrades"]
         out.update({k: u[k] for k in ("replay_runs_per_s", "replay_runs",
-                                      "replay_check_runs_per_s")})
+                                      "replay_check_runs_per_s", "otel_overhead")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

@@ -1,4 +1,11 @@
-"""The `upgrades` scenario: the offline replay check (docs/versioning.md).
+"""The `upgrades` scenario: the offline replay check (docs/versioning.md) and what
+tracing costs (docs/operations.md, "Tracing").
+
+`otel_overhead` (target >= 0.9): a backlog of `claim_n` one-step `noop` runs drained
+by the standard fleet with tracing on (every worker's spans to the OpenTelemetry
+SDK's in-memory exporter through a batch processor: a turn, a step and a share of
+a batch commit's span per run) over the same drain with tracing off, the two
+alternated (off, on, on, off) in one run; the medians' ratio.
 
 `replay_runs_per_s` (target >= 5,000): `shardq replay` run as an operator runs it
 in CI, over `replay_runs` (100,000 at full size) finished three-step `steps3`
@@ -13,8 +20,10 @@ without its start-up). Every run must pass: a divergence is an error here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +31,7 @@ from typing import Any
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, analyze_as_autovacuum, query
+from shardq.benchmarks.workflows import TRACING_ENV
 from shardq.core.models import State
 from shardq.shards.routing import new_execution_id
 
@@ -30,6 +40,33 @@ APP = "shardq.benchmarks.workflows:registry"
 
 
 def upgrades(b: Bench) -> dict[str, Any]:
+    return {**_tracing_cost(b), **_replay(b)}
+
+
+def _tracing_cost(b: Bench) -> dict[str, Any]:
+    n = b.sizes.claim_n
+    plain = b.fleet_config
+    traced = dataclasses.replace(plain, env=((TRACING_ENV, "memory"),))
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for round_, (side, config) in enumerate((("off", plain), ("on", traced), ("on", traced),
+                                             ("off", plain))):
+        b.stop_fleet()
+        b.reset()
+        b.fleet_config = config
+        try:
+            drained = b.timed_drain("noop", f"ot{round_}-",
+                                    [(f"ot{round_}-{i}", None) for i in range(n)],
+                                    f"drain, tracing {side}", backlog=True)
+        finally:
+            b.fleet_config = plain
+        rates[side].append(float(drained["jobs_per_s"]))
+    b.stop_fleet()
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    return {"otel_runs": n, "otel_off_jobs_per_s": off, "otel_on_jobs_per_s": on,
+            "otel_overhead": round(on / off, 3) if off else None}
+
+
+def _replay(b: Bench) -> dict[str, Any]:
     n = b.sizes.replay_runs
     b.fleet()
     b.reset()

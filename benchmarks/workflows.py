@@ -30,6 +30,7 @@ engine writes when it runs these functions.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -39,6 +40,19 @@ from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
 registry = Registry()
+
+TRACING_ENV = "SHARDQ_BENCH_OTEL"
+"""Set to `memory` (the upgrades scenario's traced fleet): this process's spans go to
+the OpenTelemetry SDK's in-memory exporter, through a batch processor."""
+if os.environ.get(TRACING_ENV) == "memory":
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+    trace.set_tracer_provider(_provider)
 
 NAP_SECONDS = 90 * 24 * 3600
 WAKE_SIGNAL = "go"

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 
+from shardq.core.tracing import TraceIds
 from shardq.worker.logcontext import RunContextFilter
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -61,6 +62,7 @@ def configure(verbosity: int, log_format: str = "logfmt") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(FORMATS[log_format]())
     handler.addFilter(RunContextFilter())
+    handler.addFilter(TraceIds())  # trace_id and span_id inside a recording span
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

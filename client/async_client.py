@@ -46,8 +46,10 @@ from shardq.client.requests import (
     new_runs,
     priority_target,
     run_priority,
+    signal_span,
     signalled_start,
     start_batch,
+    start_span,
     stored_update,
     tenants_run,
     update_request,
@@ -55,6 +57,7 @@ from shardq.client.requests import (
     validate_update,
 )
 from shardq.client.schedules import AsyncScheduleCalls
+from shardq.core import tracing
 from shardq.core.errors import ConcurrencyKeyNotFound, RateLimiterNotFound
 from shardq.core.models import (
     BufferedSignal,
@@ -185,13 +188,15 @@ class AsyncClient(AsyncScheduleCalls):
         definition = definition_of(self.registry, workflow)
         runs = new_runs(definition, tenant, items, self.limits, concurrency)
         chosen = run_priority(definition, priority)
+        with start_span(definition, tenant, len(runs)) as span:
+            trace = tracing.traceparent(span) if span is not None else None
 
-        async def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
-            return await self.store.start_executions(
-                shard, start_batch(definition, tenant, members, chosen))
+            async def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
+                return await self.store.start_executions(
+                    shard, start_batch(definition, tenant, members, chosen, trace))
 
-        return await fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
-                             parallel=len(runs) >= PARALLEL_START_MIN)
+            return await fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
+                                 parallel=len(runs) >= PARALLEL_START_MIN)
 
     # -- flow control: concurrency limits, tenants' weights -----------------------
 
@@ -347,6 +352,14 @@ class AsyncClient(AsyncScheduleCalls):
     ) -> list[SignalResult]:
         """Client.signal_many: one commit per shard touched, results in input order, a
         refused signal carrying its error."""
+        return await self._signal_many(signals, tenant, None)
+
+    async def _signal_many(
+        self, signals: Sequence[SignalRequest], tenant: str,
+        traces: Sequence[str | None] | None,
+    ) -> list[SignalResult]:
+        """signal_many, each signal carrying `traces[i]` when set (SignalCoalescer: the
+        trace of each caller, whose signals share the statement), else the call's."""
         batch = SignalBatch.of(signals, tenant, self.limits)
         candidates = batch.schema_candidates(self.registry)
         if candidates:
@@ -358,7 +371,9 @@ class AsyncClient(AsyncScheduleCalls):
 
             batch.refuse_by_schema(self.registry, candidates, await fan_out(
                 self.store.pools, candidates, lambda c: bucket_of(c.target), read))
-        return batch.answered(await self._deliver(tenant, batch.to_send()))
+        with signal_span(signals, tenant) as span:
+            trace = tracing.traceparent(span) if span is not None else None
+            return batch.answered(await self._deliver(tenant, batch.to_send(trace, traces)))
 
     async def signal_with_start(
         self, workflow: str | WorkflowDef, workflow_id: str,

@@ -30,8 +30,10 @@ from shardq.client.requests import (
     new_runs,
     priority_target,
     run_priority,
+    signal_span,
     signalled_start,
     start_batch,
+    start_span,
     stored_update,
     tenants_run,
     update_request,
@@ -39,6 +41,7 @@ from shardq.client.requests import (
     validate_update,
 )
 from shardq.client.schedules import ScheduleCalls
+from shardq.core import tracing
 from shardq.core.models import (
     BufferedSignal,
     DecisionResult,
@@ -172,14 +175,16 @@ class Client(FlowControlCalls, ScheduleCalls):
         definition = definition_of(self.registry, workflow)
         runs = new_runs(definition, tenant, items, self.limits, concurrency)
         chosen = run_priority(definition, priority)
+        with start_span(definition, tenant, len(runs)) as span:
+            trace = tracing.traceparent(span) if span is not None else None
 
-        def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
-            return self.store.start_executions(
-                shard, start_batch(definition, tenant, members, chosen))
+            def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
+                return self.store.start_executions(
+                    shard, start_batch(definition, tenant, members, chosen, trace))
 
-        # Big batches: the shards' commits overlap instead of queueing.
-        return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
-                       parallel=len(runs) >= PARALLEL_START_MIN)
+            # Big batches: the shards' commits overlap instead of queueing.
+            return fan_out(self.store.pools, runs, lambda r: r.bucket, insert,
+                           parallel=len(runs) >= PARALLEL_START_MIN)
 
     # -- reading -------------------------------------------------------------
 
@@ -336,7 +341,9 @@ class Client(FlowControlCalls, ScheduleCalls):
 
             batch.refuse_by_schema(self.registry, candidates, fan_out(
                 self.store.pools, candidates, lambda c: bucket_of(c.target), read))
-        return batch.answered(self._deliver(tenant, batch.to_send()))
+        with signal_span(signals, tenant) as span:
+            trace = tracing.traceparent(span) if span is not None else None
+            return batch.answered(self._deliver(tenant, batch.to_send(trace)))
 
     def signal_with_start(
         self,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from shardq.client.async_client import AsyncClient
 from shardq.client.requests import DEFAULT_TENANT
+from shardq.core import tracing
 from shardq.core.models import SignalRequest, SignalResult
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
@@ -40,7 +41,9 @@ MAX_BATCH = 100
 """Signals one statement carries at most: deliver_signals' cost grows with the batch, and a
 bound keeps one statement's time (and its callers' wait) short."""
 
-Waiter = tuple[SignalRequest, "asyncio.Future[SignalResult]"]
+Waiter = tuple[SignalRequest, "asyncio.Future[SignalResult]", str | None]
+"""A caller's signal, its answer, and its trace (core/tracing.py), which its signal keeps
+whatever batch it shares."""
 
 
 @dataclass
@@ -79,7 +82,7 @@ class SignalCoalescer:
         key = (tenant, self._client.map.for_execution(ident).name)
         lane = self._lanes.setdefault(key, _Lane())
         answer: asyncio.Future[SignalResult] = asyncio.get_running_loop().create_future()
-        lane.waiting.append((request, answer))
+        lane.waiting.append((request, answer, tracing.traceparent()))
         if lane.running < self._in_flight:
             lane.running += 1
             task = asyncio.create_task(self._drain(tenant, lane))
@@ -102,8 +105,9 @@ class SignalCoalescer:
                         batch.append(waiter)
                 if batch:
                     self.statements += 1
-                    answers = await self._send(tenant, [request for request, _ in batch])
-                    for (_, future), answer in zip(batch, answers, strict=True):
+                    answers = await self._send(tenant, [w[0] for w in batch],
+                                               [w[2] for w in batch])
+                    for (_, future, _), answer in zip(batch, answers, strict=True):
                         if future.done():
                             continue
                         if isinstance(answer, BaseException):
@@ -114,15 +118,16 @@ class SignalCoalescer:
             lane.running -= 1
 
     async def _send(
-        self, tenant: str, requests: Sequence[SignalRequest]
+        self, tenant: str, requests: Sequence[SignalRequest], traces: Sequence[str | None],
     ) -> list[SignalResult | BaseException]:
         try:
-            return list(await self._client.signal_many(requests, tenant=tenant))
+            return list(await self._client._signal_many(
+                requests, tenant, traces if any(traces) else None))
         except ShardUnavailable as exc:  # the shard's, so every signal's
             return [exc] * len(requests)
         except Exception as exc:
             if len(requests) == 1:
                 return [exc]
         # One signal's fault must not become its neighbours': each alone.
-        return [answer for request in requests
-                for answer in await self._send(tenant, [request])]
+        return [answer for request, trace in zip(requests, traces, strict=True)
+                for answer in await self._send(tenant, [request], [trace])]

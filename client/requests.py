@@ -7,6 +7,7 @@ client/client.py and client/async_client.py differ only in how they wait.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from shardq.core import tracing
 from shardq.core.errors import (
     DecisionRefused,
     ExecutionNotFound,
@@ -151,10 +153,26 @@ def run_priority(definition: WorkflowDef, priority: int | None) -> int:
 
 
 def start_batch(definition: WorkflowDef, tenant: str, runs: Sequence[NewRun],
-                priority: int = 0) -> StartBatch:
-    """The runs to insert on one shard; `priority` as run_priority resolved it."""
+                priority: int = 0, trace: str | None = None) -> StartBatch:
+    """The runs to insert on one shard; `priority` as run_priority resolved it, `trace`
+    the starting span's (core/tracing.py)."""
     return StartBatch(tenant, definition.name, definition.version, runs, definition.gates,
-                      priority)
+                      priority, trace)
+
+
+def start_span(definition: WorkflowDef, tenant: str, count: int) -> Any:
+    """The span of a start (tracing.span's context manager)."""
+    return tracing.span("shardq.start", kind=tracing.PRODUCER, attributes={
+        "shardq.workflow": definition.name, "shardq.tenant": tenant, "shardq.runs": count})
+
+
+def signal_span(signals: Sequence[SignalRequest], tenant: str) -> Any:
+    """The span of a signal call (tracing.span's context manager)."""
+    first = signals[0] if len(signals) == 1 else None
+    return tracing.span("shardq.signal", kind=tracing.PRODUCER, attributes={
+        "shardq.tenant": tenant, "shardq.signals": len(signals),
+        "shardq.signal": first.name if first is not None else None,
+        "shardq.execution_id": str(first.execution_id) if first is not None else None})
 
 
 def tenants_run(found: Execution | None, ident: uuid.UUID, tenant: str) -> Execution:
@@ -251,8 +269,15 @@ class SignalBatch:
                     self.results[index] = SignalResult(signal.target, None, delivered=False,
                                                        error=exc)
 
-    def to_send(self) -> list[SignalDelivery]:
+    def to_send(self, trace: str | None = None,
+                traces: Sequence[str | None] | None = None) -> list[SignalDelivery]:
+        """What is left to deliver, each carrying its sender's trace: `traces[i]` for the
+        i-th signal given when set (a coalesced batch's callers'), else `trace`."""
         self.checked = [c for c in self.checked if self.results[c[0]] is None]
+        if traces is not None or trace is not None:
+            self.checked = [
+                (i, dataclasses.replace(c, trace=traces[i] if traces is not None else trace))
+                for i, c in self.checked]
         return [c for _, c in self.checked]
 
     def answered(self, delivered: Sequence[SignalResult]) -> list[SignalResult]:

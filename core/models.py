@@ -78,9 +78,7 @@ class Event(StrEnum):
     CHILDREN_ENDED = "children.ended"
     """At a wait for children: the outcomes it took (ctx.wait_child(ren))."""
     PATCH_MARKED = "patch.marked"
-    """At the position of a ctx.patched call a run reached on code that has the patch: the
-    change id (its name). Replay of older runs, which never recorded it, takes the old
-    branch (docs/versioning.md)."""
+    """At a ctx.patched call a run reached on code that has it: the change id (its name)."""
     UPDATE_COMPLETED = "update.completed"
     """At the position of the wait that handled it: an update's argument and its handler's
     response (or error). Not a call of its own: replay applies it at that wait."""
@@ -288,6 +286,8 @@ class Claim:
     db_now: datetime
     history: tuple[HistoryEvent, ...]
     signals: tuple[BufferedSignal, ...]
+    trace: str | None = None
+    """The start's traceparent (core/tracing.py): a first turn continues it."""
 
 
 class TaskAction(StrEnum):
@@ -384,6 +384,8 @@ class TurnCommit:
     family: tuple[uuid.UUID | None] | None = None
     """Set for a run that is a child (its parent) or started children ((None,)): a commit
     that ends it tells its parent and its children."""
+    trace: str | None = None
+    """The turn's traceparent (core/tracing.py): the signals it sends carry it."""
 
 
 @dataclass(frozen=True)
@@ -478,6 +480,7 @@ class BufferedSignal:
     payload: Any
     idempotency_key: str | None
     received_at: datetime
+    trace: str | None = field(default=None, compare=False, repr=False)  # the sender's
 
 
 INTERRUPT_ACTIONS = ("approve", "edit", "reject")

@@ -189,13 +189,13 @@ SELECT (SELECT max(seq) FROM shardq.history WHERE execution_id = ANY(%(ids)s::uu
 
 -- name: copy_out_executions
 COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates,
-             priority, concurrency_key, concurrency_limit, parent_id
+             priority, concurrency_key, concurrency_limit, parent_id, trace
       FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_executions
 COPY shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input,
                         created_at, gates, priority, concurrency_key, concurrency_limit,
-                        parent_id)
+                        parent_id, trace)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_children
@@ -219,13 +219,13 @@ FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_signals
 COPY (SELECT id, execution_id, tenant, name, payload, idempotency_key, received_at, consumed_at,
-             consumed_position, origin
+             consumed_position, origin, trace
       FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])
       ORDER BY execution_id, id) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_signals
 COPY shardq.signals (id, execution_id, tenant, name, payload, idempotency_key, received_at,
-                     consumed_at, consumed_position, origin) FROM STDIN (FORMAT BINARY)
+                     consumed_at, consumed_position, origin, trace) FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_waits
 -- Deadlines are absolute times: a timer wakes on the same second on the target.
@@ -287,7 +287,7 @@ FROM STDIN (FORMAT BINARY)
 -- from its own identity, after every row it has, so each sender's order holds.
 COPY (SELECT source_execution_id, source_position, target_execution_id, tenant, signal_name,
              payload, idempotency_key, state, attempts, next_attempt_at, failure_reason,
-             failure_detail, created_at, finished_at, target_bucket, queued_at
+             failure_detail, created_at, finished_at, target_bucket, queued_at, trace
       FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])
       ORDER BY id) TO STDOUT (FORMAT BINARY)
 
@@ -295,7 +295,7 @@ COPY (SELECT source_execution_id, source_position, target_execution_id, tenant, 
 COPY shardq.outbox (source_execution_id, source_position, target_execution_id, tenant,
                     signal_name, payload, idempotency_key, state, attempts, next_attempt_at,
                     failure_reason, failure_detail, created_at, finished_at, target_bucket,
-                    queued_at) FROM STDIN (FORMAT BINARY)
+                    queued_at, trace) FROM STDIN (FORMAT BINARY)
 
 -- == S1: the switch, one transaction on the target ==
 

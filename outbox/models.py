@@ -25,6 +25,8 @@ class OutboxRow:
     """Failed attempts so far."""
     queued_s: float
     """Seconds since the row entered the queue (written, or re-queued by an operator)."""
+    trace: str | None = None
+    """The sending turn's traceparent (core/tracing.py), when it was traced."""
 
     @property
     def origin(self) -> str:

@@ -18,7 +18,7 @@ SELECT format('LISTEN %%I', shardq.outbox_channel()) AS statement
 SELECT o.id, o.source_execution_id, o.source_position, o.target_execution_id,
        o.target_bucket, o.tenant, o.signal_name, o.payload::text AS payload,
        o.idempotency_key, o.attempts,
-       extract(epoch FROM now() - o.queued_at)::float8 AS queued_s
+       extract(epoch FROM now() - o.queued_at)::float8 AS queued_s, o.trace
 FROM shardq.outbox o
 WHERE o.state = 'pending' AND o.next_attempt_at <= now()
   AND ((SELECT shardq.unclean_writable()) IS NULL

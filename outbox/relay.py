@@ -49,9 +49,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
+from shardq.core import tracing
 from shardq.core.daemons import MIN_POLL_S, ShardFollower, first_line
 from shardq.core.errors import (
     ExecutionNotFound,
@@ -381,7 +383,25 @@ class Relay:
     def _deliver_to(
         self, target: Shard, rows: list[OutboxRow]
     ) -> list[tuple[OutboxRow, SignalResult | BaseException]]:
-        """Deliver one target shard's rows, one commit per tenant; an error stands for a row."""
+        """Deliver one target shard's rows, one commit per tenant; an error stands for a row.
+
+        A row that carries its sender's trace is delivered in a span of its own that
+        continues it, and the signal it writes carries that span (core/tracing.py)."""
+        spans = {r.id: tracing.start_span(
+            "shardq.outbox.deliver", parent=r.trace, kind=tracing.CONSUMER,
+            attributes={"shardq.outbox.id": r.id, "shardq.signal": r.name,
+                        "shardq.execution_id": str(r.target), "shardq.shard": target.name,
+                        "shardq.attempt": r.attempts + 1})
+            for r in rows if r.trace}
+        results = self._deliver_batches(target, rows, spans)
+        for row, result in results:
+            failure = result.error if isinstance(result, SignalResult) else result
+            tracing.end(spans.get(row.id), failure)
+        return results
+
+    def _deliver_batches(
+        self, target: Shard, rows: list[OutboxRow], spans: dict[int, Any],
+    ) -> list[tuple[OutboxRow, SignalResult | BaseException]]:
         by_tenant: dict[str, list[OutboxRow]] = defaultdict(list)
         for row in rows:
             by_tenant[row.tenant].append(row)
@@ -393,7 +413,7 @@ class Relay:
                 continue
             try:
                 delivered = self.store.deliver_signals(target, tenant,
-                                                       [_delivery(r) for r in members])
+                                                       [_delivery(r, spans) for r in members])
             except NotOwner as exc:
                 # Routed by a map older than a move: its rows go again soon, to
                 # the owner the newer map names (Fenced: once the move's batch
@@ -408,19 +428,19 @@ class Relay:
                 elif isinstance(exc, StoreConflict) or len(members) == 1:
                     results.extend((row, exc) for row in members)
                 else:
-                    results.extend(self._deliver_one_by_one(target, tenant, members))
+                    results.extend(self._deliver_one_by_one(target, tenant, members, spans))
                 continue
             except StoreRejected as exc:
                 if len(members) == 1:
                     results.append((members[0], exc))
                 else:
-                    results.extend(self._deliver_one_by_one(target, tenant, members))
+                    results.extend(self._deliver_one_by_one(target, tenant, members, spans))
                 continue
             results.extend(zip(members, delivered, strict=True))
         return results
 
     def _deliver_one_by_one(
-        self, target: Shard, tenant: str, rows: list[OutboxRow]
+        self, target: Shard, tenant: str, rows: list[OutboxRow], spans: dict[int, Any],
     ) -> list[tuple[OutboxRow, SignalResult | BaseException]]:
         """A batch the target refused for one of its rows: find that row, deliver the rest."""
         results: list[tuple[OutboxRow, SignalResult | BaseException]] = []
@@ -429,7 +449,7 @@ class Relay:
                 results.append((row, TargetDeferred(target)))
                 continue
             try:
-                (result,) = self.store.deliver_signals(target, tenant, [_delivery(row)])
+                (result,) = self.store.deliver_signals(target, tenant, [_delivery(row, spans)])
             except NotOwner as exc:
                 self._follow(target, exc)
                 results.append((row, exc))
@@ -510,7 +530,9 @@ def shard_level(error: BaseException) -> bool:
     return isinstance(error, (ShardUnavailable, TimeoutError, OSError))
 
 
-def _delivery(row: OutboxRow) -> SignalDelivery:
-    """The signal an outbox row asks its target's shard to take."""
+def _delivery(row: OutboxRow, spans: dict[int, Any]) -> SignalDelivery:
+    """The signal an outbox row asks its target's shard to take (with its delivery's
+    trace, when `spans` holds one for it)."""
+    span = spans.get(row.id)
     return SignalDelivery(row.target, row.name, row.payload_json, row.idempotency_key,
-                          row.origin)
+                          row.origin, tracing.traceparent(span) if span is not None else None)

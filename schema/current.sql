@@ -44,7 +44,8 @@ CREATE TABLE shardq.executions (
     priority smallint NOT NULL DEFAULT 0,
     concurrency_key text,
     concurrency_limit integer,
-    parent_id uuid
+    parent_id uuid,
+    trace text
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -113,7 +114,8 @@ CREATE TABLE shardq.outbox (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     finished_at timestamp with time zone,
     target_bucket smallint NOT NULL,
-    queued_at timestamp with time zone NOT NULL DEFAULT now()
+    queued_at timestamp with time zone NOT NULL DEFAULT now(),
+    trace text
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=80);
 
 CREATE TABLE shardq.ownership (
@@ -207,7 +209,8 @@ CREATE TABLE shardq.signals (
     received_at timestamp with time zone NOT NULL DEFAULT clock_timestamp(),
     consumed_at timestamp with time zone,
     consumed_position integer,
-    origin text
+    origin text,
+    trace text
 );
 
 CREATE TABLE shardq.tasks (
@@ -348,7 +351,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   RETURNS record
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision, min_priority smallint, after_tenant text)
---   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision)
+--   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision, trace text)
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb, c_steps jsonb[])
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
@@ -368,7 +371,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.deliver_outcomes(p_tenant text, p_ids uuid[], p_payloads jsonb[], p_keys text[], p_origins text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, reason_code text, detail text, woken bigint)
 --   LANGUAGE sql VOLATILE
--- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[])
+-- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[], p_traces text[] DEFAULT NULL::text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.fence(ids uuid[])

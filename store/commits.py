@@ -44,12 +44,12 @@ def commit_turns(
     parking = [(c.execution_id, name) for c in commits for name in c.wake_on_signals]
     externals = [
         [c.execution_id.hex, x.position, x.target.hex, x.name, json.loads(x.payload_json),
-         x.idempotency_key, MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL]
+         x.idempotency_key, MAX_PENDING_SIGNALS, MAX_PENDING_SIGNALS_TOTAL, c.trace]
         for c in commits for x in c.externals
     ]
     outbox = [
         [c.execution_id.hex, o.position, o.target.hex, o.target_bucket, o.name,
-         json.loads(o.payload_json), o.idempotency_key]
+         json.loads(o.payload_json), o.idempotency_key, c.trace]
         for c in commits for o in c.outbox
     ]
     children = [

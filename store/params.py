@@ -42,6 +42,8 @@ class StartBatch:
     """The signal names each new run takes once (a declarative workflow's gates)."""
     priority: int = 0
     """The new runs' priority, checked (core/rules.py's check_priority)."""
+    trace: str | None = None
+    """The starting span's traceparent (core/tracing.py): the runs' first turns continue it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class SignalDelivery:
     origin: str | None = None
     """The outbox row a relayed signal is delivered under: a repeat of one is
     collapsed like a repeated idempotency key."""
+    trace: str | None = None
+    """The sender's traceparent (core/tracing.py): the turn that consumes it continues it."""
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO shardq.executions
         (id, tenant, workflow_name, workflow_version, workflow_id, input, gates, priority,
-         concurrency_key, concurrency_limit)
+         concurrency_key, concurrency_limit, trace)
     SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input,
-           %(gates)s::text[], %(priority)s, concurrency_key, concurrency_limit
+           %(gates)s::text[], %(priority)s, concurrency_key, concurrency_limit, %(trace)s
     FROM input
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
     RETURNING id, workflow_id, concurrency_key
@@ -385,7 +385,7 @@ UPDATE shardq.executions SET priority = %(priority)s WHERE id = %(id)s
 SELECT ord, signal_id, earlier_id, earlier_name, reason_code, detail
 FROM shardq.deliver_signals(
     %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
-    %(max_pending)s, %(max_pending_total)s, %(origins)s::text[]
+    %(max_pending)s, %(max_pending_total)s, %(origins)s::text[], %(traces)s::text[]
 )
 ORDER BY ord
 

@@ -112,7 +112,7 @@ class _TaskAppeared(Exception):
 def _workflow_params(batch: StartBatch) -> dict[str, Any]:
     return {"tenant": batch.tenant, "workflow_name": batch.workflow_name,
             "workflow_version": batch.workflow_version, "gates": list(batch.gates) or None,
-            "priority": batch.priority}
+            "priority": batch.priority, "trace": batch.trace}
 
 
 def _signal_result(execution_id: uuid.UUID, name: str, row: dict[str, Any]) -> SignalResult:
@@ -415,8 +415,10 @@ def deliver_signals(tenant: str, signals: Sequence[SignalDelivery]) -> Op[list[S
     """One tenant's signals to runs of one shard, in one statement (shardq.deliver_signals):
     results in input order, a refused signal carrying its error."""
     relayed = any(s.origin is not None for s in signals)
+    traced = any(s.trace is not None for s in signals)
     rows = yield SQL["deliver_signals"], {
         "origins": [s.origin for s in signals] if relayed else None,
+        "traces": [s.trace for s in signals] if traced else None,
         "tenant": tenant,
         "ids": [s.target for s in signals],
         "names": [s.name for s in signals],

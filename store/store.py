@@ -461,7 +461,7 @@ def listen(conn: DictConnection, query: str) -> None:
 def _claim(row: tuple[Any, ...]) -> Claim:
     """A claim_tasks() row (columns in the function's order) as a Claim."""
     (execution_id, lease_token, claims, tenant, workflow_name, workflow_version, workflow_id,
-     input_json, cancel_requested, db_now, history, signals, _) = row
+     input_json, cancel_requested, db_now, history, signals, _, trace) = row
     return Claim(
         execution_id=execution_id,
         lease_token=lease_token,
@@ -478,7 +478,8 @@ def _claim(row: tuple[Any, ...]) -> Claim:
             for seq, position, kind, name, payload in json.loads(history)
         ) if history else (),
         signals=tuple(
-            BufferedSignal(sid, name, payload, key, datetime.fromisoformat(received_at))
-            for sid, name, payload, key, received_at in json.loads(signals)
+            BufferedSignal(sid, name, payload, key, datetime.fromisoformat(received_at), sent)
+            for sid, name, payload, key, received_at, sent in json.loads(signals)
         ) if signals else (),
+        trace=trace,
     )

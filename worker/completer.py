@@ -26,6 +26,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from shardq.core import tracing
 from shardq.core.errors import ShardUnavailable, StoreConflict, StoreRejected
 from shardq.core.instruments import COMMIT_BATCH, COMMIT_SECONDS
 from shardq.core.models import CommitOutcome, TurnCommit
@@ -217,9 +218,19 @@ class Completer:
     def _commit(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:
         self._batch_sizes.observe(len(commits))
         started = time.perf_counter()
+        # One span per batch, linked to the turns it commits (each its own trace).
+        span = tracing.start_span(
+            "shardq.commit", kind=tracing.CLIENT, links=[c.trace for c in commits],
+            attributes={"shardq.shard": self._shard.name, "shardq.commits": len(commits)},
+        ) if any(c.trace for c in commits) else None
+        failure: BaseException | None = None
         try:
             return self._commit_retrying(commits)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
+            tracing.end(span, failure)
             self._latency.observe(time.perf_counter() - started)
 
     def _commit_retrying(self, commits: list[TurnCommit]) -> dict[uuid.UUID, CommitOutcome]:

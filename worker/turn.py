@@ -17,6 +17,7 @@ import logging
 import uuid
 from collections.abc import Callable
 
+from shardq.core import tracing
 from shardq.core.errors import (
     LimitExceeded,
     NotSerializable,
@@ -68,14 +69,38 @@ def run_turn(
         )
         return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
     replay = Replay(claim.history, claim.signals, max_calls=definition.max_history)
-    try:
-        ctx = WorkflowContext(claim, replay, journal, on_this_shard,
-                              state=definition.new_state(), updates=definition.updates,
-                              limits=limits, rate_slots=rate_slots, registry=registry)
-        return _play(definition, ctx, claim, replay, journal)
-    except TurnAborted:
-        log.warning("lease lost; turn abandoned", extra={"execution_id": str(claim.execution_id)})
-        return None
+    parent, links = _continued_traces(claim)
+    with tracing.span("shardq.turn", kind=tracing.CONSUMER, parent=parent, links=links,
+                      attributes={"shardq.execution_id": str(claim.execution_id),
+                                  "shardq.workflow": claim.workflow_name,
+                                  "shardq.workflow_id": claim.workflow_id,
+                                  "shardq.claims": claim.claims}) as span:
+        journal.trace = tracing.traceparent(span) if span is not None else None
+        try:
+            ctx = WorkflowContext(claim, replay, journal, on_this_shard,
+                                  state=definition.new_state(), updates=definition.updates,
+                                  limits=limits, rate_slots=rate_slots, registry=registry)
+            return _play(definition, ctx, claim, replay, journal)
+        except TurnAborted:
+            log.warning("lease lost; turn abandoned",
+                        extra={"execution_id": str(claim.execution_id)})
+            return None
+
+
+MAX_LINKS = 8
+"""Traces of further buffered signals a turn's span links to (core/tracing.py)."""
+
+
+def _continued_traces(claim: Claim) -> tuple[str | None, list[str]]:
+    """The trace a turn continues, and those it links to: the newest buffered signal's
+    (what woke it), else on the run's first claim its start's; the start's, and the
+    other signals', are links."""
+    sent = [s.trace for s in reversed(claim.signals) if s.trace]
+    if sent:
+        return sent[0], [*sent[1:MAX_LINKS], *([claim.trace] if claim.trace else [])]
+    if claim.claims <= 1:
+        return claim.trace, []
+    return None, [claim.trace] if claim.trace else []
 
 
 def _play(

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+from shardq.core import tracing
 from shardq.core.children import ChildHandle
 from shardq.core.errors import (
     InvalidArgument,
@@ -183,8 +184,12 @@ class WorkflowContext(ChildCalls, ContinueCalls, PatchCalls):
             raise Cancelled()
         if rate_limit is not None:
             wait_for_slot(self._rate_slots, rate_limit, self.execution_id, position, attempt)
-        return attempt_step(self._journal, position, name, attempt,  # type: ignore[no-any-return]
-                            lambda: run_attempt(fn, args, kwargs, timeout), policy)
+        with tracing.span("shardq.step", attributes={"shardq.step": name,
+                                                     "shardq.position": position,
+                                                     "shardq.attempt": attempt}):
+            return attempt_step(  # type: ignore[no-any-return]
+                self._journal, position, name, attempt,
+                lambda: run_attempt(fn, args, kwargs, timeout), policy)
 
     def sleep(self, name: str, seconds: float) -> None:
         """Wait `seconds` on a durable timer whose wake time the database's clock sets."""

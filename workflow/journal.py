@@ -59,7 +59,7 @@ class Journal:
     __slots__ = (
         "_checkpoint", "_execution_id", "_stored_state", "_token",
         "cancel_requested", "children", "close_wait", "consumed", "events", "externals",
-        "family", "outbox", "sent",
+        "family", "outbox", "sent", "trace",
     )
 
     def __init__(self, claim: Claim, checkpoint: Checkpoint) -> None:
@@ -85,6 +85,8 @@ class Journal:
         """Child runs to start with the next commit."""
         self.family = family_of(claim)
         """The run's parent ((None,) for a parent that is no child), if it is in a family."""
+        self.trace: str | None = None
+        """The turn's traceparent (core/tracing.py): the signals its commits send carry it."""
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -127,6 +129,7 @@ class Journal:
             children=self.children,
             family=self.family,
             continued=continued,
+            trace=self.trace,
         )
         self.events, self.consumed, self.close_wait = [], [], False
         self.externals, self.outbox, self.children = [], [], []

@@ -23,14 +23,17 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from shardq.bin.web import api, inbox, schedules
 from shardq.bin.web.openapi import document
 from shardq.bin.web.state import Shared
 from shardq.client.async_client import AsyncClient
 from shardq.client.coalesce import SignalCoalescer
+from shardq.core import tracing
 
 
 def create_app(
@@ -50,10 +53,31 @@ def create_app(
                 await signals.close()
 
     app = Starlette(routes=[*schedules.ROUTES, *api.ROUTES, *inbox.ROUTES],
-                    exception_handlers={404: _not_found, 405: _not_allowed}, lifespan=serving)
+                    exception_handlers={404: _not_found, 405: _not_allowed}, lifespan=serving,
+                    middleware=[Middleware(TraceContext)] if tracing.ENABLED else [])
     app.state.shared = Shared(client, signals, tokens, inbox_stale_after,
                               document(client.registry.names()))
     return app
+
+
+class TraceContext:
+    """Each request in a span that continues the caller's trace (its `traceparent`
+    header, W3C Trace Context): a webhook's trace goes on into the signal it sends and
+    the run it wakes (core/tracing.py)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope.get("headers") or ()).get(b"traceparent")
+        parent = header.decode("latin-1") if header else None
+        with tracing.span(f"HTTP {scope['method']}", kind=tracing.SERVER, parent=parent,
+                          attributes={"http.request.method": scope["method"],
+                                      "url.path": scope["path"]}):
+            await self.app(scope, receive, send)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

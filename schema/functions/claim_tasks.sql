@@ -38,7 +38,8 @@ RETURNS TABLE (
     db_now           timestamptz,
     history          text,
     signals          text,
-    next_due_in      float8
+    next_due_in      float8,
+    trace            text
 )
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -126,10 +127,12 @@ BEGIN
              FROM shardq.history h WHERE h.execution_id = l.execution_id)::text
         END,
         (SELECT json_agg(json_build_array(s.id, s.name, s.payload, s.idempotency_key,
-                                          s.received_at) ORDER BY s.id)
+                                          s.received_at, s.trace) ORDER BY s.id)
          FROM shardq.signals s
          WHERE s.execution_id = l.execution_id AND s.consumed_at IS NULL)::text,
-        NULL::float8
+        NULL::float8,
+        -- The start's trace context (schema/0025), for a first turn to continue.
+        x.trace
     FROM leased l
     CROSS JOIN LATERAL (
         SELECT * FROM shardq.executions e WHERE e.id = l.execution_id OFFSET 0
@@ -157,6 +160,7 @@ BEGIN
                           AND (claimable IS NULL
                                OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1)
                         ORDER BY t.run_at LIMIT 1000) h)
-               ) - now())::float8 END;
+               ) - now())::float8 END,
+           NULL::text;
 END
 $$;

@@ -25,10 +25,12 @@
 --        stored inside the outcome event (schema/0017) instead of in e_*
 --   rare: null, or a document of the rare writes, signals to other runs:
 --     local: [sender_id, position, target_id, signal_name, payload, key, max_pending,
---            max_pending_total]: a signal to a run of this shard (ctx.signal_external)
---     outbox: [sender_id, position, target_id, target_bucket, signal_name, payload, key]:
---             a signal to a run of another shard, written to the outbox for the relay;
---             the call's history event comes in e_*.
+--            max_pending_total, trace]: a signal to a run of this shard
+--            (ctx.signal_external); `trace`, the sending turn's traceparent or null
+--            (schema/0025), goes with the signal
+--     outbox: [sender_id, position, target_id, target_bucket, signal_name, payload, key,
+--             trace]: a signal to a run of another shard, written to the outbox for the
+--             relay; the call's history event comes in e_*.
 --     children: [parent_id, position, child_id, here, workflow, version, workflow_id,
 --               input, priority, policy, gates]: a child run the commit starts
 --               (ctx.start_child), on this shard when `here` and its bucket is
@@ -103,6 +105,7 @@ DECLARE
     x_positions     integer[];
     x_max           integer;
     x_max_total     integer;
+    x_trace         text;
     sent            jsonb := '{}';
     held            uuid[];
     own_writable    bit(4096);
@@ -433,16 +436,16 @@ BEGIN
         WITH away AS (
             SELECT (r->>0)::uuid AS sender, (r->>1)::integer AS position,
                    (r->>2)::uuid AS target, r->>3 AS name, r->4 AS payload, r->>5 AS key,
-                   x.o
+                   r->>8 AS trace, x.o
             FROM jsonb_array_elements(rare->'local') WITH ORDINALITY AS x(r, o)
             WHERE (r->>2)::uuid = ANY(local_away)
               AND (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
         ), queued AS (
             INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
                                        target_bucket, tenant, signal_name, payload,
-                                       idempotency_key)
+                                       idempotency_key, trace)
             SELECT a.sender, a.position, a.target, shardq.bucket(a.target)::smallint,
-                   e.tenant, a.name, a.payload, a.key
+                   e.tenant, a.name, a.payload, a.key, a.trace
             FROM away a JOIN shardq.executions e ON e.id = a.sender
             ORDER BY a.o
         ), outcome AS (
@@ -465,12 +468,12 @@ BEGIN
     END IF;
     IF rare ? 'local' THEN
         FOR sender, sender_tenant, x_ids, x_names, x_payloads, x_keys, x_positions, x_max,
-            x_max_total IN
+            x_max_total, x_trace IN
             SELECT (r->>0)::uuid, e.tenant,
                    array_agg((r->>2)::uuid ORDER BY o), array_agg(r->>3 ORDER BY o),
                    array_agg(r->4 ORDER BY o), array_agg(r->>5 ORDER BY o),
                    array_agg((r->>1)::integer ORDER BY o),
-                   min((r->>6)::integer), min((r->>7)::integer)
+                   min((r->>6)::integer), min((r->>7)::integer), min(r->>8)
             FROM jsonb_array_elements(rare->'local') WITH ORDINALITY AS x(r, o)
             JOIN shardq.executions e ON e.id = (r->>0)::uuid
             WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
@@ -488,8 +491,9 @@ BEGIN
                                ELSE jsonb_build_object(
                                    'signal_id', coalesce(d.signal_id, d.earlier_id),
                                    'delivered', d.signal_id IS NOT NULL) END AS outcome
-                FROM shardq.deliver_signals(sender_tenant, x_ids, x_names, x_payloads, x_keys,
-                                            x_max, x_max_total, NULL::text[]) AS d
+                FROM shardq.deliver_signals(
+                    sender_tenant, x_ids, x_names, x_payloads, x_keys, x_max, x_max_total,
+                    NULL::text[], array_fill(x_trace, ARRAY[cardinality(x_ids)])) AS d
             ), recorded AS (
                 INSERT INTO shardq.history (execution_id, position, kind, name, payload)
                 SELECT sender, x_positions[o.ord],
@@ -528,9 +532,10 @@ BEGIN
     -- the relays. Kept like the commit's events when the run is cancelling.
     IF rare ? 'outbox' THEN
         INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
-                                   target_bucket, tenant, signal_name, payload, idempotency_key)
+                                   target_bucket, tenant, signal_name, payload, idempotency_key,
+                                   trace)
         SELECT (r->>0)::uuid, (r->>1)::integer, (r->>2)::uuid, (r->>3)::smallint, x.tenant,
-               r->>4, r->5, r->>6
+               r->>4, r->5, r->>6, r->>7
         FROM jsonb_array_elements(rare->'outbox') WITH ORDINALITY AS o(r, ord)
         JOIN shardq.executions x ON x.id = (r->>0)::uuid
         WHERE (r->>0)::uuid = ANY(fenced)

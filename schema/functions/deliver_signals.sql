@@ -27,7 +27,8 @@
 -- its insert. A batch with one signal per run (the usual one) is a single
 -- set-based statement; one with several signals to a run is handled signal by
 -- signal in input order, so a later signal sees an earlier one (pending
--- count, idempotency key, wake).
+-- count, idempotency key, wake). `p_traces`: each signal's sender's trace
+-- context (schema/0025), kept on the signal for the turn that consumes it.
 CREATE OR REPLACE FUNCTION shardq.deliver_signals(
     p_tenant            text,
     p_ids               uuid[],
@@ -36,7 +37,8 @@ CREATE OR REPLACE FUNCTION shardq.deliver_signals(
     p_keys              text[],
     p_max_pending       integer,
     p_max_pending_total integer,
-    p_origins           text[]
+    p_origins           text[],
+    p_traces            text[] DEFAULT NULL
 ) RETURNS TABLE (
     ord          integer,
     signal_id    bigint,
@@ -75,7 +77,8 @@ BEGIN
     IF cardinality(p_ids) = (SELECT count(DISTINCT u) FROM unnest(p_ids) AS u) THEN
         RETURN QUERY
         WITH item AS (
-            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, i.origin, x.tenant,
+            SELECT i.ord::integer AS ord, i.id, i.name, i.payload, i.key, i.origin, i.trace,
+                   x.tenant,
                    -- A gate takes one signal: is its name taken (consumed or not)?
                    CASE WHEN i.name = ANY(x.gates) THEN EXISTS (
                        SELECT 1 FROM shardq.signals s
@@ -92,8 +95,9 @@ BEGIN
                    (SELECT count(*) FROM shardq.signals s
                     WHERE s.execution_id = i.id AND s.consumed_at IS NULL) AS pending_total
             -- unnest pads the shorter arrays with nulls: origins may be empty.
-            FROM unnest(p_ids, p_names, p_payloads, p_keys, coalesce(p_origins, '{}'))
-                 WITH ORDINALITY AS i(id, name, payload, key, origin, ord)
+            FROM unnest(p_ids, p_names, p_payloads, p_keys, coalesce(p_origins, '{}'),
+                        coalesce(p_traces, '{}'))
+                 WITH ORDINALITY AS i(id, name, payload, key, origin, trace, ord)
             LEFT JOIN LATERAL (
                 SELECT x.tenant, x.gates FROM shardq.executions x WHERE x.id = i.id OFFSET 0
             ) x ON true
@@ -107,7 +111,7 @@ BEGIN
                 LIMIT 1
             ) e ON true
         ), judged AS (
-            SELECT it.ord, it.id, it.name, it.payload, it.key, it.origin, it.earlier_id,
+            SELECT it.ord, it.id, it.name, it.payload, it.key, it.origin, it.trace, it.earlier_id,
                    it.earlier_name, r.reason_code, r.detail
             FROM item it
             CROSS JOIN LATERAL shardq.signal_refusal(
@@ -115,8 +119,8 @@ BEGIN
                 it.finished, it.earlier_id, it.gate_closed, it.pending, it.pending_total) r
         ), inserted AS (
             INSERT INTO shardq.signals
-                (execution_id, tenant, name, payload, idempotency_key, origin)
-            SELECT j.id, p_tenant, j.name, j.payload, j.key, j.origin FROM judged j
+                (execution_id, tenant, name, payload, idempotency_key, origin, trace)
+            SELECT j.id, p_tenant, j.name, j.payload, j.key, j.origin, j.trace FROM judged j
             WHERE j.reason_code IS NULL AND j.earlier_id IS NULL
             ORDER BY j.ord
             RETURNING id, execution_id, name
@@ -192,8 +196,9 @@ BEGIN
             WHERE j.reason_code IS NULL AND j.earlier_id IS NULL
         ), inserted AS (
             INSERT INTO shardq.signals
-                (execution_id, tenant, name, payload, idempotency_key, origin)
-            SELECT a.id, p_tenant, p_names[i], p_payloads[i], p_keys[i], p_origins[i]
+                (execution_id, tenant, name, payload, idempotency_key, origin, trace)
+            SELECT a.id, p_tenant, p_names[i], p_payloads[i], p_keys[i], p_origins[i],
+                   p_traces[i]
             FROM admitted a
             RETURNING id, execution_id
         ), recorded AS (

@@ -418,8 +418,8 @@ def test_a_shard_from_before_the_wrappers_retired_ends_with_exactly_the_current_
     schema = load_schema()
     (result,) = migrate(shard_map, schema=schema)
     assert result.applied == list(range(13, schema.version + 1))
-    assert sorted(result.functions) == ["bucket", "deliver_signals", "fence", "finish_tasks",
-                                        "signal_refusal", "signal_with_start_v2"]
+    assert sorted(result.functions) == ["bucket", "claim_tasks", "deliver_signals", "fence",
+                                        "finish_tasks", "signal_refusal", "signal_with_start_v2"]
     migrate(ShardMap.from_urls([fresh_url]))
     assert _functions(url) == _functions(fresh_url)
     assert {name for name, _ in _functions(url)} == {f.name for f in schema.functions}

@@ -163,10 +163,11 @@ class Store(FlowControlStore, ScheduleStore):
                 "owner": owner, "limit": limit, "lease_s": lease_s,
                 "min_priority": min_priority,
                 "after_tenant": self._fair_cursor.get(shard.name)}).fetchall()
-        # The function's last row: the cursor of its walk over tenants, next_due_in.
+        # The function's last row: the cursor of its walk over tenants (as its tenant),
+        # next_due_in (in the column before the trace).
         last = rows.pop()
         self._fair_cursor[shard.name] = last[3]
-        seconds = last[-1]
+        seconds = last[12]
         return [_claim(r) for r in rows], None if seconds is None else float(seconds)
 
     def extend_leases(

@@ -14,6 +14,7 @@ no position for it (docs/versioning.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NoReturn
 
 from shardq.core.errors import LimitExceeded, NonDeterminismError, WorkflowError
 from shardq.core.models import BufferedSignal, Event, HistoryEvent
@@ -102,13 +103,8 @@ class Replay:
                 hint = (" (a patch's marker: keep the call as ctx.deprecate_patch until no "
                         "run that recorded it is left)" if first.kind == Event.PATCH_MARKED
                         else "")
-                self._fatal = NonDeterminismError(
-                    f"non-deterministic workflow at position {position}: history recorded "
-                    f"{recorded_call} {first.name!r}, the code now calls {call} {name!r}{hint}",
-                    position=position, recorded=f"{recorded_call} {first.name!r}",
-                    called=f"{call} {name!r}",
-                )
-                raise self._fatal
+                self._diverge(position, f"{recorded_call} {first.name!r}", f"{call} {name!r}",
+                              f"the code now calls {call} {name!r}{hint}")
         return position, recorded
 
     def patch(self, change_id: str, *, deprecated: bool = False) -> int | None:
@@ -135,13 +131,14 @@ class Replay:
         """In strict replay, a divergence when the code gives `what` otherwise than history
         recorded it at `position`."""
         if self.strict and recorded != given:
-            self._fatal = NonDeterminismError(
-                f"non-deterministic workflow at position {position}: history recorded "
-                f"{call} with {what} {recorded!r}, the code now gives {given!r}",
-                position=position, recorded=f"{call} {what} {recorded!r}",
-                called=f"{call} {what} {given!r}",
-            )
-            raise self._fatal
+            self._diverge(position, f"{call} with {what} {recorded!r}",
+                          f"{call} with {what} {given!r}", f"the code now gives {given!r}")
+
+    def _diverge(self, position: int, recorded: str, called: str, said: str) -> NoReturn:
+        self._fatal = NonDeterminismError(
+            f"non-deterministic workflow at position {position}: history recorded "
+            f"{recorded}, {said}", position=position, recorded=recorded, called=called)
+        raise self._fatal
 
     def _take(self, call: str, name: str) -> int:
         if self._fatal is not None:

@@ -16,6 +16,8 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 from shardq.core import tracing
 from shardq.core.errors import (
@@ -69,12 +71,7 @@ def run_turn(
         )
         return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
     replay = Replay(claim.history, claim.signals, max_calls=definition.max_history)
-    parent, links = _continued_traces(claim)
-    with tracing.span("shardq.turn", kind=tracing.CONSUMER, parent=parent, links=links,
-                      attributes={"shardq.execution_id": str(claim.execution_id),
-                                  "shardq.workflow": claim.workflow_name,
-                                  "shardq.workflow_id": claim.workflow_id,
-                                  "shardq.claims": claim.claims}) as span:
+    with _turn_span(claim) if tracing.active() else nullcontext() as span:
         journal.trace = tracing.traceparent(span) if span is not None else None
         try:
             ctx = WorkflowContext(claim, replay, journal, on_this_shard,
@@ -85,6 +82,15 @@ def run_turn(
             log.warning("lease lost; turn abandoned",
                         extra={"execution_id": str(claim.execution_id)})
             return None
+
+
+def _turn_span(claim: Claim) -> Any:
+    parent, links = _continued_traces(claim)
+    return tracing.span("shardq.turn", kind=tracing.CONSUMER, parent=parent, links=links,
+                        attributes={"shardq.execution_id": str(claim.execution_id),
+                                    "shardq.workflow": claim.workflow_name,
+                                    "shardq.workflow_id": claim.workflow_id,
+                                    "shardq.claims": claim.claims})
 
 
 MAX_LINKS = 8

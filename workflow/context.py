@@ -13,6 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
@@ -184,12 +185,11 @@ class WorkflowContext(ChildCalls, ContinueCalls, PatchCalls):
             raise Cancelled()
         if rate_limit is not None:
             wait_for_slot(self._rate_slots, rate_limit, self.execution_id, position, attempt)
-        with tracing.span("shardq.step", attributes={"shardq.step": name,
-                                                     "shardq.position": position,
-                                                     "shardq.attempt": attempt}):
-            return attempt_step(  # type: ignore[no-any-return]
-                self._journal, position, name, attempt,
-                lambda: run_attempt(fn, args, kwargs, timeout), policy)
+        with tracing.span("shardq.step", attributes={
+                "shardq.step": name, "shardq.position": position, "shardq.attempt": attempt,
+        }) if tracing.active() else nullcontext():
+            return attempt_step(self._journal, position, name, attempt,  # type: ignore[no-any-return]
+                                lambda: run_attempt(fn, args, kwargs, timeout), policy)
 
     def sleep(self, name: str, seconds: float) -> None:
         """Wait `seconds` on a durable timer whose wake time the database's clock sets."""

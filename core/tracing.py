@@ -12,9 +12,8 @@ the woken run (docs/operations.md, "Tracing").
 
 Without the package every call here is a constant: `span` yields None and
 `traceparent` is None, so nothing is written to the trace columns either. With
-the API and no SDK configured, spans are the API's non-recording ones and no
-context is ever written. The tracer provider is the global one unless
-`use_provider` names another (tests).
+the API and no SDK provider set, the same: no span is made (`active`). The
+tracer provider is the global one unless `use_provider` names another (tests).
 """
 
 from __future__ import annotations

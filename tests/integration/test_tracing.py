@@ -181,3 +181,17 @@ def test_a_webhook_request_continues_its_callers_trace(
     assert stored[0] is not None and stored[0].split("-")[1] == caller.split("-")[1]
     request = _one(list(spans.get_finished_spans()), "HTTP POST")
     assert format(request.context.trace_id, "032x") == caller.split("-")[1]
+
+
+def test_with_the_api_and_no_sdk_nothing_is_traced_or_stored(
+    client: Client, shard_map: ShardMap,
+) -> None:
+    """The API installed, no provider set (the default): no span is made, no trace
+    context written."""
+    assert tracing.ENABLED and not tracing.active()
+    run = client.start("receiver", "r-untraced").execution_id
+    client.signal(run, "go", 1)
+    url = shard_map.for_execution(run).url
+    assert rows(url, "SELECT trace FROM shardq.executions WHERE id = %s", run) == [(None,)]
+    assert rows(url, "SELECT trace FROM shardq.signals WHERE execution_id = %s", run) == [
+        (None,)]

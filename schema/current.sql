@@ -352,7 +352,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
 -- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision, min_priority smallint, after_tenant text)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision, trace text)
---   LANGUAGE plpgsql VOLATILE
+--   LANGUAGE plpgsql VOLATILE SET enable_seqscan=off, jit=off
 -- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb, c_steps jsonb[])
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan

@@ -97,3 +97,29 @@ def test_a_heartbeat_moves_a_long_turn_out_of_the_claims_way(
         shard.url, "SELECT run_at, leased_until, run_at - now() FROM shardq.tasks "
                    "WHERE execution_id = %s", runs[0])
     assert run_at == leased_until and 59 < ahead.total_seconds() <= 60
+
+
+def test_a_claim_scans_no_table_whole_when_statistics_say_it_is_empty(client: Client) -> None:
+    """Statistics taken while the queue was empty (a fresh deployment, a quiet night)
+    must not turn a claim into a scan of every task, run and event per claimed run."""
+    shard = client.map.shards[0]
+    tables = ("tasks", "executions", "history", "signals")
+    with psycopg.connect(shard.url, autocommit=True) as conn:
+        conn.execute("ANALYZE " + ", ".join(f"shardq.{t}" for t in tables))
+    keys = keys_on(client.map, 0, "hot_job", "stale", 300)
+    client.start_many("hot_job", [(k, None) for k in keys])
+
+    def scans(conn: psycopg.Connection[Any]) -> dict[str, int]:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return dict(conn.execute(
+            "SELECT relname::text, seq_scan FROM pg_stat_user_tables "
+            "WHERE schemaname = 'shardq' AND relname = ANY(%s)", [list(tables)]).fetchall())
+
+    with psycopg.connect(shard.url, autocommit=True) as conn:
+        before = scans(conn)
+        claimed = conn.execute("SELECT count(execution_id) FROM shardq.claim_tasks("
+                               "'test', 100, 30, 0::smallint, NULL)").fetchone()
+        after = scans(conn)
+    assert claimed == (100,)
+    assert {t: after[t] - before[t] for t in tables} == dict.fromkeys(tables, 0)

@@ -110,13 +110,15 @@ class Ticker:
             list)
         definitions: dict[str, WorkflowDef] = {}
         for schedule, chosen in plans:
-            definition = definitions.setdefault(schedule.workflow,
-                                                self.registry.get(schedule.workflow))
+            definition = definitions.get(schedule.workflow)
+            if definition is None:  # once a workflow per round, not once a schedule
+                definition = definitions[schedule.workflow] = self.registry.get(
+                    schedule.workflow)
             ticks = [(t, False) for t in chosen.starts]
             if chosen.manual is not None:
                 ticks.append((chosen.manual, True))
+            input_json = json.dumps(schedule.input)
             for tick, manual in ticks:
-                input_json = json.dumps(schedule.input)
                 run = placed_run(schedule.tenant, definition.name,
                                  tick_workflow_id(schedule.name, tick, manual=manual),
                                  input_json, definition.concurrency_of(schedule.input))

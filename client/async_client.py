@@ -189,7 +189,7 @@ class AsyncClient(AsyncScheduleCalls):
         runs = new_runs(definition, tenant, items, self.limits, concurrency)
         chosen = run_priority(definition, priority)
         with start_span(definition, tenant, len(runs)) as span:
-            trace = tracing.traceparent(span) if span is not None else None
+            trace = tracing.traceparent(span)
 
             async def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
                 return await self.store.start_executions(
@@ -372,7 +372,7 @@ class AsyncClient(AsyncScheduleCalls):
             batch.refuse_by_schema(self.registry, candidates, await fan_out(
                 self.store.pools, candidates, lambda c: bucket_of(c.target), read))
         with signal_span(signals, tenant) as span:
-            trace = tracing.traceparent(span) if span is not None else None
+            trace = tracing.traceparent(span)
             return batch.answered(await self._deliver(tenant, batch.to_send(trace, traces)))
 
     async def signal_with_start(

@@ -176,7 +176,7 @@ class Client(FlowControlCalls, ScheduleCalls):
         runs = new_runs(definition, tenant, items, self.limits, concurrency)
         chosen = run_priority(definition, priority)
         with start_span(definition, tenant, len(runs)) as span:
-            trace = tracing.traceparent(span) if span is not None else None
+            trace = tracing.traceparent(span)
 
             def insert(shard: Shard, members: list[NewRun]) -> list[StartResult]:
                 return self.store.start_executions(
@@ -342,7 +342,7 @@ class Client(FlowControlCalls, ScheduleCalls):
             batch.refuse_by_schema(self.registry, candidates, fan_out(
                 self.store.pools, candidates, lambda c: bucket_of(c.target), read))
         with signal_span(signals, tenant) as span:
-            trace = tracing.traceparent(span) if span is not None else None
+            trace = tracing.traceparent(span)
             return batch.answered(self._deliver(tenant, batch.to_send(trace)))
 
     def signal_with_start(

@@ -82,7 +82,7 @@ class SignalCoalescer:
         key = (tenant, self._client.map.for_execution(ident).name)
         lane = self._lanes.setdefault(key, _Lane())
         answer: asyncio.Future[SignalResult] = asyncio.get_running_loop().create_future()
-        lane.waiting.append((request, answer, tracing.traceparent()))
+        lane.waiting.append((request, answer, tracing.current_traceparent()))
         if lane.running < self._in_flight:
             lane.running += 1
             task = asyncio.create_task(self._drain(tenant, lane))

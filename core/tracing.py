@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from typing import Any
 
 try:
-    from opentelemetry import context as otel_context
     from opentelemetry import trace
 except ImportError:  # the optional extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
@@ -146,31 +145,21 @@ def end(started: Any, error: BaseException | None = None) -> None:
     started.end()
 
 
-def traceparent(of: Any = None) -> str | None:
-    """The W3C traceparent of span `of` (default: the current span); None when it is not
-    recording, or tracing is off: nothing worth keeping in the database."""
-    if not ENABLED:
+def current_traceparent() -> str | None:
+    """The current span's traceparent (traceparent's), None outside a recording one."""
+    return traceparent(trace.get_current_span()) if ENABLED else None
+
+
+def traceparent(of: Any) -> str | None:
+    """The W3C traceparent of span `of`; None when there is no span (tracing off: `span`
+    yielded None) or it is not recording: nothing worth keeping in the database."""
+    if not ENABLED or of is None:
         return None
-    context = trace.get_current_span() if of is None else of
-    span_context = context.get_span_context()
-    if not span_context.is_valid or not context.is_recording():
+    span_context = of.get_span_context()
+    if not span_context.is_valid or not of.is_recording():
         return None
     return (f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
             f"{span_context.trace_flags:02x}")
-
-
-@contextmanager
-def attached(parent: str | None) -> Iterator[None]:
-    """`parent` (a traceparent, from an HTTP request's header) as the current context in
-    the block: the spans the block makes are its children."""
-    if not ENABLED or not parent:
-        yield
-        return
-    token = otel_context.attach(_context_of(parent))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
 
 
 class TraceIds(logging.Filter):

@@ -535,4 +535,4 @@ def _delivery(row: OutboxRow, spans: dict[int, Any]) -> SignalDelivery:
     trace, when `spans` holds one for it)."""
     span = spans.get(row.id)
     return SignalDelivery(row.target, row.name, row.payload_json, row.idempotency_key,
-                          row.origin, tracing.traceparent(span) if span is not None else None)
+                          row.origin, tracing.traceparent(span))

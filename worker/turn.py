@@ -72,7 +72,7 @@ def run_turn(
         return journal.commit(state=None, task=TaskAction.SCHEDULE, delay=UNKNOWN_VERSION_RETRY_S)
     replay = Replay(claim.history, claim.signals, max_calls=definition.max_history)
     with _turn_span(claim) if tracing.active() else nullcontext() as span:
-        journal.trace = tracing.traceparent(span) if span is not None else None
+        journal.trace = tracing.traceparent(span)
         try:
             ctx = WorkflowContext(claim, replay, journal, on_this_shard,
                                   state=definition.new_state(), updates=definition.updates,

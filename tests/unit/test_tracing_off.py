@@ -13,11 +13,9 @@ from shardq.core import tracing
 assert tracing.ENABLED is False
 with tracing.span("shardq.turn", parent="00-" + "1" * 32 + "-" + "2" * 16 + "-01") as s:
     assert s is None
-    assert tracing.traceparent() is None
+    assert tracing.current_traceparent() is None
 assert tracing.start_span("shardq.commit") is None
 tracing.end(None)
-with tracing.attached("00-" + "1" * 32 + "-" + "2" * 16 + "-01"):
-    pass
 import logging
 record = logging.LogRecord("x", logging.INFO, "", 0, "m", None, None)
 assert tracing.TraceIds().filter(record) and not hasattr(record, "trace_id")

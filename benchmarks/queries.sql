@@ -40,8 +40,10 @@ SELECT count(*) AS n FROM shardq.waits
 
 -- name: active_tasks
 -- Tasks due now or leased (lease expiry is minutes away), through the tasks_due
--- index: cheap even beside a million far-future timers.
-SELECT count(*) AS n FROM shardq.tasks WHERE run_at < now() + interval '1 day'
+-- index: cheap even beside a million far-future timers. The suite pins no run,
+-- and tasks_due holds unpinned rows only (schema/0026).
+SELECT count(*) AS n FROM shardq.tasks
+WHERE run_at < now() + interval '1 day' AND build_id IS NULL
 
 -- name: parked_runs
 -- Runs parked on a wait (cycle's parking barrier): a small table, unlike a
@@ -89,7 +91,7 @@ WHERE x.tenant = 'default' AND x.workflow_name = 'claim_probe'
 -- name: due_tasks
 -- Tasks due and not leased: the backlog a flood keeps up (limits).
 SELECT count(*) AS n FROM shardq.tasks
-WHERE run_at <= now() AND (leased_until IS NULL OR leased_until <= now())
+WHERE run_at <= now() AND build_id IS NULL AND (leased_until IS NULL OR leased_until <= now())
 
 -- name: keyed_live_leases
 -- Per concurrency key, its task rows under a live lease (limits: the sampler

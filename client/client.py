@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from shardq.client.builds import BuildCalls
 from shardq.client.flow import FlowControlCalls
 from shardq.client.requests import (
     DEFAULT_TENANT,
@@ -84,7 +85,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 
-class Client(FlowControlCalls, ScheduleCalls):
+class Client(FlowControlCalls, ScheduleCalls, BuildCalls):
     """Entry point for applications. Thread-safe; share one per process.
 
     Every call routes by execution id or workflow key to one shard; only `list`

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shardq.client.client import Client
+from shardq.core.builds import check_build_id
 from shardq.core.models import State
 from shardq.core.rules import check_name
 from shardq.shards.config import Shard
@@ -30,13 +31,16 @@ PAGE = 500
 def recorded_runs(
     client: Client, *, workflows: Sequence[str] = (), states: Sequence[State] = (),
     since: datetime | None = None, until: datetime | None = None,
-    tenant: str | None = None, limit: int | None = None,
+    tenant: str | None = None, builds: Sequence[str] = (), limit: int | None = None,
 ) -> Iterator[RecordedRun]:
     """The runs matching every filter given (any of `workflows`, any of `states`, created
-    in [`since`, `until`), of `tenant` or every tenant), with their histories; at most
-    `limit` of them."""
+    in [`since`, `until`), of `tenant` or every tenant, started on any of `builds`), with
+    their histories; at most `limit` of them. A build filter reads the pages the others
+    select and keeps the runs of those builds."""
     for name in workflows:
         check_name(name, "workflow")
+    for build in builds:
+        check_build_id(build)
     if tenant is not None:
         check_name(tenant, "tenant")
     left = limit
@@ -45,7 +49,7 @@ def recorded_runs(
     for shard in client.map.shards:
         for workflow in names:
             for state in wanted:
-                window = _Window(workflow, state, since, until, tenant)
+                window = _Window(workflow, state, since, until, tenant, frozenset(builds))
                 for run in _shard_runs(client, shard, window):
                     if left is not None:
                         if left <= 0:
@@ -61,6 +65,7 @@ class _Window:
     since: datetime | None
     until: datetime | None
     tenant: str | None
+    builds: frozenset[str]
 
 
 def _shard_runs(client: Client, shard: Shard, window: _Window) -> Iterator[RecordedRun]:
@@ -72,9 +77,10 @@ def _shard_runs(client: Client, shard: Shard, window: _Window) -> Iterator[Recor
             tenant=window.tenant, state=window.state, workflow=window.workflow, limit=PAGE,
             after=after))
         page = [e for e in listed if until is None or e.created_at < until]
-        if page:
-            histories = store.read_histories(shard, [e.id for e in page])
-            for execution in page:
+        chosen = [e for e in page if not window.builds or e.build_id in window.builds]
+        if chosen:
+            histories = store.read_histories(shard, [e.id for e in chosen])
+            for execution in chosen:
                 yield RecordedRun.of(execution, tuple(histories.get(execution.id, ())))
         # A run past `until` ends the walk: every later id is later still.
         if len(listed) < PAGE or len(page) < len(listed):

@@ -110,6 +110,8 @@ class Execution:
     """The key whose limit the run counts against (docs/flow-control.md); None: no limit."""
     waiting_for_slot: bool = False
     """Due, but every slot of its concurrency key is taken: it runs when one frees."""
+    build_id: str | None = None  # its workflow's build at its start (docs/versioning.md)
+    pinned: bool = False  # held to that build: only its workers run it
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,7 @@ class TenantWeights:
     """Tenants' weights in fair claims (docs/flow-control.md), as every shard holds them."""
 
     weights: dict[str, int]
-    """The weight of each tenant an operator gave one, where every shard agrees; any
-    other tenant weighs 1."""
+    """Each weighted tenant's weight, where every shard agrees (any other weighs 1)."""
     differing: dict[str, dict[str, int]]
     """Tenants whose weight differs between shards (a `set` that reached only some):
     tenant -> shard -> weight, a shard without the tenant weighing 1."""
@@ -593,8 +594,7 @@ class ShardHealth:
     concurrency_keys_waiting: int = 0
     """Concurrency keys with a run waiting for a slot."""
     tenants_due: int = 0
-    """Tenants with runs due now at priority 0 and not running: the ones a claim shares
-    its batch between (docs/flow-control.md)."""
+    """Tenants with unpinned runs due at priority 0 and not running (docs/flow-control.md)."""
     rate_limiters: list[tuple[str, int, float]] = field(default_factory=list)
     """(limiter, steps parked for a slot, seconds until its next free slot); the home
     shard's, none elsewhere."""

@@ -189,13 +189,13 @@ SELECT (SELECT max(seq) FROM shardq.history WHERE execution_id = ANY(%(ids)s::uu
 
 -- name: copy_out_executions
 COPY (SELECT id, tenant, workflow_name, workflow_version, workflow_id, input, created_at, gates,
-             priority, concurrency_key, concurrency_limit, parent_id, trace
+             priority, concurrency_key, concurrency_limit, parent_id, trace, build_id, pinned
       FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_executions
 COPY shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id, input,
                         created_at, gates, priority, concurrency_key, concurrency_limit,
-                        parent_id, trace)
+                        parent_id, trace, build_id, pinned)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_children
@@ -255,12 +255,12 @@ COPY (SELECT execution_id,
              CASE WHEN concurrency_key IS NOT NULL THEN lease_token END,
              cancel_requested,
              CASE WHEN concurrency_key IS NOT NULL THEN leased_until END,
-             priority, concurrency_key, tenant
+             priority, concurrency_key, tenant, build_id
       FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
 
 -- name: copy_in_tasks
 COPY shardq.tasks (execution_id, run_at, claims, lease_owner, lease_token, cancel_requested,
-                   leased_until, priority, concurrency_key, tenant)
+                   leased_until, priority, concurrency_key, tenant, build_id)
 FROM STDIN (FORMAT BINARY)
 
 -- name: copy_out_concurrency_keys

@@ -45,7 +45,9 @@ CREATE TABLE shardq.executions (
     concurrency_key text,
     concurrency_limit integer,
     parent_id uuid,
-    trace text
+    trace text,
+    build_id text,
+    pinned boolean NOT NULL DEFAULT false
 ) WITH (fillfactor=100);
 
 CREATE TABLE shardq.history (
@@ -223,7 +225,8 @@ CREATE TABLE shardq.tasks (
     leased_until timestamp with time zone,
     priority smallint NOT NULL DEFAULT 0,
     concurrency_key text,
-    tenant text NOT NULL DEFAULT ''::text
+    tenant text NOT NULL DEFAULT ''::text,
+    build_id text
 ) WITH (autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=0, autovacuum_vacuum_cost_limit=10000, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000, fillfactor=50);
 
 CREATE TABLE shardq.tenant_weights (
@@ -241,6 +244,13 @@ CREATE TABLE shardq.waits (
     deadline timestamp with time zone,
     request jsonb
 ) WITH (autovacuum_vacuum_scale_factor=0.02, fillfactor=90);
+
+CREATE TABLE shardq.workflow_builds (
+    workflow_name text NOT NULL,
+    build_id text NOT NULL,
+    pinned boolean NOT NULL,
+    updated_at timestamp with time zone NOT NULL DEFAULT now()
+);
 
 ALTER TABLE shardq.applied_batches ADD CONSTRAINT applied_batches_pkey PRIMARY KEY (move_id, batch);
 ALTER TABLE shardq.children ADD CONSTRAINT children_pkey PRIMARY KEY (parent_id, child_id);
@@ -303,9 +313,11 @@ ALTER TABLE shardq.tenant_weights ADD CONSTRAINT tenant_weights_pkey PRIMARY KEY
 ALTER TABLE shardq.tenant_weights ADD CONSTRAINT tenant_weights_weight_check CHECK (((weight >= 1) AND (weight <= 1000)));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_kind_check CHECK ((kind = ANY (ARRAY['timer'::text, 'signal'::text, 'condition'::text, 'interrupt'::text, 'children'::text])));
 ALTER TABLE shardq.waits ADD CONSTRAINT waits_pkey PRIMARY KEY (execution_id);
+ALTER TABLE shardq.workflow_builds ADD CONSTRAINT workflow_builds_pkey PRIMARY KEY (workflow_name);
 
 CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys USING btree (bucket);
 CREATE INDEX concurrency_keys_idle ON shardq.concurrency_keys USING btree (updated_at);
+CREATE INDEX executions_pinned ON shardq.executions USING btree (workflow_name, build_id) WHERE pinned;
 CREATE INDEX history_finished ON shardq.history USING btree (recorded_at) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX key_queue_next ON shardq.key_queue USING btree (concurrency_key, priority DESC, queued_at);
@@ -320,9 +332,11 @@ CREATE INDEX schedules_held ON shardq.schedules USING btree (name) WHERE ((buffe
 CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE UNIQUE INDEX signals_origin ON shardq.signals USING btree (execution_id, origin) WHERE (origin IS NOT NULL);
 CREATE INDEX signals_pending ON shardq.signals USING btree (execution_id, id) WHERE (consumed_at IS NULL);
-CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at);
-CREATE INDEX tasks_fair ON shardq.tasks USING btree (tenant, run_at) WHERE (priority = 0);
-CREATE INDEX tasks_urgent ON shardq.tasks USING btree (priority DESC, run_at) WHERE (priority > 0);
+CREATE INDEX tasks_due ON shardq.tasks USING btree (run_at) WHERE (build_id IS NULL);
+CREATE INDEX tasks_fair ON shardq.tasks USING btree (tenant, run_at) WHERE ((priority = 0) AND (build_id IS NULL));
+CREATE INDEX tasks_pinned ON shardq.tasks USING btree (build_id, run_at) WHERE (build_id IS NOT NULL);
+CREATE INDEX tasks_pinned_urgent ON shardq.tasks USING btree (build_id, priority DESC, run_at) WHERE ((priority > 0) AND (build_id IS NOT NULL));
+CREATE INDEX tasks_urgent ON shardq.tasks USING btree (priority DESC, run_at) WHERE ((priority > 0) AND (build_id IS NULL));
 CREATE INDEX waits_age ON shardq.waits USING btree (kind, started_at);
 CREATE INDEX waits_deadline ON shardq.waits USING btree (deadline) WHERE (deadline IS NOT NULL);
 CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution_id) WHERE (kind = 'interrupt'::text);
@@ -350,7 +364,10 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.claim_fair(after_tenant text, want integer, claimable bit, OUT runs uuid[], OUT cursor_at text, OUT rest integer)
 --   RETURNS record
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
--- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision, min_priority smallint, after_tenant text)
+-- FUNCTION shardq.claim_pinned(build text, min_priority smallint, want integer, claimable bit, taken uuid[])
+--   RETURNS uuid[]
+--   LANGUAGE plpgsql VOLATILE SET enable_seqscan=off, jit=off
+-- FUNCTION shardq.claim_tasks(owner text, lim integer, lease_s double precision, min_priority smallint, after_tenant text, build text DEFAULT NULL::text)
 --   RETURNS TABLE(execution_id uuid, lease_token uuid, claims integer, tenant text, workflow_name text, workflow_version integer, workflow_id text, input text, cancel_requested boolean, db_now timestamp with time zone, history text, signals text, next_due_in double precision, trace text)
 --   LANGUAGE plpgsql VOLATILE SET enable_seqscan=off, jit=off
 -- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb, c_steps jsonb[])
@@ -395,6 +412,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.owns(ids uuid[])
 --   RETURNS boolean
 --   LANGUAGE plpgsql STABLE
+-- FUNCTION shardq.pinned_due(build text, claimable bit)
+--   RETURNS timestamp with time zone
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.purgeable_runs(p_retention_s double precision, p_workflows text[], p_listed boolean, p_limit integer)
 --   RETURNS TABLE(execution_id uuid)
 --   LANGUAGE sql STABLE
@@ -428,6 +448,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.take_rate_slot(p_limiter text, p_run uuid, p_position integer, p_attempt integer, p_park_after double precision)
 --   RETURNS double precision
 --   LANGUAGE plpgsql VOLATILE
+-- FUNCTION shardq.tasks_before(t timestamp with time zone)
+--   RETURNS SETOF shardq.tasks
+--   LANGUAGE sql STABLE
 -- FUNCTION shardq.unclean_writable()
 --   RETURNS bit
 --   LANGUAGE plpgsql STABLE

@@ -91,15 +91,22 @@ def _check_contents(new: Shard, contents: list[dict[str, Any]], *, ours: bool,
                           "schema beside what it holds")
 
 
-def copy_tenant_weights(source: Shard, target: Shard) -> None:
-    """Give the new shard `target` the tenants' weights `source` holds: every shard
-    applies the same ones in its claims (schema/0021)."""
+def copy_settings(source: Shard, target: Shard) -> None:
+    """Give the new shard `target` the operator's settings `source` holds, which every
+    shard holds alike: tenants' weights (schema/0021) and workflows' current builds
+    (schema/0026)."""
     with connect(source, autocommit=True) as conn:
-        rows = conn.execute(SQL["read_tenant_weights"]).fetchall()
-    if rows:
-        with connect(target, autocommit=True) as conn:
+        weights = conn.execute(SQL["read_tenant_weights"]).fetchall()
+        builds = conn.execute(SQL["read_workflow_builds"]).fetchall()
+    if weights or builds:
+        with connect(target) as conn, conn.transaction():
             conn.execute(SQL["copy_tenant_weights"], {
-                "tenants": [r["tenant"] for r in rows], "weights": [r["weight"] for r in rows]})
+                "tenants": [r["tenant"] for r in weights],
+                "weights": [r["weight"] for r in weights]})
+            conn.execute(SQL["copy_workflow_builds"], {
+                "workflows": [r["workflow_name"] for r in builds],
+                "builds": [r["build_id"] for r in builds],
+                "pinned": [r["pinned"] for r in builds]})
 
 
 def drop_new_schema(shard: Shard) -> None:

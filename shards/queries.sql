@@ -184,3 +184,14 @@ SELECT tenant, weight FROM shardq.tenant_weights ORDER BY tenant
 INSERT INTO shardq.tenant_weights (tenant, weight)
 SELECT * FROM unnest(%(tenants)s::text[], %(weights)s::int[])
 ON CONFLICT (tenant) DO UPDATE SET weight = excluded.weight, updated_at = now()
+
+-- name: read_workflow_builds
+-- Workflows' current builds (schema/0026), which every shard holds alike.
+SELECT workflow_name, build_id, pinned FROM shardq.workflow_builds ORDER BY workflow_name
+
+-- name: copy_workflow_builds
+-- A new shard takes the builds the home shard holds (`shardq shards add`).
+INSERT INTO shardq.workflow_builds AS b (workflow_name, build_id, pinned)
+SELECT * FROM unnest(%(workflows)s::text[], %(builds)s::text[], %(pinned)s::boolean[])
+ON CONFLICT (workflow_name) DO UPDATE
+SET build_id = excluded.build_id, pinned = excluded.pinned, updated_at = now()

@@ -31,7 +31,7 @@ from shardq.shards.errors import (
 )
 from shardq.shards.follow import newest_map
 from shardq.shards.migrations import migrate
-from shardq.shards.new_shard import check_new_database, copy_tenant_weights, drop_new_schema
+from shardq.shards.new_shard import check_new_database, copy_settings, drop_new_schema
 from shardq.shards.schema_files import Schema, load_schema
 from shardq.shards.sqlfile import load_queries
 
@@ -193,7 +193,7 @@ def add_shard(seeds: ShardMap, name: str, url: str, *, allow_nonempty: bool = Fa
             raise
         home = current.get(current.home)
         assert home is not None  # ShardMap checks its home is one of its shards
-        copy_tenant_weights(home, new)
+        copy_settings(home, new)
         _write_version(grown, [*current.shards, new])
     log.info("shard added", extra={"shard": name, "map_version": grown.version})
     return grown

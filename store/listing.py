@@ -172,6 +172,8 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         sa.Column("input", postgresql.JSONB),
         sa.Column("created_at", sa.DateTime(timezone=True)),
         sa.Column("priority", sa.SmallInteger),
+        sa.Column("build_id", sa.Text),
+        sa.Column("pinned", sa.Boolean),
     )
     history = sa.Table(
         "history", metadata,

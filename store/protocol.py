@@ -41,9 +41,11 @@ class WorkerStore(Protocol):
 
     def claim(
         self, shard: Shard, *, owner: str, limit: int, lease_s: float, min_priority: int = 0,
+        build: str | None = None,
     ) -> tuple[list[Claim], float | None]:
         """Lease up to `limit` due tasks, higher priority first (only priority >=
-        `min_priority` when it is above 0); also the seconds until the next is due."""
+        `min_priority` when it is above 0), unpinned or pinned to `build`; also the
+        seconds until the next is due."""
         ...
 
     def extend_leases(

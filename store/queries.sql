@@ -21,19 +21,23 @@ WITH input AS (
         AS i(id, workflow_id, input, concurrency_key, concurrency_limit)
     WHERE (SELECT shardq.fence(%(ids)b::uuid[]))
 ), inserted AS (
+    -- The runs record their workflow's current build, and are held to it when
+    -- it is pinned (schema/0026): one probe of a table of a row per workflow.
     INSERT INTO shardq.executions
         (id, tenant, workflow_name, workflow_version, workflow_id, input, gates, priority,
-         concurrency_key, concurrency_limit, trace)
-    SELECT id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, workflow_id, input,
-           %(gates)s::text[], %(priority)s, concurrency_key, concurrency_limit, %(trace)s
-    FROM input
+         concurrency_key, concurrency_limit, trace, build_id, pinned)
+    SELECT i.id, %(tenant)s, %(workflow_name)s, %(workflow_version)s, i.workflow_id, i.input,
+           %(gates)s::text[], %(priority)s, i.concurrency_key, i.concurrency_limit, %(trace)s,
+           b.build_id, coalesce(b.pinned, false)
+    FROM input i
+    LEFT JOIN shardq.workflow_builds b ON b.workflow_name = %(workflow_name)s
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
-    RETURNING id, workflow_id, concurrency_key
+    RETURNING id, workflow_id, concurrency_key, CASE WHEN pinned THEN build_id END AS build_id
 ), tasks AS (
     -- A keyed run over its key's limit waits in key_queue instead (shardq.admit_task,
     -- which reads the limits declare_limits wrote just before).
-    INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key, tenant)
-    SELECT id, now(), %(priority)s, concurrency_key, %(tenant)s FROM inserted
+    INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key, tenant, build_id)
+    SELECT id, now(), %(priority)s, concurrency_key, %(tenant)s, build_id FROM inserted
 ), notified AS (
     -- NOTIFY is a hint; one per statement however many rows, none if nothing new.
     -- 'urgent' for runs of a priority: a worker claims those without waiting for a
@@ -146,19 +150,21 @@ WHERE (SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
    OR get_bit(%(mine)s::bit(4096), shardq.bucket(q.execution_id)) = 1
 
 -- name: tenants_due
--- Tenants with runs due now at priority 0 and not running (shardq_tenants_due):
--- the claim's walk over tasks_fair, one descent per tenant, at most 10,000.
+-- Tenants with unpinned runs due now at priority 0 and not running
+-- (shardq_tenants_due; pinned runs are not shared between tenants): the claim's walk over tasks_fair, one descent per tenant, at most 10,000.
 WITH RECURSIVE walk(tenant, n) AS (
-    (SELECT t.tenant, 1 FROM shardq.tasks t WHERE t.priority = 0 ORDER BY t.tenant LIMIT 1)
+    (SELECT t.tenant, 1 FROM shardq.tasks t WHERE t.priority = 0 AND t.build_id IS NULL
+     ORDER BY t.tenant LIMIT 1)
     UNION ALL
-    SELECT (SELECT t.tenant FROM shardq.tasks t WHERE t.priority = 0 AND t.tenant > w.tenant
+    SELECT (SELECT t.tenant FROM shardq.tasks t
+            WHERE t.priority = 0 AND t.build_id IS NULL AND t.tenant > w.tenant
             ORDER BY t.tenant LIMIT 1), w.n + 1
     FROM walk w WHERE w.tenant IS NOT NULL AND w.n < 10000
 )
 SELECT count(*) AS n FROM walk w
 WHERE w.tenant IS NOT NULL AND EXISTS (
     SELECT 1 FROM shardq.tasks t
-    WHERE t.priority = 0 AND t.tenant = w.tenant AND t.run_at <= now()
+    WHERE t.priority = 0 AND t.build_id IS NULL AND t.tenant = w.tenant AND t.run_at <= now()
       AND (t.leased_until IS NULL OR t.leased_until <= now()))
 
 -- name: find_executions
@@ -194,7 +200,7 @@ SELECT format('LISTEN %%I', shardq.wake_channel()) AS statement
 -- the seconds until the next task is due and, as its tenant, where the next
 -- claim's walk over tenants starts. Body: schema/functions/claim_tasks.sql.
 SELECT * FROM shardq.claim_tasks(%(owner)s, %(limit)s, %(lease_s)s, %(min_priority)s::smallint,
-                                 %(after_tenant)s)
+                                 %(after_tenant)s, %(build)s)
 
 -- name: commit_turns
 -- A batch of turn commits, fenced by lease tokens. Each column travels as one
@@ -308,7 +314,7 @@ SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.inp
        x.created_at, x.priority, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
        o.payload->'error' AS error, o.recorded_at AS finished_at,
        coalesce(t.cancel_requested, false) AS cancel_requested, x.concurrency_key,
-       x.concurrency_key IS NOT NULL AND EXISTS (
+       x.build_id, x.pinned, x.concurrency_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM shardq.key_queue q WHERE q.execution_id = x.id) AS waiting_for_slot
 FROM shardq.executions x
 LEFT JOIN LATERAL (
@@ -535,22 +541,22 @@ SELECT count(*) AS n FROM shardq.signals s WHERE consumed_at IS NULL
 
 -- name: overdue_tasks
 -- Tasks due more than `grace` seconds ago and not running: nobody claims them
--- (missing workers), or their lease expired and nobody took it over (tasks_due;
--- a leased task is due again from its lease's expiry).
+-- (missing workers, or none of the build their runs are pinned to), or their
+-- lease expired and nobody took it over (shardq.tasks_before; a leased task is
+-- due again from its lease's expiry).
 SELECT count(*) AS n,
        extract(epoch FROM now() - min(greatest(run_at, leased_until)))::float8 AS oldest_s
-FROM shardq.tasks t WHERE run_at < now() - make_interval(secs => %(grace_s)s)
-  AND (leased_until IS NULL OR leased_until < now() - make_interval(secs => %(grace_s)s))
+FROM shardq.tasks_before(now() - make_interval(secs => %(grace_s)s)) t
+WHERE (leased_until IS NULL OR leased_until < now() - make_interval(secs => %(grace_s)s))
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 
 -- name: due_by_priority
 -- Tasks due now and not running, by priority level: the backlog each level
--- waits behind (docs/flow-control.md). The due range of tasks_due and of
--- tasks_urgent, as a claim reads them.
+-- waits behind (docs/flow-control.md), pinned runs included (shardq.tasks_before).
 SELECT priority, count(*) AS n
-FROM shardq.tasks t WHERE run_at <= now()
-  AND (leased_until IS NULL OR leased_until <= now())
+FROM shardq.tasks_before(now() + interval '1 microsecond') t
+WHERE (leased_until IS NULL OR leased_until <= now())
   AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
        OR get_bit(%(mine)s::bit(4096), shardq.bucket(t.execution_id)) = 1)
 GROUP BY priority
@@ -765,3 +771,76 @@ WHERE s.name = u.name
 -- The state of each of these runs of this shard.
 SELECT id, shardq.run_state(id) AS state FROM shardq.executions
 WHERE id = ANY(%(ids)b::uuid[]) AND (SELECT shardq.owns(%(ids)b::uuid[]))
+
+-- == Builds (schema/0026; docs/versioning.md, "Builds") ==
+
+-- name: workflow_builds
+-- Workflows' current builds on this shard (every shard holds the same rows).
+SELECT workflow_name, build_id, pinned FROM shardq.workflow_builds ORDER BY workflow_name
+
+-- name: set_workflow_build
+-- An operator's current build for a workflow, or none (NULL: the row goes, and
+-- new runs record no build and are pinned to none).
+WITH gone AS (
+    DELETE FROM shardq.workflow_builds
+    WHERE workflow_name = %(workflow)s AND %(build)s::text IS NULL
+)
+INSERT INTO shardq.workflow_builds AS b (workflow_name, build_id, pinned)
+SELECT %(workflow)s, %(build)s::text, %(pinned)s WHERE %(build)s::text IS NOT NULL
+ON CONFLICT (workflow_name) DO UPDATE
+SET build_id = excluded.build_id, pinned = excluded.pinned, updated_at = now()
+
+-- name: pinned_runs
+-- Runs pinned to a build and not finished, by workflow and build, of the buckets
+-- `mine` (executions_pinned, with a probe of history_outcome per pinned run:
+-- an operator's read, which costs the pinned runs the shard keeps).
+SELECT e.workflow_name, e.build_id, count(*) AS n
+FROM shardq.executions e
+WHERE e.pinned
+  AND NOT EXISTS (
+      SELECT 1 FROM shardq.history o
+      WHERE o.execution_id = e.id
+        AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
+  AND ((SELECT shardq.holds_exactly(%(mine)s::bit(4096)))
+       OR get_bit(%(mine)s::bit(4096), shardq.bucket(e.id)) = 1)
+GROUP BY 1, 2 ORDER BY 1, 2
+
+-- name: migrate_pinned_runs
+-- migrate-build's first step: the unfinished runs of `workflow` pinned to
+-- `from_build` move to `to_build` (NULL: pinned to none), and their task rows
+-- with them. A statement that read a run's old build before this commits may
+-- still write a task row with it: migrate_pinned_tasks, run once those
+-- transactions are over, moves those rows too.
+WITH moved AS (
+    UPDATE shardq.executions e
+    SET build_id = coalesce(%(to_build)s::text, e.build_id),
+        pinned = %(to_build)s::text IS NOT NULL
+    WHERE e.workflow_name = %(workflow)s AND e.pinned AND e.build_id = %(from_build)s
+      AND NOT EXISTS (
+          SELECT 1 FROM shardq.history o
+          WHERE o.execution_id = e.id
+            AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out'))
+    RETURNING e.id
+), tasks AS (
+    UPDATE shardq.tasks t SET build_id = %(to_build)s::text
+    FROM moved m WHERE t.execution_id = m.id
+)
+SELECT count(*) AS n FROM moved
+
+-- name: migrate_pinned_tasks
+-- migrate-build's second step: task rows still pinned to `from_build` whose run
+-- the first step moved (a range of tasks_pinned, then a key probe each).
+UPDATE shardq.tasks t SET build_id = CASE WHEN e.pinned THEN e.build_id END
+FROM shardq.executions e
+WHERE t.build_id = %(from_build)s AND e.id = t.execution_id
+  AND e.workflow_name = %(workflow)s AND NOT (e.pinned AND e.build_id = %(from_build)s)
+RETURNING t.execution_id
+
+-- name: older_transactions
+-- Transactions on this database still open that began before `since` (NULL: this
+-- statement's own clock, which it answers): migrate-build waits for them between its
+-- two steps. Sessions of other roles show no xact_start without pg_read_all_stats.
+SELECT s.since, (SELECT count(*) FROM pg_stat_activity a
+                 WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+                   AND a.xact_start < s.since) AS n
+FROM (SELECT coalesce(%(since)s::timestamptz, clock_timestamp()) AS since) s

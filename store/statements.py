@@ -154,6 +154,8 @@ def _execution(row: dict[str, Any]) -> Execution:
         priority=row["priority"],
         concurrency_key=row.get("concurrency_key"),
         waiting_for_slot=bool(row.get("waiting_for_slot")),
+        build_id=row["build_id"],
+        pinned=row["pinned"],
     )
 
 

@@ -53,6 +53,7 @@ from shardq.shards.connections import DictConnection
 from shardq.shards.pools import ShardPools
 from shardq.store import commits as commits_sql
 from shardq.store import listing, statements
+from shardq.store.builds import BuildStore
 from shardq.store.flow import FlowControlStore
 from shardq.store.params import InterruptDecision, Lease, SignalDelivery, StartBatch, StartSignalled
 from shardq.store.schedules import ScheduleStore
@@ -66,7 +67,7 @@ from shardq.store.statements import (
 log = logging.getLogger(__name__)
 
 
-class Store(FlowControlStore, ScheduleStore):
+class Store(FlowControlStore, ScheduleStore, BuildStore):
     """Shard-aware access to the queue tables; one instance per process is enough."""
 
     def __init__(self, pools: ShardPools) -> None:
@@ -150,9 +151,11 @@ class Store(FlowControlStore, ScheduleStore):
 
     def claim(
         self, shard: Shard, *, owner: str, limit: int, lease_s: float, min_priority: int = 0,
+        build: str | None = None,
     ) -> tuple[list[Claim], float | None]:
         """Lease up to `limit` due tasks, each with a fresh token, history and pending signals,
-        higher priority first (of `min_priority` and up only, when it is above 0).
+        higher priority first (of `min_priority` and up only, when it is above 0): unpinned
+        ones, and those pinned to `build` when the worker runs one (schema/0026).
 
         Also returns the seconds until the next task is due (None when there is
         none), read in the same round trip.
@@ -162,7 +165,7 @@ class Store(FlowControlStore, ScheduleStore):
             rows = cur.execute(SQL["claim_tasks"], {
                 "owner": owner, "limit": limit, "lease_s": lease_s,
                 "min_priority": min_priority,
-                "after_tenant": self._fair_cursor.get(shard.name)}).fetchall()
+                "after_tenant": self._fair_cursor.get(shard.name), "build": build}).fetchall()
         # The function's last row: the cursor of its walk over tenants (as its tenant),
         # next_due_in (in the column before the trace).
         last = rows.pop()

@@ -53,7 +53,7 @@ from .support import Daemon, TcpProxy
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions", "concurrency_keys",
           "key_queue", "tenant_weights", "rate_limiters", "rate_reservations", "children",
-          "schedules")
+          "schedules", "workflow_builds")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
 
 

@@ -114,7 +114,9 @@ class MemoryStore:
 
     def claim(
         self, shard: Shard, *, owner: str, limit: int, lease_s: float, min_priority: int = 0,
+        build: str | None = None,
     ) -> tuple[list[Claim], float | None]:
+        # No run here is pinned to a build (schema/0026): any worker's claim takes them.
         due = [(i, t) for i, t in self.tasks.items() if self._claimable(t)
                and (min_priority <= 0 or t.priority >= min_priority)]
         due.sort(key=lambda it: (-it[1].priority, it[1].run_at, self._order[it[0]]))

@@ -7,7 +7,9 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
+from shardq.core.builds import check_build_id
 from shardq.core.daemons import MIN_POLL_S
+from shardq.core.errors import InvalidArgument
 from shardq.core.rules import Limits
 from shardq.workflow.registry import DEFAULT_RETENTION_S
 
@@ -35,11 +37,19 @@ class WorkerConfig:
     limits: Limits = field(default_factory=Limits)
     """Bounds on what runs send (`ctx.signal_external` payloads and keys), as a Client's
     `limits` bound what its callers send: give both the same."""
+    build_id: str | None = None
+    """The build of the code this worker runs (docs/versioning.md, "Builds"): it claims
+    runs pinned to this build as well as unpinned ones. None: unpinned ones only."""
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
 
     def __post_init__(self) -> None:
+        if self.build_id is not None:
+            try:
+                check_build_id(self.build_id)
+            except InvalidArgument as exc:
+                raise ValueError(str(exc)) from None
         if self.concurrency < 1 or self.batch_size < 1 or self.commit_batch < 1:
             raise ValueError("concurrency, batch size and commit batch must be >= 1")
         if self.lease_s <= 0 or self.drain_timeout_s < 0:

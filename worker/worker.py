@@ -313,7 +313,8 @@ class Worker:
         try:
             claims, due_in = self.store.claim(shard, owner=self.config.owner, limit=limit,
                                               lease_s=self.config.lease_s,
-                                              min_priority=min_priority)
+                                              min_priority=min_priority,
+                                              build=self.config.build_id)
         except ShardqError as exc:
             # The shard is down, read-only, restarting, or holds another map
             # (the process is being stopped for that): one line, not a trace.

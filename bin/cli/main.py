@@ -3,6 +3,7 @@
 The root group and its options are here; each group of commands has a module:
 
 - workflow.py: `workflow ...`, start, signal, inspect, decide and cancel runs;
+- builds.py: `workflow builds|set-build|clear-build|migrate-build`, build pinning;
 - limits.py: `limits ...`, concurrency limits per key;
 - fairness.py: `fairness ...`, tenants' weights in fair claims;
 - rates.py: `rates ...`, rate limiters;
@@ -27,6 +28,7 @@ from pathlib import Path
 import click
 
 from shardq.bin.cli import (
+    builds,
     dev,
     fairness,
     limits,
@@ -77,6 +79,8 @@ for command in (*workflow.COMMANDS, *limits.COMMANDS, *fairness.COMMANDS, *rates
                 *shard_map.COMMANDS, *operations.COMMANDS, *worker.COMMANDS, *serve.COMMANDS,
                 *dev.COMMANDS):
     cli.add_command(command)
+for command in builds.WORKFLOW_COMMANDS:
+    workflow.workflow.add_command(command)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -52,6 +52,17 @@ def _moment(_ctx: click.Context, param: click.Parameter, value: str | None) -> d
     return parsed
 
 
+def _builds(_ctx: click.Context, param: click.Parameter,
+            value: tuple[str, ...]) -> tuple[str, ...]:
+    from shardq.core.builds import check_build_id
+    from shardq.core.errors import InvalidArgument
+
+    try:
+        return tuple(check_build_id(v) for v in value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
 @click.command("replay")
 @json_option
 @app_option
@@ -65,6 +76,9 @@ def _moment(_ctx: click.Context, param: click.Parameter, value: str | None) -> d
 @click.option("--since", callback=_moment, help="Only runs created at or after this time.")
 @click.option("--until", callback=_moment, help="Only runs created before this time.")
 @click.option("--tenant", help="Only runs of this tenant (default: every tenant).")
+@click.option("--build", "builds", multiple=True, callback=_builds,
+              help="Only runs started on this build (repeatable; runs on the shards only): "
+                   "the check before `workflow migrate-build`.")
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most this many runs.")
 @click.option("--show", type=click.IntRange(min=0), default=20, show_default=True,
               help="Divergent runs printed in full (all are counted).")
@@ -72,7 +86,7 @@ def _moment(_ctx: click.Context, param: click.Parameter, value: str | None) -> d
 def replay(
     settings: Settings, app: str | None, files: tuple[Path, ...], workflows: tuple[str, ...],
     states: tuple[str, ...], since: datetime | None, until: datetime | None,
-    tenant: str | None, limit: int | None, show: int,
+    tenant: str | None, builds: tuple[str, ...], limit: int | None, show: int,
 ) -> None:
     """Replay recorded histories against the code in --app, writing nothing; exit 10 when
     any run's history no longer replays (for CI: docs/versioning.md)."""
@@ -84,13 +98,17 @@ def replay(
         registry = load_registry(app)
     wanted = {State(s) for s in states}
     started = time.monotonic()
+    if files and builds:
+        fail("--build selects runs on the shards: an exported history records no build",
+             EXIT_USAGE)
     if files:
         runs = _filtered(_read_files(files), set(workflows), wanted, since, until, tenant)
         summary = _summary(_checked(registry, runs, limit), show, started)
     else:
         with app_client(settings, app) as client, errors_as_exit_codes():
             runs = recorded_runs(client, workflows=workflows, states=sorted(wanted),
-                                 since=since, until=until, tenant=tenant, limit=limit)
+                                 since=since, until=until, tenant=tenant, builds=builds,
+                                 limit=limit)
             summary = _summary(_checked(registry, runs, None), show, started)
     diverged = summary["diverged"]
     lines = [f"DIVERGED {d['execution_id']} {d['workflow']} {d['workflow_id']!r} "

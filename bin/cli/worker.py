@@ -10,6 +10,7 @@ from shardq.bin.cli.common import (
     Seconds,
     Settings,
     app_option,
+    by_rule,
     errors_as_exit_codes,
     exit_if_fatal,
     json_option,
@@ -20,6 +21,7 @@ from shardq.bin.cli.common import (
     serve_daemon_metrics,
     stop_on_signals,
 )
+from shardq.core.builds import check_build_id
 from shardq.shards.errors import ConfigError
 
 log = logging.getLogger("shardq.cli")
@@ -40,13 +42,17 @@ log = logging.getLogger("shardq.cli")
 @click.option("--housekeeping-interval", default=300.0, show_default=True,
               type=Seconds(zero_ok=True),
               help="Seconds between purges of finished runs past retention (0: never).")
+@click.option("--build-id", default=None, envvar="SHARDQ_BUILD_ID",
+              callback=by_rule(lambda value: None if value is None else check_build_id(value)),
+              help="The build of the code in --app: claim runs pinned to it as well as "
+                   "unpinned ones (docs/versioning.md). Also SHARDQ_BUILD_ID.")
 @retention_option
 @metrics_options
 @pass_settings
 def worker(
     settings: Settings, app: str | None, only: tuple[str, ...], concurrency: int, batch_size: int,
     lease_s: float, poll_interval: float, drain_timeout: float, housekeeping_interval: float,
-    default_retention: float, metrics_port: int | None, metrics_host: str,
+    build_id: str | None, default_retention: float, metrics_port: int | None, metrics_host: str,
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
 
@@ -71,7 +77,7 @@ def worker(
                 concurrency=concurrency, batch_size=batch_size, lease_s=lease_s,
                 poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
                 housekeeping_interval_s=housekeeping_interval,
-                default_retention_s=default_retention,
+                default_retention_s=default_retention, build_id=build_id,
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -87,7 +93,8 @@ def worker(
     running = Worker(Store(pools), registry, shards=served if only else None,
                      config=config).start()
     click.echo(f"worker {config.owner} serving {', '.join(s.name for s in running.shards)}"
-               f"{'' if only else ' and the shards the map adds'}", err=True)
+               f"{'' if only else ' and the shards the map adds'}"
+               f"{f', build {build_id}' if build_id else ''}", err=True)
     stop.wait()
     released = running.stop()
     pools.close()

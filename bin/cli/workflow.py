@@ -411,6 +411,9 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
     if execution.concurrency_key is not None:
         lines.append(f"  concurrency key {execution.concurrency_key!r}"
                      + (": waiting for a slot" if execution.waiting_for_slot else ""))
+    if execution.build_id is not None:
+        lines.append(f"  build {execution.build_id}"
+                     + (" (pinned)" if execution.pinned else " (any worker)"))
     if view.rate_limited is not None:
         lines.append(f"  rate limited by {view.rate_limited.limiter!r} until "
                      f"{view.rate_limited.until.isoformat()}")

@@ -165,7 +165,7 @@ def _execution(e: Execution) -> dict[str, Any]:
             "state": e.state.value, "input": e.input, "output": e.output, "error": e.error,
             "cancel_requested": e.cancel_requested, "created_at": e.created_at.isoformat(),
             "priority": e.priority, "concurrency_key": e.concurrency_key,
-            "waiting_for_slot": e.waiting_for_slot,
+            "waiting_for_slot": e.waiting_for_slot, "build_id": e.build_id, "pinned": e.pinned,
             "finished_at": e.finished_at.isoformat() if e.finished_at else None}
 
 

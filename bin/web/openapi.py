@@ -36,6 +36,7 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
     "cancel_requested": {"type": "boolean"}, "created_at": {"type": "string"},
     "priority": {"type": "integer"},
     "concurrency_key": {"type": ["string", "null"]}, "waiting_for_slot": {"type": "boolean"},
+    "build_id": {"type": ["string", "null"]}, "pinned": {"type": "boolean"},
     "finished_at": {"type": ["string", "null"]},
     "open_wait": {"type": ["object", "null"]},
     "rate_limited": {"type": ["object", "null"], "properties": {

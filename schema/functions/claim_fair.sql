@@ -18,6 +18,9 @@
 -- is left when tenants past the 32 may have due work, or some were still full
 -- after three rounds; none when every tenant was visited and ran out.
 --
+-- Unpinned rows only (schema/0026): tasks_fair holds no pinned row, and a
+-- build's pinned runs are claimed by shardq.claim_pinned.
+--
 -- Generic plans, unlike the claim's own statements: every statement here finds
 -- its rows by tenant, which a plan need not guess about, and planning the
 -- sharing statement afresh cost about as much as running it (measured: a claim
@@ -45,10 +48,12 @@ BEGIN
         tenants := ARRAY(
             WITH RECURSIVE walk(tenant, n) AS (
                 SELECT (SELECT min(t.tenant) FROM shardq.tasks t
-                        WHERE t.priority = 0 AND t.tenant > after_tenant), 1
+                        WHERE t.priority = 0 AND t.build_id IS NULL
+                          AND t.tenant > after_tenant), 1
                 UNION ALL
                 SELECT (SELECT min(t.tenant) FROM shardq.tasks t
-                        WHERE t.priority = 0 AND t.tenant > w.tenant), w.n + 1
+                        WHERE t.priority = 0 AND t.build_id IS NULL
+                          AND t.tenant > w.tenant), w.n + 1
                 FROM walk w WHERE w.tenant IS NOT NULL AND w.n < 32
             )
             SELECT w.tenant FROM walk w WHERE w.tenant IS NOT NULL ORDER BY w.n);
@@ -56,11 +61,13 @@ BEGIN
     IF cardinality(tenants) < 32 THEN
         tenants := tenants || ARRAY(
             WITH RECURSIVE walk(tenant, n) AS (
-                SELECT (SELECT min(t.tenant) FROM shardq.tasks t WHERE t.priority = 0),
+                SELECT (SELECT min(t.tenant) FROM shardq.tasks t
+                        WHERE t.priority = 0 AND t.build_id IS NULL),
                        cardinality(tenants) + 1
                 UNION ALL
                 SELECT (SELECT min(t.tenant) FROM shardq.tasks t
-                        WHERE t.priority = 0 AND t.tenant > w.tenant), w.n + 1
+                        WHERE t.priority = 0 AND t.build_id IS NULL
+                          AND t.tenant > w.tenant), w.n + 1
                 FROM walk w
                 WHERE w.tenant IS NOT NULL AND w.n < 32
                   AND (after_tenant IS NULL OR w.tenant < after_tenant)
@@ -100,7 +107,8 @@ BEGIN
                 SELECT array_agg(r.execution_id) AS ids FROM (
                     SELECT d.execution_id
                     FROM shardq.tasks d
-                    WHERE d.tenant = c.tenant AND d.priority = 0 AND d.run_at <= now()
+                    WHERE d.tenant = c.tenant AND d.priority = 0 AND d.build_id IS NULL
+                      AND d.run_at <= now()
                       AND (d.leased_until IS NULL OR d.leased_until <= now())
                       AND (claimable IS NULL
                            OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)

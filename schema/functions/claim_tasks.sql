@@ -13,6 +13,14 @@
 -- until the next task is due (timer, retry or lease expiry) and, as its
 -- tenant, the cursor the caller passes to its next claim.
 --
+-- Builds (schema/0026): a worker of a build (`build`) takes its build's pinned
+-- runs (shardq.claim_pinned) as well as unpinned ones: half its batch first,
+-- then the unpinned passes below, then its pinned runs again for what they
+-- left, so neither kind waits behind a backlog of the other. A worker without
+-- a build claims unpinned runs only. Every unpinned pass reads the indexes
+-- that hold no pinned row (`build_id IS NULL`): another build's due runs are
+-- never stepped over.
+--
 -- Fairness (schema/0021): the priority-0 part of the batch is first shared
 -- between tenants (shardq.claim_fair); what it leaves comes from tasks_due in
 -- due order, so a claim never leaves due work unclaimed that it had room for.
@@ -33,7 +41,8 @@
 -- that has no index to use (the one-row ownership table) is then priced past
 -- jit_above_cost, and compiling it took 0.2 s a claim.
 CREATE OR REPLACE FUNCTION shardq.claim_tasks(
-    owner text, lim integer, lease_s float8, min_priority smallint, after_tenant text)
+    owner text, lim integer, lease_s float8, min_priority smallint, after_tenant text,
+    build text DEFAULT NULL)
 RETURNS TABLE (
     execution_id     uuid,
     lease_token      uuid,
@@ -70,30 +79,57 @@ DECLARE
     want      integer;
     fair      uuid[] := '{}';
     cursor_at text := after_tenant;
+    -- Priority-0 rows past the fair pass, and the pinned runs of the worker's build.
+    rest      uuid[] := '{}';
+    pinned    uuid[] := '{}';
 BEGIN
     claimable := shardq.unclean_writable();
+    IF build IS NOT NULL THEN
+        pinned := shardq.claim_pinned(build, min_priority, lim - lim / 2, claimable, '{}');
+    END IF;
 
     -- A level's due rows are a range of tasks_urgent that stops at now(); its
     -- future timers are never read. Levels with nothing due cost a probe each.
-    level := (SELECT max(t.priority) FROM shardq.tasks t WHERE t.priority > 0);
-    WHILE level >= min_priority AND cardinality(urgent) < lim LOOP
+    level := (SELECT max(t.priority) FROM shardq.tasks t
+              WHERE t.priority > 0 AND t.build_id IS NULL);
+    WHILE level >= min_priority AND cardinality(pinned) + cardinality(urgent) < lim LOOP
         urgent := urgent || ARRAY(
             SELECT d.execution_id
             FROM shardq.tasks d
-            WHERE d.priority = level AND d.run_at <= now()
+            WHERE d.priority = level AND d.build_id IS NULL AND d.run_at <= now()
               AND (d.leased_until IS NULL OR d.leased_until <= now())
               AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
             ORDER BY d.priority DESC, d.run_at
-            LIMIT lim - cardinality(urgent)
+            LIMIT lim - cardinality(pinned) - cardinality(urgent)
             FOR UPDATE SKIP LOCKED);
         level := (SELECT max(t.priority) FROM shardq.tasks t
-                  WHERE t.priority > 0 AND t.priority < level);
+                  WHERE t.priority > 0 AND t.build_id IS NULL AND t.priority < level);
     END LOOP;
 
-    want := CASE WHEN min_priority > 0 THEN 0 ELSE lim - cardinality(urgent) END;
+    want := CASE WHEN min_priority > 0 THEN 0
+                 ELSE lim - cardinality(pinned) - cardinality(urgent) END;
     IF want > 0 THEN
         SELECT f.runs, f.cursor_at, f.rest INTO fair, cursor_at, want
         FROM shardq.claim_fair(after_tenant, want, claimable) f;
+    END IF;
+    IF want > 0 THEN
+        -- Priority 0 past the fair pass. Rows it took are locked by this
+        -- transaction, which SKIP LOCKED does not skip: excluded by id.
+        rest := ARRAY(
+            SELECT d.execution_id
+            FROM shardq.tasks d
+            WHERE d.run_at <= now() AND d.priority = 0 AND d.build_id IS NULL
+              AND (d.leased_until IS NULL OR d.leased_until <= now())
+              AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
+              AND d.execution_id <> ALL(fair)
+            ORDER BY d.run_at
+            LIMIT want
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    want := lim - cardinality(pinned) - cardinality(urgent) - cardinality(fair)
+            - cardinality(rest);
+    IF build IS NOT NULL AND want > 0 THEN
+        pinned := pinned || shardq.claim_pinned(build, min_priority, want, claimable, pinned);
     END IF;
 
     -- Losing a claim in a server crash only leaves its task due (the turn's
@@ -108,19 +144,7 @@ BEGIN
             lease_owner = owner,
             leased_until = now() + make_interval(secs => lease_s),
             claims = t.claims + 1
-        WHERE t.execution_id = ANY(urgent || fair || ARRAY(
-            -- Priority 0 past the fair pass. Rows it took are locked by this
-            -- transaction, which SKIP LOCKED does not skip: excluded by id.
-            SELECT d.execution_id
-            FROM shardq.tasks d
-            WHERE d.run_at <= now() AND d.priority = 0
-              AND (d.leased_until IS NULL OR d.leased_until <= now())
-              AND (claimable IS NULL OR get_bit(claimable, shardq.bucket(d.execution_id)) = 1)
-              AND d.execution_id <> ALL(fair)
-            ORDER BY d.run_at
-            LIMIT want
-            FOR UPDATE SKIP LOCKED
-        ))
+        WHERE t.execution_id = ANY(urgent || fair || rest || pinned)
         RETURNING t.execution_id, t.lease_token, t.claims, t.cancel_requested, t.priority
     )
     SELECT
@@ -157,21 +181,23 @@ BEGIN
     -- timer (or moved lease) and the first expiry among the live leases at the
     -- head of tasks_due. That head is read up to 1,000 rows: an expiry past
     -- them is found by the worker's poll instead, a rescue later, not lost.
+    -- The same of the worker's build's pinned rows.
     RETURN QUERY
     SELECT NULL::uuid, NULL::uuid, NULL::integer, cursor_at, NULL::text, NULL::integer,
            NULL::text, NULL::text, NULL::boolean, now(), NULL::text, NULL::text,
            CASE WHEN claimed >= lim THEN 0::float8 ELSE
                extract(epoch FROM least(
                    (SELECT min(t.run_at) FROM shardq.tasks t
-                    WHERE t.run_at > now()
+                    WHERE t.run_at > now() AND t.build_id IS NULL
                       AND (claimable IS NULL
                            OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1)),
                    (SELECT min(coalesce(h.leased_until, h.run_at)) FROM (
                         SELECT t.run_at, t.leased_until FROM shardq.tasks t
-                        WHERE t.run_at <= now()
+                        WHERE t.run_at <= now() AND t.build_id IS NULL
                           AND (claimable IS NULL
                                OR get_bit(claimable, shardq.bucket(t.execution_id)) = 1)
-                        ORDER BY t.run_at LIMIT 1000) h)
+                        ORDER BY t.run_at LIMIT 1000) h),
+                   CASE WHEN build IS NOT NULL THEN shardq.pinned_due(build, claimable) END
                ) - now())::float8 END,
            NULL::text;
 END

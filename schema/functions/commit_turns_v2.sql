@@ -344,8 +344,9 @@ BEGIN
         -- nor a wait, and its next turn finds the decision in its history.
         IF c_states && ARRAY['waiting', 'input_required'] THEN
             INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
-                                      tenant)
-            SELECT c.id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                      tenant, build_id)
+            SELECT c.id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+                   CASE WHEN e.pinned THEN e.build_id END
             FROM unnest(c_ids, c_states) AS c(id, state)
             JOIN shardq.executions e ON e.id = c.id
             WHERE c.id = ANY(deleting) AND c.state IN ('waiting', 'input_required')
@@ -375,8 +376,9 @@ BEGIN
     -- waits on several names (a condition) has a row per name.
     IF cardinality(p_ids) > 0 THEN
         INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
-                                  tenant)
-        SELECT DISTINCT p.id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                  tenant, build_id)
+        SELECT DISTINCT p.id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+               CASE WHEN e.pinned THEN e.build_id END
         FROM unnest(p_ids, p_names) AS p(id, name)
         JOIN shardq.executions e ON e.id = p.id
         WHERE (all_fenced OR (p.id = ANY(fenced) AND NOT p.id = ANY(cancelling)))
@@ -408,8 +410,9 @@ BEGIN
             RETURNING w.execution_id, l.need
         )
         INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
-                                  tenant)
-        SELECT e.id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                  tenant, build_id)
+        SELECT e.id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+               CASE WHEN e.pinned THEN e.build_id END
         FROM counted c JOIN shardq.executions e ON e.id = c.execution_id
         WHERE c.need <= 0
         ON CONFLICT (execution_id) DO UPDATE
@@ -624,12 +627,25 @@ BEGIN
             DELETE FROM shardq.signals s
             WHERE s.execution_id = ANY(continued_runs) AND s.consumed_at IS NOT NULL
         ), renewed AS (
-            UPDATE shardq.executions x SET input = n.input FROM nxt n WHERE x.id = n.id
+            -- The next generation takes its workflow's current build (schema/0026):
+            -- continuing as new is how a run that never ends moves to new code.
+            UPDATE shardq.executions x
+            SET input = n.input,
+                build_id = (SELECT b.build_id FROM shardq.workflow_builds b
+                            WHERE b.workflow_name = x.workflow_name),
+                pinned = coalesce((SELECT b.pinned FROM shardq.workflow_builds b
+                                   WHERE b.workflow_name = x.workflow_name), false)
+            FROM nxt n WHERE x.id = n.id
         )
         INSERT INTO shardq.history (execution_id, position, kind, name, payload)
         SELECT n.id, NULL, 'run.continued', 'run',
                jsonb_build_object('generation', n.generation, 'base', n.base)
         FROM nxt n;
+        UPDATE shardq.tasks t
+        SET build_id = CASE WHEN e.pinned THEN e.build_id END
+        FROM shardq.executions e
+        WHERE t.execution_id = ANY(continued_runs) AND e.id = t.execution_id
+          AND t.build_id IS DISTINCT FROM CASE WHEN e.pinned THEN e.build_id END;
         PERFORM shardq.runs_ended(continued_runs);
         DELETE FROM shardq.children c WHERE c.parent_id = ANY(continued_runs);
     END IF;

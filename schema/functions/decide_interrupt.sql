@@ -126,8 +126,9 @@ BEGIN
     DELETE FROM shardq.waits wt WHERE wt.execution_id = p_id;
     -- Due now; the row is not the run's first, so its claim reads history.
     INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority, concurrency_key,
-                                     tenant)
-    SELECT p_id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                     tenant, build_id)
+    SELECT p_id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+           CASE WHEN e.pinned THEN e.build_id END
     FROM shardq.executions e WHERE e.id = p_id
     ON CONFLICT (execution_id) DO UPDATE SET run_at = now() WHERE cur.lease_token IS NULL
     RETURNING cur.priority INTO woken_priority;

@@ -53,8 +53,9 @@ LANGUAGE sql VOLATILE AS $$
         -- Due now if no worker holds it; a leased parent counts what arrived
         -- when its turn parks (commit_turns_v2).
         INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority,
-                                         concurrency_key, tenant)
-        SELECT e.id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                         concurrency_key, tenant, build_id)
+        SELECT e.id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+               CASE WHEN e.pinned THEN e.build_id END
         FROM counted c JOIN shardq.executions e ON e.id = c.execution_id
         WHERE c.need <= 0
         ON CONFLICT (execution_id) DO UPDATE SET run_at = now()

@@ -133,8 +133,9 @@ BEGIN
             -- Due now if the run is parked on this name and no worker holds it.
             -- The task row is not the run's first: its claim reads history.
             INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority,
-                                             concurrency_key, tenant)
-            SELECT n.execution_id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                             concurrency_key, tenant, build_id)
+            SELECT n.execution_id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+                   CASE WHEN e.pinned THEN e.build_id END
             FROM inserted n
             CROSS JOIN LATERAL (
                 SELECT w.kind, w.name, w.request FROM shardq.waits w
@@ -209,8 +210,9 @@ BEGIN
         ), woken AS (
             -- Due now if the run is parked on this name and no worker holds it.
             INSERT INTO shardq.tasks AS cur (execution_id, run_at, claims, priority,
-                                             concurrency_key, tenant)
-            SELECT w.execution_id, now(), 1, e.priority, e.concurrency_key, e.tenant
+                                             concurrency_key, tenant, build_id)
+            SELECT w.execution_id, now(), 1, e.priority, e.concurrency_key, e.tenant,
+                   CASE WHEN e.pinned THEN e.build_id END
             FROM shardq.waits w JOIN inserted n ON n.execution_id = w.execution_id
             JOIN shardq.executions e ON e.id = w.execution_id
             WHERE (w.kind = 'signal' AND w.name = p_names[i])

@@ -29,8 +29,9 @@ BEGIN
         RETURNING q.execution_id, q.concurrency_key, q.priority, q.claims
     ), woken AS (
         INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, concurrency_key,
-                                  tenant)
-        SELECT g.execution_id, now(), g.claims, g.priority, g.concurrency_key, e.tenant
+                                  tenant, build_id)
+        SELECT g.execution_id, now(), g.claims, g.priority, g.concurrency_key, e.tenant,
+               CASE WHEN e.pinned THEN e.build_id END
         FROM gone g JOIN shardq.executions e ON e.id = g.execution_id
         ON CONFLICT (execution_id) DO NOTHING
         RETURNING priority, concurrency_key

@@ -41,19 +41,25 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     run uuid;
     is_new boolean := false;
+    task_build text;
 BEGIN
+    -- The workflow's current build (schema/0026), as any start.
     INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
                                    input, gates, priority, concurrency_key,
-                                   concurrency_limit)
-    VALUES (p_new_id, p_tenant, p_workflow_name, p_workflow_version, p_workflow_id, p_input,
-            p_gates, p_priority, p_concurrency_key, p_concurrency_limit)
+                                   concurrency_limit, build_id, pinned)
+    SELECT p_new_id, p_tenant, p_workflow_name, p_workflow_version, p_workflow_id, p_input,
+           p_gates, p_priority, p_concurrency_key, p_concurrency_limit, b.build_id,
+           coalesce(b.pinned, false)
+    FROM (SELECT 1) one
+    LEFT JOIN shardq.workflow_builds b ON b.workflow_name = p_workflow_name
     ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
-    RETURNING id INTO run;
+    RETURNING id, CASE WHEN pinned THEN build_id END INTO run, task_build;
     IF run IS NOT NULL THEN
         is_new := true;
         -- A keyed run over its limit waits in key_queue (shardq.admit_task).
-        INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key, tenant)
-        VALUES (run, now(), p_priority, p_concurrency_key, p_tenant);
+        INSERT INTO shardq.tasks (execution_id, run_at, priority, concurrency_key, tenant,
+                                  build_id)
+        VALUES (run, now(), p_priority, p_concurrency_key, p_tenant, task_build);
         PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(p_priority));
     ELSE
         SELECT x.id INTO run FROM shardq.executions x

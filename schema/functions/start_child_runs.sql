@@ -24,18 +24,20 @@ BEGIN
     WITH doc AS MATERIALIZED (
         SELECT * FROM shardq.child_docs(p_docs)
     ), inserted AS (
+        -- A child takes its own workflow's current build (schema/0026), as any start.
         INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                       input, gates, priority, parent_id)
+                                       input, gates, priority, parent_id, build_id, pinned)
         SELECT d.id, d.tenant, d.workflow, d.version, d.workflow_id, d.input, d.gates,
-               d.priority, d.parent
-        FROM doc d ORDER BY d.o
+               d.priority, d.parent, b.build_id, coalesce(b.pinned, false)
+        FROM doc d LEFT JOIN shardq.workflow_builds b ON b.workflow_name = d.workflow
+        ORDER BY d.o
         ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING
-        RETURNING id
+        RETURNING id, CASE WHEN pinned THEN build_id END AS task_build
     ), made AS MATERIALIZED (
-        SELECT d.* FROM doc d JOIN inserted i ON i.id = d.id
+        SELECT d.*, i.task_build FROM doc d JOIN inserted i ON i.id = d.id
     ), queued AS (
-        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, tenant)
-        SELECT m.id, now(), 1, m.priority, m.tenant FROM made m
+        INSERT INTO shardq.tasks (execution_id, run_at, claims, priority, tenant, build_id)
+        SELECT m.id, now(), 1, m.priority, m.tenant, m.task_build FROM made m
     ), marked AS (
         INSERT INTO shardq.history (execution_id, position, kind, name, payload)
         SELECT m.id, NULL, 'child.of', m.workflow_id,

@@ -72,8 +72,12 @@ def test_add_then_remove_an_empty_shard_on_another_server(
         1, [[[0, 2047]], [[2048, 4095]]])
     assert before["moves"] == []
 
+    # An operator's settings every shard holds alike reach the new one too.
+    _ok(deployment.cli("--json", "workflow", "set-build", "order", "b7", "--policy", "any"))
     added = _ok(deployment.cli("shards", "add", "shard-2", new_url, "--json"))
     assert (added["version"], added["shard"]) == (2, "shard-2")
+    assert rows(new_url, "SELECT workflow_name, build_id, pinned FROM shardq.workflow_builds"
+                ) == [("order", "b7", False)]
     assert [(s["name"], s["ranges"]) for s in added["shards"]] == [
         ("shard-0", [[0, 2047]]), ("shard-1", [[2048, 4095]]), ("shard-2", [])]
     # Version 2 on every shard, the new one included; it owns no bucket, same deployment.

@@ -26,7 +26,11 @@ from shardq.store.async_store import AsyncStore
 from shardq.store.store import Store
 
 PAIRS: list[tuple[type, type, dict[str, str], dict[str, str]]] = [
-    (Client, AsyncClient, {}, {
+    (Client, AsyncClient, {
+        "set_workflow_build": "operators' calls (shardq workflow set-build)",
+        "workflow_builds": "operators' calls (shardq workflow builds)",
+        "migrate_build": "operators' calls (shardq workflow migrate-build)",
+    }, {
         "open": "the async pools open on the event loop; Client.connect opens its own",
     }),
     (Store, AsyncStore, {
@@ -41,6 +45,8 @@ PAIRS: list[tuple[type, type, dict[str, str], dict[str, str]]] = [
         "takes_writes": "relay", "transaction": "relay and mover",
         "claim_schedules": "worker's ticker", "next_schedule_in": "worker's ticker",
         "run_states": "worker's ticker", "read_histories": "shardq replay",
+        "workflow_builds": "operators", "set_workflow_build": "operators",
+        "pinned_runs": "operators", "migrate_build": "operators",
     }, {}),
     (pools.ShardPools, async_pools.AsyncShardPools, {
         "fatal": "daemons stop on a map or schema mismatch; serve answers 503 instead",

@@ -58,6 +58,16 @@ def noop(ctx: WorkflowContext) -> None:
     ctx.step("run", _nothing)
 
 
+@registry.workflow("family")
+def family(ctx: WorkflowContext) -> str:
+    """Two `noop` children with the input's tag in their ids, waited for: a run the inbox
+    shows with its children."""
+    tag = ctx.input["tag"]
+    ctx.wait_children([ctx.start_child("noop", f"{ctx.workflow_id}.{tag}.{i}")
+                       for i in range(2)])
+    return "done"
+
+
 @registry.workflow("steps3")
 def steps3(ctx: WorkflowContext) -> int:
     """Steps "a", "b" and "c", each doing nothing; returns 3."""

@@ -60,6 +60,7 @@ from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
 from shardq.core.errors import DecisionRefused, InvalidArgument, PayloadInvalid
 from shardq.core.models import Event, HistoryEvent, State
+from shardq.core.rules import check_name
 from shardq.shards.config import ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
@@ -318,7 +319,21 @@ async def run_history(request: Request, tenant: str) -> Response:
     client = shared(request).client
     ident = _execution_id(request)
     view = await client.describe(ident, tenant=tenant)
-    return render(request, "run.html", execution=view.execution, events=view.history)
+    parent = next((e.payload for e in view.history if e.kind == Event.CHILD_OF), None)
+    return render(request, "run.html", execution=view.execution, events=view.history,
+                  children=view.children, parent=parent)
+
+
+@_page
+async def schedules(request: Request, tenant: str) -> Response:
+    client = shared(request).client
+    after = request.query_params.get("after") or ""
+    if after:
+        check_name(after, "schedule")  # a page cursor: a schedule's name
+    found = await client.schedules(tenant=tenant, after=after, limit=PAGE + 1)
+    more = (f"/inbox/schedules?{urlencode({'after': found[PAGE - 1].name})}"
+            if len(found) > PAGE else None)
+    return render(request, "schedules.html", schedules=found[:PAGE], more=more)
 
 
 async def static(request: Request) -> Response:
@@ -334,6 +349,7 @@ ROUTES = [
     Route("/inbox/logout", logout, methods=["POST"]),
     Route("/inbox", listing, methods=["GET"]),
     Route("/inbox/parked", parked, methods=["GET"]),
+    Route("/inbox/schedules", schedules, methods=["GET"]),
     Route("/inbox/static/{file}", static, methods=["GET"]),
     Route("/inbox/runs/{execution_id}", run_history, methods=["GET"]),
     Route("/inbox/runs/{execution_id}/interrupts/{name}", detail, methods=["GET"]),

@@ -294,3 +294,52 @@ def test_parked_runs_show_their_wait_and_buffered_signals(browser: Any, site: Si
     other = signed_in(browser, site, GLOBEX, "eve")
     other.goto(f"{site.base}/inbox/parked")
     assert other.locator("tr.parked").count() == 0
+
+
+def test_a_runs_page_shows_its_children_and_its_parent(
+    browser: Any, site: Site, relay: Callable[..., Any],
+) -> None:
+    relay()  # a child may live on the other shard
+    run = site.client.start("family", "fam", {"tag": EVIL}, tenant="acme").execution_id
+    assert site.client.wait(run, timeout=30, tenant="acme").state is State.COMPLETED
+    page = signed_in(browser, site, ACME, "ann", viewport={"width": 390, "height": 844})
+    page.goto(f"{site.base}/inbox/runs/{run}")
+    children = page.locator("tr.child")
+    assert children.count() == 2
+    first = children.first.inner_text()
+    assert "noop" in first and f"fam.{EVIL}.0" in first and "completed" in first, first
+    assert page.evaluate("window.__xss") is None and page.locator("main img").count() == 0
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+    children.first.locator("a").click()
+    assert str(run) in page.locator("p.parent").inner_text()
+    page.locator("p.parent a").click()
+    page.wait_for_url(f"{site.base}/inbox/runs/{run}")
+    other = signed_in(browser, site, GLOBEX, "eve")
+    answer = other.goto(f"{site.base}/inbox/runs/{run}")
+    assert answer.status == 404 and EVIL not in other.content()
+
+
+def test_schedules_show_their_clock_and_last_run_to_their_tenant_only(
+    browser: Any, site: Site,
+) -> None:
+    site.client.create_schedule("yearly", "noop", cron="0 0 1 1 *", timezone="Europe/Paris",
+                                tenant="acme")
+    site.client.create_schedule("often", "noop", every=3600, tenant="acme")
+    site.client.pause_schedule("often", tenant="acme")
+    site.client.trigger_schedule("yearly", tenant="acme")
+    wait_until(lambda: site.client.schedule("yearly", tenant="acme").last_run,
+               timeout=30, what="the triggered run")
+    page = signed_in(browser, site, ACME, "ann", viewport={"width": 390, "height": 844})
+    page.goto(f"{site.base}/inbox/schedules")
+    yearly = page.locator("tr.schedule[data-schedule='yearly']").inner_text()
+    assert "0 0 1 1 *" in yearly and "Europe/Paris" in yearly and "1 started" in yearly
+    often = page.locator("tr.schedule[data-schedule='often']").inner_text()
+    assert "paused" in often and "every 3600" in often
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+    page.locator("tr.schedule[data-schedule='yearly'] a").click()
+    assert "noop" in page.locator("h1").inner_text()
+    other = signed_in(browser, site, GLOBEX, "eve")
+    other.goto(f"{site.base}/inbox/schedules")
+    assert other.locator("tr.schedule").count() == 0
+    bad = other.goto(f"{site.base}/inbox/schedules?after=%00")
+    assert bad.status == 400 and "Traceback" not in other.content()

@@ -1,6 +1,8 @@
 -- Every statement shardq runs against a shard's queue tables (see schema/).
 -- Loaded by store/store.py; one `-- name:` header per statement.
--- uuid[] parameters go in binary (%(name)b): dumping UUIDs as text cost ~9x more CPU.
+-- uuid[] parameters go in binary (%(name)b): dumping UUIDs as text cost ~9x more CPU;
+-- so do the big arrays of a batch start and of a ticker's round (text[], jsonb[] from
+-- text, timestamptz[]: 10,000 timestamps and names dumped in 28 ms instead of 233).
 --
 -- Batch statements find their rows with `= ANY(array)` (an index probe per
 -- id) and only then match the unnest()ed values: joined to unnest() directly,
@@ -16,8 +18,8 @@
 -- Refused whole (shardq.fence) when one id's bucket is not writable here.
 WITH input AS (
     SELECT *
-    FROM unnest(%(ids)b::uuid[], %(workflow_ids)s::text[], %(inputs)s::jsonb[],
-                %(concurrency_keys)s::text[], %(concurrency_limits)s::int[])
+    FROM unnest(%(ids)b::uuid[], %(workflow_ids)b::text[], %(inputs)b::jsonb[],
+                %(concurrency_keys)b::text[], %(concurrency_limits)b::int[])
         AS i(id, workflow_id, input, concurrency_key, concurrency_limit)
     WHERE (SELECT shardq.fence(%(ids)b::uuid[]))
 ), inserted AS (
@@ -761,9 +763,9 @@ SET next_at = u.next_at, buffered_at = u.buffered_at, triggered_at = NULL,
     last_tick = coalesce(u.last_tick, s.last_tick), last_run = coalesce(u.last_run, s.last_run),
     started = s.started + u.started, skipped = s.skipped + u.skipped,
     missed = s.missed + u.missed, updated_at = now()
-FROM unnest(%(names)s::text[], %(next_at)s::timestamptz[], %(buffered_at)s::timestamptz[],
-            %(last_tick)s::timestamptz[], %(last_run)s::uuid[], %(started)s::integer[],
-            %(skipped)s::integer[], %(missed)s::integer[])
+FROM unnest(%(names)b::text[], %(next_at)b::timestamptz[], %(buffered_at)b::timestamptz[],
+            %(last_tick)b::timestamptz[], %(last_run)b::uuid[], %(started)b::integer[],
+            %(skipped)b::integer[], %(missed)b::integer[])
      AS u(name, next_at, buffered_at, last_tick, last_run, started, skipped, missed)
 WHERE s.name = u.name
 

@@ -71,8 +71,11 @@ class Ticker:
             live = self._live([s.last_run for s in schedules if s.last_run is not None
                                and (s.overlap != "allow" or s.buffered_at is not None)])
             # A schedule of a workflow this worker lacks is left due: a worker that
-            # has it starts its ticks.
-            plans = [(s, plan(s, now, s.last_run in live)) for s in schedules if self._knows(s)]
+            # has it starts its ticks. Asked once a workflow, not once a schedule.
+            first = {s.workflow: s for s in reversed(schedules)}
+            known = {w for w, s in first.items() if self._knows(s)}
+            plans = [(s, plan(s, now, s.last_run in live)) for s in schedules
+                     if s.workflow in known]
             started = self._start(plans)
             for schedule, chosen in plans:
                 advance(schedule.name, chosen, started.get(schedule.name))

@@ -356,7 +356,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   RETURNS boolean
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.child_docs(p_docs jsonb)
---   RETURNS TABLE(id uuid, parent uuid, pos integer, tenant text, workflow text, version integer, workflow_id text, input jsonb, priority smallint, gates text[], o bigint)
+--   RETURNS TABLE(id uuid, parent uuid, pos integer, tenant text, workflow text, version integer, workflow_id text, input jsonb, priority smallint, gates text[], trace text, o bigint)
 --   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.child_outcomes(p_ids uuid[])
 --   RETURNS TABLE(child uuid, parent uuid, tenant text, body jsonb, key text)

@@ -55,7 +55,7 @@ def commit_turns(
     children = [
         [c.execution_id.hex, k.position, k.child_id.hex, k.here, k.workflow, k.version,
          k.workflow_id, json.loads(k.input_json), k.priority, k.policy,
-         None if k.gates is None else list(k.gates)]
+         None if k.gates is None else list(k.gates), c.trace]
         for c in commits for k in c.children
     ]
     ends = [[c.execution_id.hex, None if c.family[0] is None else c.family[0].hex]

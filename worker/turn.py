@@ -99,12 +99,14 @@ MAX_LINKS = 8
 
 def _continued_traces(claim: Claim) -> tuple[str | None, list[str]]:
     """The trace a turn continues, and those it links to: the newest buffered signal's
-    (what woke it), else on the run's first claim its start's; the start's, and the
-    other signals', are links."""
+    (what woke it), else on the run's first turn its start's (a child's: the turn that
+    started it); the start's, and the other signals', are links. A first turn is one
+    with no call recorded yet: a child's first claim counts two claims, and its
+    history holds its `child.of`."""
     sent = [s.trace for s in reversed(claim.signals) if s.trace]
     if sent:
         return sent[0], [*sent[1:MAX_LINKS], *([claim.trace] if claim.trace else [])]
-    if claim.claims <= 1:
+    if claim.claims <= 1 or all(e.position is None for e in claim.history):
         return claim.trace, []
     return None, [claim.trace] if claim.trace else []
 

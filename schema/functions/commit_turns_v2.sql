@@ -561,7 +561,8 @@ BEGIN
                    jsonb_build_object('id', r->2, 'parent', r->0, 'position', r->1,
                                       'tenant', e.tenant, 'workflow', r->4, 'version', r->5,
                                       'workflow_id', r->6, 'input', r->7, 'priority', r->8,
-                                      'gates', r->10) AS start
+                                      'gates', r->10, 'trace', r->11) AS start,
+                   r->>11 AS trace
             FROM jsonb_array_elements(rare->'children') WITH ORDINALITY AS x(r, o)
             JOIN shardq.executions e ON e.id = (r->>0)::uuid
             WHERE (r->>0)::uuid = ANY(fenced) AND NOT (r->>0)::uuid = ANY(cancelling)
@@ -573,9 +574,9 @@ BEGIN
             ON CONFLICT (parent_id, child_id) DO NOTHING
         ), queued AS (
             INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
-                                       target_bucket, tenant, signal_name, payload)
+                                       target_bucket, tenant, signal_name, payload, trace)
             SELECT d.parent, d.position, d.child, shardq.bucket(d.child)::smallint, d.tenant,
-                   'shardq:run:start', d.start
+                   'shardq:run:start', d.start, d.trace
             FROM doc d WHERE NOT d.here ORDER BY d.o
             ON CONFLICT (source_execution_id, source_position) DO NOTHING
             RETURNING 1

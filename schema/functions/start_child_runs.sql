@@ -25,10 +25,12 @@ BEGIN
         SELECT * FROM shardq.child_docs(p_docs)
     ), inserted AS (
         -- A child takes its own workflow's current build (schema/0026), as any start.
+        -- Its trace is the starting turn's: the child's first turn continues it.
         INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
-                                       input, gates, priority, parent_id, build_id, pinned)
+                                       input, gates, priority, parent_id, build_id, pinned,
+                                       trace)
         SELECT d.id, d.tenant, d.workflow, d.version, d.workflow_id, d.input, d.gates,
-               d.priority, d.parent, b.build_id, coalesce(b.pinned, false)
+               d.priority, d.parent, b.build_id, coalesce(b.pinned, false), d.trace
         FROM doc d LEFT JOIN shardq.workflow_builds b ON b.workflow_name = d.workflow
         ORDER BY d.o
         ON CONFLICT (tenant, workflow_name, workflow_id) DO NOTHING

@@ -54,6 +54,18 @@ def receiver(ctx: WorkflowContext) -> Any:
     return ctx.step("handle", _handle, got)
 
 
+@registry.workflow("fanout")
+def fanout(ctx: WorkflowContext) -> Any:
+    """Starts a `leaf` child on each shard (ids from its input) and waits for both."""
+    ended = ctx.wait_children([ctx.start_child("leaf", key) for key in ctx.input["keys"]])
+    return [o.result() for o in ended if o is not None]
+
+
+@registry.workflow("leaf")
+def leaf(ctx: WorkflowContext) -> Any:
+    return ctx.step("work", lambda: "done")
+
+
 def _handle(got: Any) -> Any:
     log.warning("handling the forwarded signal")
     return got
@@ -150,6 +162,29 @@ def test_one_trace_follows_a_signal_across_shards_and_a_relay_restart(
     (record,) = [r for r in captured.records if r.getMessage().startswith("handling")]
     assert record.trace_id == format(step.context.trace_id, "032x")  # type: ignore[attr-defined]
     assert record.span_id == format(step.context.span_id, "016x")  # type: ignore[attr-defined]
+
+
+def test_a_fan_out_s_children_continue_the_starting_turn_s_trace(
+    client: Client, start_worker: StartWorker, relay: Callable[..., Any],
+    shard_map: ShardMap, spans: InMemorySpanExporter,
+) -> None:
+    """A child on the parent's shard (started in the parent's commit) and one on the
+    other shard (through the outbox and the relay): each child's first turn is a child
+    span of the parent's turn that started it."""
+    start_worker(registry, poll_interval_s=0.2)
+    relay()
+    keys = [key_on(shard_map, i, "leaf", f"leaf{i}") for i in (0, 1)]
+    parent = client.start("fanout", key_on(shard_map, 0, "fanout", "p"),
+                          {"keys": keys}).execution_id
+    assert client.wait(parent, timeout=30).state is State.COMPLETED
+    found = list(spans.get_finished_spans())
+    starting = _one(found, "shardq.turn", **{"shardq.execution_id": str(parent),
+                                             "shardq.claims": 1})
+    children = [s for s in found if s.name == "shardq.turn"
+                and (s.attributes or {}).get("shardq.workflow") == "leaf"]
+    assert len(children) == 2, [(s.name, s.attributes) for s in found]
+    for child in children:  # the one on shard 1 through the outbox row's trace
+        _parent(child, starting)
 
 
 def test_a_webhook_request_continues_its_callers_trace(

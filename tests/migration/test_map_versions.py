@@ -161,11 +161,12 @@ def test_a_deployment_from_before_map_versions_gets_version_1_from_its_record(
     assert rows(plain[0], "SELECT to_regclass('shardq.ownership')") == [(None,)]
 
     results = migrate(shard_map)
-    # finish_tasks too: migration 0020 drops it (its answer gained a column) and its
-    # file, applied here before the migrations, creates it again. Not claim_tasks:
-    # today's body, applied here already, has arguments no migration's DROP names.
+    # finish_tasks and child_docs too: migrations 0020 and 0027 drop them (their
+    # answers gained a column) and their files, applied here before the migrations,
+    # create them again. Not claim_tasks: today's body, applied here already, has
+    # arguments no migration's DROP names.
     assert [(r.applied[0], r.functions) for r in results] == [
-        (14, ["bucket", "fence", "finish_tasks"])] * 2
+        (14, ["bucket", "child_docs", "fence", "finish_tasks"])] * 2
     recorded = [_recorded(url) for url in plain]
     assert [r["maps"] for r in recorded] == [[{"version": 1, "layout": {
         "buckets": BUCKETS, "home": "eu",

@@ -5,33 +5,21 @@ A part of `Store`, kept apart as flow.py is."""
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
+from shardq.store.parts import StorePart
 from shardq.store.statements import SQL, buckets_of
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from shardq.shards.config import Shard, ShardMap
-    from shardq.shards.connections import DictConnection
+    from shardq.shards.config import Shard
 
 OLDER_TRANSACTIONS_POLL_S = 0.05
 
 
-class BuildStore:
-    """Store's build methods; Store provides `connection`, `transaction` and `map`."""
-
-    def connection(self, shard: Shard) -> AbstractContextManager[DictConnection]:
-        raise NotImplementedError
-
-    def transaction(self, shard: Shard, *,
-                    timeout_s: float | None = None) -> AbstractContextManager[DictConnection]:
-        raise NotImplementedError
-
-    @property
-    def map(self) -> ShardMap:
-        raise NotImplementedError
+class BuildStore(StorePart):
+    """Store's build methods (store/parts.py)."""
 
     def workflow_builds(self, shard: Shard) -> dict[str, tuple[str, bool]]:
         """Workflow -> (current build, pinned) as `shard` holds them."""

@@ -5,29 +5,21 @@ stays one readable module."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from shardq.store import statements
+from shardq.store.parts import StorePart
 
 if TYPE_CHECKING:
     import uuid
     from collections.abc import Mapping
 
     from shardq.core.models import ConcurrencyLimit, RateLimit, RateLimiter, RateWait
-    from shardq.shards.config import Shard, ShardMap
-    from shardq.shards.connections import DictConnection
+    from shardq.shards.config import Shard
 
 
-class FlowControlStore:
-    """Store's flow-control methods; Store provides `connection` and `map`."""
-
-    def connection(self, shard: Shard) -> AbstractContextManager[DictConnection]:
-        raise NotImplementedError
-
-    @property
-    def map(self) -> ShardMap:
-        raise NotImplementedError
+class FlowControlStore(StorePart):
+    """Store's flow-control methods (store/parts.py)."""
 
     def concurrency_limit(self, shard: Shard, key: str) -> ConcurrencyLimit | None:
         """A concurrency key as its shard holds it; None when no start declared it."""

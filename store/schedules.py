@@ -5,32 +5,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from shardq.core.models import State
 from shardq.core.schedules import Plan, Schedule, ScheduleSpec
-from shardq.shards.config import Shard, ShardMap
-from shardq.shards.connections import DictConnection
+from shardq.shards.config import Shard
 from shardq.store import schedule_statements as ops
 from shardq.store import statements
+from shardq.store.parts import StorePart
 from shardq.store.statements import SQL
 
 
-class ScheduleStore:
-    """Store's schedule methods; Store provides `connection`, `transaction` and `map`."""
-
-    def connection(self, shard: Shard) -> AbstractContextManager[DictConnection]:
-        raise NotImplementedError
-
-    def transaction(self, shard: Shard, *,
-                    timeout_s: float | None = None) -> AbstractContextManager[DictConnection]:
-        raise NotImplementedError
-
-    @property
-    def map(self) -> ShardMap:
-        raise NotImplementedError
+class ScheduleStore(StorePart):
+    """Store's schedule methods (store/parts.py)."""
 
     def create_schedule(self, tenant: str, spec: ScheduleSpec) -> Schedule:
         """A new schedule (schedule_statements.create_schedule)."""

@@ -75,6 +75,16 @@ def rows(url: str, query: str, *params: object) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query, params).fetchall()
 
+def seq_scans(conn: psycopg.Connection[Any], tables: Sequence[str]) -> dict[str, int]:
+    """The sequential scans of these shardq tables so far, this session's included (its
+    counters flushed first): read before and after a statement to count its own."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return dict(conn.execute(
+        "SELECT relname::text, seq_scan FROM pg_stat_user_tables "
+        "WHERE schemaname = 'shardq' AND relname = ANY(%s)", [list(tables)]).fetchall())
+
+
 def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[Any]]:
     """`call` on a thread of its own, started; the list receives what it returned or
     the exception it raised (join the thread before reading it)."""

@@ -24,7 +24,7 @@ from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
-from ..support import all_rows, keys_on, rows, run_cli, wait_until
+from ..support import all_rows, keys_on, rows, run_cli, seq_scans, wait_until
 
 registry = Registry()
 registry.workflow("order")(order_v1)
@@ -129,18 +129,11 @@ def test_a_claim_of_pinned_runs_scans_no_table_whole(client: Client) -> None:
     client.set_workflow_build("plain", "b1")
     _on_shard_0(client, "plain", "scan", 200)
 
-    def scans(conn: psycopg.Connection[Any]) -> dict[str, int]:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        return dict(conn.execute(
-            "SELECT relname::text, seq_scan FROM pg_stat_user_tables "
-            "WHERE schemaname = 'shardq' AND relname = ANY(%s)", [list(tables)]).fetchall())
-
     with psycopg.connect(shard.url, autocommit=True) as conn:
-        before = scans(conn)
+        before = seq_scans(conn, tables)
         claimed = conn.execute("SELECT count(execution_id) FROM shardq.claim_tasks("
                                "'test', 100, 30, 0::smallint, NULL, 'b1')").fetchone()
-        after = scans(conn)
+        after = seq_scans(conn, tables)
     assert claimed == (100,)
     assert {t: after[t] - before[t] for t in tables} == dict.fromkeys(tables, 0)
 

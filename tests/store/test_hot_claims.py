@@ -21,7 +21,7 @@ from shardq.store.store import Store
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
 
-from ..support import keys_on, rows
+from ..support import keys_on, rows, seq_scans
 
 registry = Registry()
 
@@ -109,17 +109,10 @@ def test_a_claim_scans_no_table_whole_when_statistics_say_it_is_empty(client: Cl
     keys = keys_on(client.map, 0, "hot_job", "stale", 300)
     client.start_many("hot_job", [(k, None) for k in keys])
 
-    def scans(conn: psycopg.Connection[Any]) -> dict[str, int]:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        return dict(conn.execute(
-            "SELECT relname::text, seq_scan FROM pg_stat_user_tables "
-            "WHERE schemaname = 'shardq' AND relname = ANY(%s)", [list(tables)]).fetchall())
-
     with psycopg.connect(shard.url, autocommit=True) as conn:
-        before = scans(conn)
+        before = seq_scans(conn, tables)
         claimed = conn.execute("SELECT count(execution_id) FROM shardq.claim_tasks("
                                "'test', 100, 30, 0::smallint, NULL)").fetchone()
-        after = scans(conn)
+        after = seq_scans(conn, tables)
     assert claimed == (100,)
     assert {t: after[t] - before[t] for t in tables} == dict.fromkeys(tables, 0)

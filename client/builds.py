@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 MIGRATION_WAIT_S = 30.0
 """How long migrate-build waits, per shard, for transactions older than its first step."""
+MAX_MIGRATION_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,10 @@ class BuildCalls:
         if source == target:
             raise InvalidArgument(f"the runs are on build {source} already: give another "
                                   "build to move them to")
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not (
+                0 <= wait_s <= MAX_MIGRATION_WAIT_S):
+            raise InvalidArgument(f"wait_s must be 0..{MAX_MIGRATION_WAIT_S:.0f} seconds, got "
+                                  f"{wait_s!r}")
         reached = each_shard(self.map.shards, lambda s: self.store.migrate_build(
             s, checked, source, target, wait_s=wait_s))
         raise_unwritten(reached, f"the move of workflow {checked}'s runs off build {source}")

@@ -231,6 +231,17 @@ def test_a_bad_build_id_is_refused_and_stores_nothing(client: Client, build: str
     assert all_rows(client.map, "SELECT * FROM shardq.workflow_builds") == []
 
 
+@pytest.mark.parametrize("wait_s", [float("nan"), float("inf"), -1, "30", True, 3601])
+def test_a_bad_migration_wait_is_refused_and_moves_nothing(
+    client: Client, wait_s: Any,
+) -> None:
+    client.set_workflow_build("plain", "b1")
+    (run,) = _on_shard_0(client, "plain", "w", 1)
+    with pytest.raises(InvalidArgument, match="wait_s"):
+        client.migrate_build("plain", "b1", "b2", wait_s=wait_s)
+    assert client.get(run).build_id == "b1"
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("set-build", "plain", ".x"), "build id"),
     (("set-build", "plain", "b 1"), "build id"),

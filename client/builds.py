@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shardq.client.flow import raise_unwritten
-from shardq.core.builds import WorkflowBuild, check_build_id, check_policy
+from shardq.core.builds import (
+    MAX_MIGRATION_WAIT_S,
+    MIGRATION_WAIT_S,
+    WorkflowBuild,
+    check_build_id,
+    check_policy,
+)
 from shardq.core.errors import InvalidArgument
 from shardq.core.rules import check_name
 from shardq.shards.fanout import each_shard
@@ -18,9 +24,6 @@ if TYPE_CHECKING:
     from shardq.shards.config import ShardMap
     from shardq.store.store import Store
 
-MIGRATION_WAIT_S = 30.0
-"""How long migrate-build waits, per shard, for transactions older than its first step."""
-MAX_MIGRATION_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -55,30 +58,33 @@ class BuildCalls:
         reached = each_shard(self.map.shards, lambda s: self.store.set_workflow_build(
             s, checked, chosen, pinned))
         raise_unwritten(reached, f"the build of workflow {checked}")
-        found = [b for b in self.workflow_builds() if b.workflow == checked]
+        found = self.workflow_builds(checked)
         return found[0] if found else WorkflowBuild(checked, None, False)
 
-    def workflow_builds(self) -> list[WorkflowBuild]:
-        """Each workflow that has a current build or runs pinned to one: its build and
-        policy as the shards hold them, and its unfinished pinned runs per build
-        (ShardUnavailable when a shard cannot be read)."""
+    def workflow_builds(self, workflow: str | None = None) -> list[WorkflowBuild]:
+        """Each workflow (or only `workflow`) that has a current build or runs pinned to
+        one: its build and policy as the shards hold them, and its unfinished pinned
+        runs per build (ShardUnavailable when a shard cannot be read)."""
+        only = None if workflow is None else check_name(workflow, "workflow")
         current = each_shard(self.map.shards, self.store.workflow_builds)
         raise_unwritten(current, "")
-        pinned = each_shard(self.map.shards, self.store.pinned_runs)
+        pinned = each_shard(self.map.shards, lambda s: self.store.pinned_runs(s, only))
         raise_unwritten(pinned, "")
         runs: dict[str, dict[str, int]] = defaultdict(dict)
         for counts in pinned.answers.values():
-            for (workflow, build), n in counts.items():
-                runs[workflow][build] = runs[workflow].get(build, 0) + n
-        names = sorted({w for held in current.answers.values() for w in held} | set(runs))
+            for (name, build), n in counts.items():
+                runs[name][build] = runs[name].get(build, 0) + n
+        names = {w for held in current.answers.values() for w in held} | set(runs)
+        if only is not None:
+            names &= {only}
         found = []
-        for workflow in names:
-            seen = {s.name: held.get(workflow) for s, held in current.answers.items()}
+        for name in sorted(names):
+            seen = {s.name: held.get(name) for s, held in current.answers.items()}
             distinct = set(seen.values())
             agreed = next(iter(distinct)) if len(distinct) == 1 else None
             found.append(WorkflowBuild(
-                workflow, agreed[0] if agreed else None, agreed[1] if agreed else False,
-                runs=dict(sorted(runs[workflow].items())),
+                name, agreed[0] if agreed else None, agreed[1] if agreed else False,
+                runs=dict(sorted(runs[name].items())),
                 differing={} if len(distinct) == 1 else {
                     shard: "none" if held is None else
                     f"{held[0]} ({'pinned' if held[1] else 'any'})"

@@ -15,6 +15,10 @@ git commit, a version (`2.4.1+b7`), a date."""
 
 _BUILD = re.compile(BUILD_PATTERN)
 
+MIGRATION_WAIT_S = 30.0
+"""How long migrate-build waits, per shard, for transactions older than its first step."""
+MAX_MIGRATION_WAIT_S = 3600.0
+
 POLICIES = ("pinned", "any")
 """`pinned`: a run stays on the build current at its start until an operator moves it;
 `any`: it records that build and any worker runs it."""

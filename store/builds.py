@@ -34,12 +34,14 @@ class BuildStore(StorePart):
             conn.execute(SQL["set_workflow_build"], {
                 "workflow": workflow, "build": build, "pinned": pinned})
 
-    def pinned_runs(self, shard: Shard) -> dict[tuple[str, str], int]:
+    def pinned_runs(self, shard: Shard,
+                    workflow: str | None = None) -> dict[tuple[str, str], int]:
         """(workflow, build) -> unfinished runs pinned to it, of the buckets the store's
-        map gives `shard` (a run a move has on two shards is counted once)."""
+        map gives `shard` (a run a move has on two shards is counted once); of
+        `workflow` only, unless None."""
         with self.connection(shard) as conn:
-            rows = conn.execute(SQL["pinned_runs"],
-                                {"mine": buckets_of(self.map, shard)}).fetchall()
+            rows = conn.execute(SQL["pinned_runs"], {
+                "mine": buckets_of(self.map, shard), "workflow": workflow}).fetchall()
         return {(r["workflow_name"], r["build_id"]): r["n"] for r in rows}
 
     def migrate_build(self, shard: Shard, workflow: str, from_build: str,

@@ -795,10 +795,11 @@ SET build_id = excluded.build_id, pinned = excluded.pinned, updated_at = now()
 -- name: pinned_runs
 -- Runs pinned to a build and not finished, by workflow and build, of the buckets
 -- `mine` (executions_pinned, with a probe of history_outcome per pinned run:
--- an operator's read, which costs the pinned runs the shard keeps).
+-- an operator's read, which costs the pinned runs the shard keeps), of `workflow`
+-- only unless NULL (then a range of the index).
 SELECT e.workflow_name, e.build_id, count(*) AS n
 FROM shardq.executions e
-WHERE e.pinned
+WHERE e.pinned AND (%(workflow)s::text IS NULL OR e.workflow_name = %(workflow)s::text)
   AND NOT EXISTS (
       SELECT 1 FROM shardq.history o
       WHERE o.execution_id = e.id

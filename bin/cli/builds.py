@@ -19,7 +19,7 @@ from shardq.bin.cli.common import (
     pass_settings,
 )
 from shardq.core import rules
-from shardq.core.builds import POLICIES, check_build_id
+from shardq.core.builds import MIGRATION_WAIT_S, POLICIES, check_build_id
 
 if TYPE_CHECKING:
     from shardq.core.builds import WorkflowBuild
@@ -100,8 +100,9 @@ def workflow_migrate_build(settings: Settings, workflow: str, from_build: str,
                            to_build: str | None, unpin: bool) -> None:
     """Move every unfinished run of WORKFLOW pinned to --from to --to (or --unpin), on
     every shard. Check them first: `shardq replay --app NEW --workflow WORKFLOW --build
-    FROM`. Exit 8 when a transaction older than the move was still open after 30 s on
-    some shard: a task row may still carry the old build; run it again."""
+    FROM`. Exit 8 when a transaction older than the move was still open on some shard
+    after the wait (core/builds.py, MIGRATION_WAIT_S): a task row may still carry the
+    old build; run it again."""
     if unpin == (to_build is not None):
         fail("give exactly one of --to BUILD and --unpin", 2)
     with open_client(settings) as client, errors_as_exit_codes():
@@ -112,9 +113,9 @@ def workflow_migrate_build(settings: Settings, workflow: str, from_build: str,
          f"{done.moved} unfinished run(s) of {workflow} moved from build {from_build} to "
          f"{target}")
     if not done.settled:
-        fail("a transaction older than the move was still open on a shard after 30 s: run "
-             "migrate-build again once it ends, to move the task rows it may have written",
-             EXIT_PARTIAL)
+        fail(f"a transaction older than the move was still open on a shard after "
+             f"{MIGRATION_WAIT_S:.0f} s: run migrate-build again once it ends, to move the "
+             "task rows it may have written", EXIT_PARTIAL)
 
 
 WORKFLOW_COMMANDS = [workflow_builds, workflow_set_build, workflow_clear_build,

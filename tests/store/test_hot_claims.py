@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from shardq.client.client import Client
 from shardq.shards.config import Shard
@@ -99,20 +100,26 @@ def test_a_heartbeat_moves_a_long_turn_out_of_the_claims_way(
     assert run_at == leased_until and 59 < ahead.total_seconds() <= 60
 
 
-def test_a_claim_scans_no_table_whole_when_statistics_say_it_is_empty(client: Client) -> None:
+@pytest.mark.parametrize("build", [None, "b1"], ids=["unpinned", "pinned"])
+def test_a_claim_scans_no_table_whole_when_statistics_say_it_is_empty(
+    client: Client, build: str | None,
+) -> None:
     """Statistics taken while the queue was empty (a fresh deployment, a quiet night)
-    must not turn a claim into a scan of every task, run and event per claimed run."""
+    must not turn a claim into a scan of every task, run and event per claimed run;
+    nor a claim of runs pinned to the worker's build (schema/0026)."""
     shard = client.map.shards[0]
     tables = ("tasks", "executions", "history", "signals")
     with psycopg.connect(shard.url, autocommit=True) as conn:
         conn.execute("ANALYZE " + ", ".join(f"shardq.{t}" for t in tables))
+    if build is not None:
+        client.set_workflow_build("hot_job", build)
     keys = keys_on(client.map, 0, "hot_job", "stale", 300)
     client.start_many("hot_job", [(k, None) for k in keys])
 
     with psycopg.connect(shard.url, autocommit=True) as conn:
         before = seq_scans(conn, tables)
         claimed = conn.execute("SELECT count(execution_id) FROM shardq.claim_tasks("
-                               "'test', 100, 30, 0::smallint, NULL)").fetchone()
+                               "'test', 100, 30, 0::smallint, NULL, %s)", [build]).fetchone()
         after = seq_scans(conn, tables)
     assert claimed == (100,)
     assert {t: after[t] - before[t] for t in tables} == dict.fromkeys(tables, 0)

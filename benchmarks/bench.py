@@ -69,6 +69,8 @@ class Sizes:
     fanin_children: int = 10_000
     schedules: int = 60_000
     replay_runs: int = 100_000
+    visibility_runs: int = 1_000_000
+    visibility_pages: int = 60
 
     @classmethod
     def full(cls) -> Sizes:
@@ -84,7 +86,7 @@ class Sizes:
                    limit_probes=100, flood_floor=3_000, limited_runs=10_000,
                    limited_keys=250, violation_runs=5_000, violation_keys=50,
                    fairness_runs=10_000, rated_runs=1_000, fanin_children=2_000, schedules=10_000,
-                   replay_runs=10_000)
+                   replay_runs=10_000, visibility_runs=50_000)
 
 
 @dataclass

@@ -360,3 +360,50 @@ INSERT INTO shardq.history (execution_id, position, kind, name, payload)
 SELECT i.id, (e.ev->>0)::integer, e.ev->>1, e.ev->>2, e.ev->3
 FROM ids i CROSS JOIN jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e(ev, o)
 ORDER BY i.ord, e.o
+
+-- name: visibility_load
+-- `n` finished, waiting and pending runs of the shape the `visibility` scenario lists
+-- (benchmarks/visibility.py, MIX), as the engine leaves them: the executions row,
+-- the outcome event and the ended_runs row of an ended run, the waits row of a
+-- waiting one, the task row of a pending one. Ids as shards/routing.new_execution_id mints them (creation
+-- millisecond, version 8, a bucket of `buckets`, variant), spread evenly over
+-- [first_ms, first_ms + span_ms); `salt` keeps two loads' ids apart.
+-- Unlogged-fast it is not: the rows go through every index, as a start's do.
+WITH made AS (
+    SELECT i,
+           (lpad(to_hex(%(first_ms)s::bigint + i * %(span_ms)s::bigint / %(n)s), 12, '0')
+            || '8' || lpad(to_hex((%(buckets)s::int[])[1 + i %% cardinality(%(buckets)s::int[])]), 3, '0')
+            || to_hex(8 + i %% 4) || lpad(to_hex(%(salt)s::int), 3, '0')
+            || lpad(to_hex(i), 12, '0'))::uuid AS id,
+           to_timestamp((%(first_ms)s::bigint + i * %(span_ms)s::bigint / %(n)s) / 1000.0) AS at,
+           CASE WHEN i %% 97 = 0 THEN 'rare-tenant' ELSE 'default' END AS tenant,
+           CASE WHEN i %% 1009 = 1 THEN 'rare_workflow'
+                WHEN i %% 3 = 0 THEN 'billing' ELSE 'orders' END AS workflow,
+           CASE WHEN i %% 50 = 7 THEN 'failed' WHEN i %% 100 = 13 THEN 'cancelled'
+                WHEN i %% 100 = 17 THEN 'waiting' WHEN i %% 100 = 19 THEN 'pending'
+                ELSE 'completed' END AS state
+    FROM generate_series(0, %(n)s - 1) AS i
+), runs AS (
+    INSERT INTO shardq.executions (id, tenant, workflow_name, workflow_version, workflow_id,
+                                   input, created_at)
+    SELECT id, tenant, workflow, 1, 'v-' || %(salt)s || '-' || i, '{}', at FROM made
+), outcomes AS (
+    INSERT INTO shardq.history (execution_id, position, kind, name, payload, recorded_at)
+    SELECT id, NULL, 'run.' || state, 'run',
+           CASE WHEN state = 'completed' THEN '{"output": null}'::jsonb ELSE '{}' END,
+           at + interval '1 second'
+    FROM made WHERE state NOT IN ('waiting', 'pending')
+), ended AS (
+    INSERT INTO shardq.ended_runs (tenant, state, execution_id, workflow_name)
+    SELECT tenant, state, id, workflow FROM made WHERE state NOT IN ('waiting', 'pending')
+), due AS (
+    INSERT INTO shardq.tasks (execution_id, run_at, tenant)
+    SELECT id, at, tenant FROM made WHERE state = 'pending'
+)
+INSERT INTO shardq.waits (execution_id, position, kind, name, started_at)
+SELECT id, 0, 'signal', 'approval', at FROM made WHERE state = 'waiting'
+
+-- name: visibility_default_runs
+-- The default tenant's runs a visibility shard holds, counted row by row: what
+-- count_runs must answer without reading them.
+SELECT count(*) AS n FROM shardq.executions WHERE tenant = 'default'

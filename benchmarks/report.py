@@ -53,6 +53,14 @@ TARGETS = (
      "drain with tracing on (in-memory exporter) / the same drain with tracing off"),
     ("replay_runs_per_s", ">=", 5000.0,
      "shardq replay over 100,000 recorded three-step histories: runs/s, its start-up included"),
+    ("list_page_p99_ms", "<=", 50.0,
+     "Client.list_runs page of 100, 8 shards of 1,000,000 runs: the worst filter kind's p99"),
+    ("list_page_over_single_shard", "<=", 2.0,
+     "median page of 100 (no filter): 8 shards / 1 shard, 1,000,000 runs each"),
+    ("count_by_state_ms", "<=", 100.0,
+     "Client.count_runs (every workflow, by state), 8 shards of 1,000,000 runs: p99 ms"),
+    ("visibility_seq_scans", "<=", 0.0,
+     "sequential scans of shardq's run tables while the visibility pages were listed"),
 )
 
 
@@ -141,6 +149,11 @@ def headline(scenarios: dict[str, Result]) -> Result:
         u = scenarios["upgrades"]
         out.update({k: u[k] for k in ("replay_runs_per_s", "replay_runs",
                                       "replay_check_runs_per_s", "otel_overhead")})
+    if "visibility" in scenarios:
+        v = scenarios["visibility"]
+        out.update({k: val for k, val in v.items() if k.startswith("list_page_") or k in (
+            "visibility_runs_per_shard", "visibility_load_s", "visibility_seq_scans",
+            "count_by_state_ms", "count_by_workflow_ms")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],
@@ -468,6 +481,31 @@ def scenario_rows(sc: dict[str, Result]) -> list[tuple[str, str, str, str]]:
              f"{_n(r['drain_during']['jobs_per_s'])} jobs/s during the move, "
              f"{_n(r['drain_before']['jobs_per_s'])} before"),
         ]
+    if "visibility" in sc:
+        rows += _visibility_rows(sc["visibility"])
+    return rows
+
+
+def _visibility_rows(v: Result) -> list[tuple[str, str, str, str]]:
+    """A row per filter kind of the visibility pages, then the ratio and the scans."""
+    shards, runs = v["visibility_shards"], v["visibility_runs_per_shard"]
+    rows = []
+    for kind, page in v["pages"].items():
+        one = v["single_shard"][kind]["ms"]
+        rows.append(("visibility", f"list_runs page, {kind}", f"p99 {page['ms']['p99']:.1f} ms",
+                     f"p50 {page['ms']['p50']:.1f} ms over {page['pages']} pages "
+                     f"({page['rows_per_page']:g} runs a page on average), {shards} shards x "
+                     f"{runs:,} runs; 1 shard p50 {one['p50']:.1f}, p99 {one['p99']:.1f} ms"))
+    rows.append(("visibility", f"{shards} shards / 1 shard",
+                 f"{v['list_page_over_single_shard']:.2f}x",
+                 "median page with no filter; the 1-shard map's shard holds as many runs"))
+    rows.append(("visibility", "count_runs, by state", f"p99 {v['count_by_state_ms']:.1f} ms",
+                 f"p50 {v['count_by_state_p50_ms']:.1f} ms; one workflow p99 "
+                 f"{v['count_by_workflow_ms']:.1f} ms"))
+    rows.append(("visibility", "sequential scans", _n(v["visibility_seq_scans"]),
+                 f"of run tables over the pages; {_n(v['visibility_config_seq_scans'])} of the "
+                 f"map and ownership tables (read whole by design); load "
+                 f"{v['visibility_load_s']:.0f} s"))
     return rows
 
 

@@ -22,6 +22,7 @@ from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
 from shardq.benchmarks.reshard import reshard
 from shardq.benchmarks.upgrades import upgrades
+from shardq.benchmarks.visibility import visibility
 from shardq.core.models import SignalRequest
 
 Scenario = Callable[[Bench], dict[str, Any]]
@@ -543,6 +544,7 @@ SCENARIOS: dict[str, Scenario] = {
     "limits": limits,
     "composition": composition,
     "upgrades": upgrades,
+    "visibility": visibility,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

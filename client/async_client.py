@@ -19,11 +19,12 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from shardq.client.flow import agreed_weights, raise_unwritten, rate_change, weight_change
+from shardq.client.reading import AsyncReadingCalls
 from shardq.client.requests import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
@@ -40,8 +41,6 @@ from shardq.client.requests import (
     definition_of,
     finished_refuses_update,
     limit_change,
-    list_query,
-    merged_runs,
     new_run_state,
     new_runs,
     priority_target,
@@ -86,7 +85,7 @@ from shardq.shards.check import verify_shards
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.routing import bucket_for_key, bucket_of, parse_execution_id
 from shardq.store.async_store import AsyncStore
-from shardq.store.listing import DEFAULT_PAGE, MAX_PAGE, PartialInterruptPage, PartialPage
+from shardq.store.listing import DEFAULT_PAGE, MAX_PAGE, PartialInterruptPage
 from shardq.store.params import NewRun, SignalDelivery
 from shardq.workflow.contracts import UpdateSpec
 from shardq.workflow.rebuild import rebuild_state
@@ -95,7 +94,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 R = TypeVar("R")
 
 
-class AsyncClient(AsyncScheduleCalls):
+class AsyncClient(AsyncReadingCalls, AsyncScheduleCalls):
     """Entry point for asyncio applications: `Client`'s calls, awaited. Share one per
     event loop; `async with AsyncClient.connect(shard_map, registry) as client:`."""
 
@@ -289,34 +288,6 @@ class AsyncClient(AsyncScheduleCalls):
         kids = await self._routed(
             lambda m: self.store.children_of(m.for_execution(ident), ident))
         return RunView(execution, wait, pending, events, limited, kids)
-
-    async def list_runs(
-        self, *, tenant: str | None = DEFAULT_TENANT, state: State | str | None = None,
-        workflow: str | None = None, limit: int = DEFAULT_PAGE, cursor: str | None = None,
-        skip_unavailable: bool = False, priority: int | None = None,
-    ) -> PartialPage:
-        """Client.list_runs: one page over every shard (read at once), ordered by id."""
-        query = list_query(tenant, state, workflow, limit, cursor, priority=priority)
-
-        async def read(shard: Shard) -> list[Execution]:
-            return await self.store.list_executions(shard, query)
-
-        if skip_unavailable:
-            reached = await each_shard(self.map.shards, read)
-            return merged_runs(list(reached.answers.values()), limit, reached)
-        return merged_runs(await asyncio.gather(*(read(shard) for shard in self.map.shards)),
-                           limit)
-
-    async def iter_all(self, **filters: Any) -> AsyncIterator[Execution]:
-        """Client.iter_all: every run matching `filters`, page by page."""
-        cursor: str | None = None
-        while True:
-            page = await self.list_runs(cursor=cursor, **filters)
-            for execution in page.items:
-                yield execution
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
 
     async def wait(
         self, execution_id: str | uuid.UUID, *, timeout: float = 30.0,

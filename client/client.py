@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from shardq.client.builds import BuildCalls
 from shardq.client.flow import FlowControlCalls
+from shardq.client.reading import ReadingCalls
 from shardq.client.requests import (
     DEFAULT_TENANT,
     DEFAULT_UPDATE_WAIT,
@@ -25,8 +26,6 @@ from shardq.client.requests import (
     check_update_landed,
     definition_of,
     finished_refuses_update,
-    list_query,
-    merged_runs,
     new_run_state,
     new_runs,
     priority_target,
@@ -72,7 +71,6 @@ from shardq.shards.routing import bucket_of, parse_execution_id
 from shardq.store.listing import (
     DEFAULT_PAGE,
     PartialInterruptPage,
-    PartialPage,
 )
 from shardq.store.params import (
     NewRun,
@@ -85,7 +83,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 
-class Client(FlowControlCalls, ScheduleCalls, BuildCalls):
+class Client(ReadingCalls, FlowControlCalls, ScheduleCalls, BuildCalls):
     """Entry point for applications. Thread-safe; share one per process.
 
     Every call routes by execution id or workflow key to one shard; only `list`
@@ -241,46 +239,6 @@ class Client(FlowControlCalls, ScheduleCalls, BuildCalls):
 
         answers = fan_out(self.store.pools, page.items, lambda e: bucket_of(e.id), read)
         return {e.id: answer for e, answer in zip(page.items, answers, strict=True)}
-
-    def list_runs(
-        self,
-        *,
-        tenant: str | None = DEFAULT_TENANT,
-        state: State | str | None = None,
-        workflow: str | None = None,
-        limit: int = DEFAULT_PAGE,
-        cursor: str | None = None,
-        skip_unavailable: bool = False,
-        priority: int | None = None,
-    ) -> PartialPage:
-        """One page of runs over every shard, ordered by id (creation millisecond first).
-
-        Pass `next_cursor` back for the following page. The cursor is a position,
-        not an offset, so runs started meanwhile never shift or repeat a page.
-
-        `skip_unavailable`: as `pending_interrupts`'s, a shard that cannot be reached
-        is named in the page's `unavailable_shards` instead of failing the page, and
-        the shards are read at once. `priority`: only runs of that priority.
-        """
-        query = list_query(tenant, state, workflow, limit, cursor, priority=priority)
-
-        def read(shard: Shard) -> list[Execution]:
-            return self.store.list_executions(shard, query)
-
-        if skip_unavailable:
-            reached = each_shard(self.map.shards, read)
-            return merged_runs(list(reached.answers.values()), limit, reached)
-        return merged_runs([read(shard) for shard in self.map.shards], limit)
-
-    def iter_all(self, **filters: Any) -> Iterator[Execution]:
-        """Every run matching `filters` (list_runs's), page by page."""
-        cursor: str | None = None
-        while True:
-            page = self.list_runs(cursor=cursor, **filters)
-            yield from page.items
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
 
     def wait(
         self, execution_id: str | uuid.UUID, *, timeout: float = 30.0,

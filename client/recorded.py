@@ -11,7 +11,6 @@ creation millisecond) and stops it at the first id past its end.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,26 +69,16 @@ class _Window:
 
 def _shard_runs(client: Client, shard: Shard, window: _Window) -> Iterator[RecordedRun]:
     store = client.store
-    since, until = window.since, window.until
-    after = Cursor(_first_id_at(since)) if since is not None else None
+    after: Cursor | None = None
     while True:
         listed = store.list_executions(shard, ListQuery(
             tenant=window.tenant, state=window.state, workflow=window.workflow, limit=PAGE,
-            after=after))
-        page = [e for e in listed if until is None or e.created_at < until]
-        chosen = [e for e in page if not window.builds or e.build_id in window.builds]
+            after=after, created_after=window.since, created_before=window.until))
+        chosen = [e for e in listed if not window.builds or e.build_id in window.builds]
         if chosen:
             histories = store.read_histories(shard, [e.id for e in chosen])
             for execution in chosen:
                 yield RecordedRun.of(execution, tuple(histories.get(execution.id, ())))
-        # A run past `until` ends the walk: every later id is later still.
-        if len(listed) < PAGE or len(page) < len(listed):
+        if len(listed) < PAGE:
             return
         after = Cursor(listed[-1].id)
-
-
-def _first_id_at(moment: datetime) -> uuid.UUID:
-    """The smallest execution id of runs created at `moment` or later (its millisecond
-    leads the id: shards/routing.py)."""
-    ms = max(0, int(moment.timestamp() * 1000))
-    return uuid.UUID(int=min(ms, (1 << 48) - 1) << 80)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -62,6 +63,7 @@ from shardq.core.rules import (
     to_json,
     validate,
 )
+from shardq.shards.config import Shard
 from shardq.shards.fanout import Reached
 from shardq.shards.routing import (
     parse_execution_id,
@@ -184,7 +186,9 @@ def tenants_run(found: Execution | None, ident: uuid.UUID, tenant: str) -> Execu
 
 
 def list_query(tenant: str | None, state: State | str | None, workflow: str | None,
-               limit: int, cursor: str | None, *, priority: int | None = None) -> ListQuery:
+               limit: int, cursor: str | None, *, priority: int | None = None,
+               created_after: datetime | None = None,
+               created_before: datetime | None = None) -> ListQuery:
     if priority is not None:
         check_priority(priority)
     if tenant is not None:
@@ -198,17 +202,33 @@ def list_query(tenant: str | None, state: State | str | None, workflow: str | No
         limit=limit,
         after=Cursor.decode(cursor) if cursor is not None else None,
         priority=priority,
+        created_after=created_after,
+        created_before=created_before,
     )
 
 
-def merged_runs(pages: Sequence[list[Execution]], limit: int,
-                reached: Reached[Any] | None = None) -> PartialPage:
-    """The shards' pages as one, by id, with the cursor of the page after it; `reached`
-    (when some shards were read by `each_shard`) names those that could not be."""
-    merged = list(heapq.merge(*pages, key=lambda e: e.id))[:limit]
-    last = merged[-1] if len(merged) == limit else None
-    return PartialPage(merged, Cursor(last.id).encode() if last else None,
-                       *_unread(reached))
+def kept_ids(pages: Mapping[Shard, list[uuid.UUID]], limit: int) -> tuple[
+    dict[Shard, list[uuid.UUID]], str | None
+]:
+    """The ids a page over many shards keeps (the first `limit` of the shards' id pages,
+    merged), by the shard that listed them, and the cursor of the page after it."""
+    shards = list(pages)
+    tagged = heapq.merge(*([(ident, n) for ident in ids] for n, ids in enumerate(pages.values())))
+    kept = list(itertools.islice(tagged, limit))
+    chosen: dict[Shard, list[uuid.UUID]] = {}
+    for ident, n in kept:
+        chosen.setdefault(shards[n], []).append(ident)
+    return chosen, Cursor(kept[-1][0]).encode() if len(kept) == limit else None
+
+
+def merged_page(rows: Sequence[list[Execution]], cursor: str | None,
+                *reached: Reached[Any]) -> PartialPage:
+    """The kept runs' rows as one page, by id; `reached` (the reads by `each_shard` that
+    skipped unavailable shards) names the shards that could not be read."""
+    unread = [_unread(r) for r in reached]  # a shard the ids' read missed has no rows to read
+    names = tuple(n for names, _ in unread for n in names)
+    causes = tuple(c for _, causes in unread for c in causes)
+    return PartialPage(list(heapq.merge(*rows, key=lambda e: e.id)), cursor, names, causes)
 
 
 def _unread(reached: Reached[Any] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -28,6 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -296,6 +297,20 @@ def check_label(value: object, what: str) -> str:
 MAX_PRIORITY = 9
 """Priorities run 0 (the default) to 9, higher claimed first. Few on purpose: a claim
 asks each level present for its due runs (docs/flow-control.md)."""
+
+
+def parse_moment(value: object, what: str = "") -> datetime:
+    """An ISO 8601 time with its offset (a time without one means a different moment on
+    each machine that reads it, so it is refused rather than guessed)."""
+    prefix = f"{what}: " if what else ""
+    try:
+        parsed = datetime.fromisoformat(value)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        raise InvalidArgument(f"{prefix}{value!r} is not an ISO 8601 time") from None
+    if parsed.tzinfo is None:
+        raise InvalidArgument(f"{prefix}{value!r} has no offset: write it with one "
+                              "(e.g. 2026-12-01T00:00:00Z)")
+    return parsed
 
 
 def check_priority(value: object) -> int:

@@ -207,6 +207,18 @@ COPY (SELECT parent_id, child_id, position, workflow_name, workflow_id, policy, 
 COPY shardq.children (parent_id, child_id, position, workflow_name, workflow_id, policy, ended)
 FROM STDIN (FORMAT BINARY)
 
+-- name: copy_out_ended_runs
+-- Found through each run's tenant and the four ended states: the primary key
+-- (schema/0028), which has no index led by the run's id.
+COPY (SELECT e.tenant, e.state, e.execution_id, e.workflow_name
+      FROM shardq.executions x JOIN shardq.ended_runs e
+        ON e.tenant = x.tenant AND e.execution_id = x.id
+       AND e.state IN ('completed', 'failed', 'cancelled', 'timed_out')
+      WHERE x.id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_ended_runs
+COPY shardq.ended_runs (tenant, state, execution_id, workflow_name) FROM STDIN (FORMAT BINARY)
+
 -- name: copy_out_history
 COPY (SELECT execution_id, seq, position, kind, name, payload, recorded_at
       FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[])
@@ -327,15 +339,19 @@ LIMIT %(limit)s
 -- name: delete_runs
 -- Every row of these runs, in one statement (the tables have no foreign keys
 -- between them): outbox rows they sent, tasks, places in a key's queue, waits,
--- signals, history, children lists, runs. A key's slots are not given back here: its row and
--- its queue leave with the bucket (delete_leftover_keys), the target has them.
+-- signals, history, children lists, ended-run rows (found through the runs' tenants,
+-- read in the statement's snapshot), runs. A key's slots are not given back here: its
+-- row and its queue leave with the bucket (delete_leftover_keys), the target has them.
 WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
      t AS (DELETE FROM shardq.tasks WHERE execution_id = ANY(%(ids)s::uuid[])),
      q AS (DELETE FROM shardq.key_queue WHERE execution_id = ANY(%(ids)s::uuid[])),
      c AS (DELETE FROM shardq.children WHERE parent_id = ANY(%(ids)s::uuid[])),
      w AS (DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])),
      s AS (DELETE FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])),
-     h AS (DELETE FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[]))
+     h AS (DELETE FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[])),
+     e AS (DELETE FROM shardq.ended_runs e USING shardq.executions x
+           WHERE x.id = ANY(%(ids)s::uuid[]) AND e.tenant = x.tenant AND e.execution_id = x.id
+             AND e.state IN ('completed', 'failed', 'cancelled', 'timed_out'))
 DELETE FROM shardq.executions WHERE id = ANY(%(ids)s::uuid[])
 
 -- name: move_session
@@ -418,6 +434,9 @@ ANALYZE shardq.key_queue
 
 -- name: analyze_children
 ANALYZE shardq.children
+
+-- name: analyze_ended_runs
+ANALYZE shardq.ended_runs
 
 -- == C: cleanup, on the source ==
 

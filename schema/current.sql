@@ -32,6 +32,13 @@ CREATE TABLE shardq.concurrency_keys (
     updated_at timestamp with time zone NOT NULL DEFAULT now()
 ) WITH (fillfactor=70);
 
+CREATE TABLE shardq.ended_runs (
+    tenant text NOT NULL,
+    state text NOT NULL,
+    execution_id uuid NOT NULL,
+    workflow_name text NOT NULL
+) WITH (fillfactor=100);
+
 CREATE TABLE shardq.executions (
     id uuid NOT NULL,
     tenant text NOT NULL,
@@ -151,6 +158,20 @@ CREATE TABLE shardq.rate_reservations (
     at timestamp with time zone NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000);
 
+CREATE TABLE shardq.run_count_changes (
+    tenant text NOT NULL,
+    workflow_name text NOT NULL,
+    kind text NOT NULL,
+    n bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000);
+
+CREATE TABLE shardq.run_counts (
+    tenant text NOT NULL,
+    workflow_name text NOT NULL,
+    kind text NOT NULL,
+    n bigint NOT NULL
+);
+
 CREATE TABLE shardq.schedules (
     name text NOT NULL,
     tenant text NOT NULL,
@@ -259,6 +280,7 @@ ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_declared_che
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_held_check CHECK ((held >= 0));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_override_check CHECK ((override > 0));
 ALTER TABLE shardq.concurrency_keys ADD CONSTRAINT concurrency_keys_pkey PRIMARY KEY (key);
+ALTER TABLE shardq.ended_runs ADD CONSTRAINT ended_runs_pkey PRIMARY KEY (tenant, state, execution_id);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id);
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_priority_check CHECK (((priority >= 0) AND (priority <= 9)));
 ALTER TABLE shardq.executions ADD CONSTRAINT executions_workflow_key UNIQUE (tenant, workflow_name, workflow_id);
@@ -294,6 +316,7 @@ ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_period_s_check CHE
 ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_pkey PRIMARY KEY (name);
 ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_rate_check CHECK ((rate > 0));
 ALTER TABLE shardq.rate_reservations ADD CONSTRAINT rate_reservations_pkey PRIMARY KEY (execution_id, "position", attempt, limiter);
+ALTER TABLE shardq.run_counts ADD CONSTRAINT run_counts_pkey PRIMARY KEY (tenant, workflow_name, kind);
 ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_catchup_s_check CHECK ((catchup_s >= (0)::double precision));
 ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_check CHECK (((cron IS NULL) <> (every_s IS NULL)));
 ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_every_s_check CHECK ((every_s > (0)::double precision));
@@ -317,7 +340,10 @@ ALTER TABLE shardq.workflow_builds ADD CONSTRAINT workflow_builds_pkey PRIMARY K
 
 CREATE INDEX concurrency_keys_bucket ON shardq.concurrency_keys USING btree (bucket);
 CREATE INDEX concurrency_keys_idle ON shardq.concurrency_keys USING btree (updated_at);
+CREATE INDEX ended_runs_workflow ON shardq.ended_runs USING btree (tenant, workflow_name, state, execution_id);
 CREATE INDEX executions_pinned ON shardq.executions USING btree (workflow_name, build_id) WHERE pinned;
+CREATE INDEX executions_tenant ON shardq.executions USING btree (tenant, id);
+CREATE INDEX executions_workflow ON shardq.executions USING btree (tenant, workflow_name, id);
 CREATE INDEX history_finished ON shardq.history USING btree (recorded_at) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX history_outcome ON shardq.history USING btree (execution_id, kind) WHERE (kind = ANY (ARRAY['run.completed'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.timed_out'::text]));
 CREATE INDEX key_queue_next ON shardq.key_queue USING btree (concurrency_key, priority DESC, queued_at);
@@ -327,6 +353,7 @@ CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'fai
 CREATE INDEX outbox_pair ON shardq.outbox USING btree (source_execution_id, target_execution_id, id) WHERE (state = 'pending'::text);
 CREATE UNIQUE INDEX outbox_source ON shardq.outbox USING btree (source_execution_id, source_position);
 CREATE INDEX rate_reservations_waiting ON shardq.rate_reservations USING btree (limiter, at);
+CREATE INDEX run_count_changes_key ON shardq.run_count_changes USING btree (tenant, workflow_name, kind);
 CREATE INDEX schedules_due ON shardq.schedules USING btree (next_at) WHERE (NOT paused);
 CREATE INDEX schedules_held ON shardq.schedules USING btree (name) WHERE ((buffered_at IS NOT NULL) OR (triggered_at IS NOT NULL));
 CREATE UNIQUE INDEX signals_idempotency ON shardq.signals USING btree (execution_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
@@ -373,6 +400,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.commit_turns_v2(lease_s double precision, c_ids uuid[], c_tokens uuid[], c_next uuid[], c_states text[], c_outputs jsonb[], c_errors jsonb[], c_actions text[], c_delays double precision[], c_close_wait boolean[], e_ids uuid[], e_positions integer[], e_kinds text[], e_names text[], e_payloads jsonb[], e_wake_ins double precision[], w_ids uuid[], w_positions integer[], w_kinds text[], w_names text[], w_deadline_ins double precision[], w_requests jsonb[], s_ids bigint[], s_positions integer[], p_ids uuid[], p_names text[], rare jsonb, c_steps jsonb[])
 --   RETURNS TABLE(commit_ord integer, cancel_requested boolean, externals jsonb)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
+-- FUNCTION shardq.count_changes()
+--   RETURNS trigger
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.decide_interrupt(p_tenant text, p_id uuid, p_name text, p_position integer, p_action text, p_payload jsonb, p_decision_id text, p_actor text)
 --   RETURNS TABLE(outcome text, decision jsonb, detail text)
 --   LANGUAGE plpgsql VOLATILE
@@ -403,6 +433,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.first_unset_bucket(ids uuid[], mask bit)
 --   RETURNS integer
 --   LANGUAGE plpgsql IMMUTABLE
+-- FUNCTION shardq.fold_run_counts()
+--   RETURNS bigint
+--   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.holds_exactly(mine bit)
 --   RETURNS boolean
 --   LANGUAGE plpgsql STABLE
@@ -454,6 +487,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.unclean_writable()
 --   RETURNS bit
 --   LANGUAGE plpgsql STABLE
+-- FUNCTION shardq.wait_state(kind text)
+--   RETURNS text
+--   LANGUAGE sql IMMUTABLE
 -- FUNCTION shardq.wake_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE

@@ -98,6 +98,15 @@ class AsyncStore:
         return await self._run(shard, statements.list_executions(
             query, buckets_of(shard_map or self.map, shard)))
 
+    async def listed_ids(
+        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
+    ) -> list[uuid.UUID]:
+        return await self._run(shard, statements.listed_ids(
+            query, buckets_of(shard_map or self.map, shard)))
+
+    async def executions_of(self, shard: Shard, ids: Sequence[uuid.UUID]) -> list[Execution]:
+        return await self._run(shard, statements.executions_of(ids))
+
     async def waits_and_signals(
         self, shard: Shard, ids: Sequence[uuid.UUID]
     ) -> dict[uuid.UUID, tuple[WaitInfo | None, list[BufferedSignal]]]:
@@ -130,6 +139,10 @@ class AsyncStore:
     async def set_rate_limit(self, shard: Shard, name: str,
                              limit: RateLimit | None) -> RateLimiter | None:
         return await self._run(shard, statements.set_rate_limit(name, limit))
+
+    async def count_runs(self, shard: Shard, *, tenant: str | None,
+                         workflow: str | None) -> list[tuple[str, str, int]]:
+        return await self._run(shard, statements.count_runs(tenant, workflow))
 
     async def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
         return await self._run(shard, statements.children_of(execution_id))

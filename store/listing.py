@@ -1,21 +1,21 @@
-"""Reading runs with their derived state: one run by id, or pages with optional filters.
+"""Finding pages of runs by filter: the ids of one shard's page, in id order.
 
-A run's state is not a column: it is `shardq.run_state()`, read from the
-run's outcome event, task row and open wait. The page queries are built with
-SQLAlchemy Core (optional filters compose cleanly there) and run through the
+A page's filters are built with SQLAlchemy Core (optional filters compose cleanly
+there) into one statement per filter shape (which filters are set, which state),
+compiled once per process with the values as parameters, and run through the
 store's psycopg connection, so they share pools and errors with every other
-statement. A filter's shape (which filters are set, which state) compiles once
-per process, with the values as parameters: compiling cost ~1 ms a page.
-SQLAlchemy is imported on the first page, not with this module: it costs a
-command-line process 0.15 s of start-up that most commands never use. One run
-by id is a fixed statement of queries.sql (`get_execution`).
+statement. SQLAlchemy is imported on the first page, not with this module: it
+costs a command-line process 0.15 s of start-up that most commands never use.
 
-Pages follow the execution id, whose leading bits are the creation
-millisecond: an index walk in creation order that needs no created_at index.
-A state filter also joins the table that holds runs in that state, so a page
-of waiting runs walks `waits`, not every execution the shard ever held.
+Pages follow the execution id, whose leading bits are the creation millisecond:
+an index walk in creation order that needs no created_at index, and a creation
+window is an id range. Every filter is a range of one index that yields its runs
+in id order (`_driver`, schema/0028), so a page reads about `limit` entries a
+shard at a million runs a shard (tests/integration/test_listing.py holds it).
+The page's rows, state and outcome derived, are read by id afterwards, and only
+for the ids the page keeps (queries.sql, `executions_of`): over many shards, the
+ids of every shard's page are merged first, and rows are read for the winners.
 """
-
 from __future__ import annotations
 
 import base64
@@ -26,10 +26,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from shardq.core.errors import InvalidArgument
-from shardq.core.models import TERMINAL_STATES, InterruptPage, Page, State
-
-OUTCOME_KINDS = tuple(f"run.{s.value}" for s in sorted(TERMINAL_STATES))
-"""The history events that end a run (as in the history_outcome index)."""
+from shardq.core.models import InterruptPage, Page, State
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -121,10 +118,26 @@ class ListQuery:
     limit: int = DEFAULT_PAGE
     after: Cursor | None = None
     priority: int | None = None
+    created_after: datetime | None = None
+    """Runs created at or after this time (by their id's millisecond), if set."""
+    created_before: datetime | None = None
+    """Runs created before this time, if set."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_PAGE:
             raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {self.limit}")
+        for name in ("created_after", "created_before"):
+            at = getattr(self, name)
+            if at is not None and (not isinstance(at, datetime) or at.utcoffset() is None):
+                raise InvalidArgument(f"{name} must be a datetime with a time zone, got {at!r}")
+
+
+def id_floor(at: datetime) -> uuid.UUID:
+    """The smallest execution id minted at `at`'s millisecond or later: ids lead with
+    their creation millisecond (shards/routing.new_execution_id), so a time window is
+    an id range. Times outside the ids' 48 bits of milliseconds are their ends."""
+    ms = (at - _EPOCH) // timedelta(milliseconds=1)
+    return uuid.UUID(int=min(max(ms, 0), (1 << 48) - 1) << 80)
 
 
 class _Shape(NamedTuple):
@@ -135,12 +148,15 @@ class _Shape(NamedTuple):
     after: bool
     state: State | None
     priority: bool = False
+    since: bool = False
+    until: bool = False
 
 
 def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
     """SQL text and parameters for one shard's page, ordered by execution id."""
     shape = _Shape(query.tenant is not None, query.workflow is not None,
-                   query.after is not None, query.state, query.priority is not None)
+                   query.after is not None, query.state, query.priority is not None,
+                   query.created_after is not None, query.created_before is not None)
     params: dict[str, Any] = {"limit": query.limit}
     if query.tenant is not None:
         params["tenant"] = query.tenant
@@ -150,16 +166,44 @@ def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
         params["after"] = query.after.id
     if query.priority is not None:
         params["priority"] = query.priority
+    if query.created_after is not None:
+        params["since"] = id_floor(query.created_after)
+    if query.created_before is not None:
+        params["until"] = id_floor(query.created_before)
     text, constants = _page_statement(shape)
     return text, {**constants, **params}
 
 
+_PER_PAGE = frozenset({"limit", "tenant", "workflow", "after", "mine", "priority", "since",
+                       "until"})
+"""The parameters a caller gives each page; every other one is a constant of the shape."""
+
+
 @cache
 def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
-    """The page's SQL text and its constant parameters (outcome kinds, state names)."""
+    """The page's SQL text (its ids, in order) and its constant parameters."""
     import sqlalchemy as sa  # noqa: PLC0415 - see the module docstring
     from sqlalchemy.dialects import postgresql  # noqa: PLC0415
 
+    stmt = _driver(sa, postgresql, _tables(sa, postgresql), shape)
+    compiled = stmt.compile(
+        dialect=postgresql.psycopg.dialect(),  # type: ignore[no-untyped-call]
+        compile_kwargs={"render_postcompile": True},
+    )
+    return str(compiled), {k: v for k, v in compiled.params.items() if k not in _PER_PAGE}
+
+
+class _Tables(NamedTuple):
+    executions: Any
+    tasks: Any
+    waits: Any
+    key_queue: Any
+    ended_runs: Any
+
+
+@cache
+def _tables(sa: Any, postgresql: Any) -> _Tables:
+    """The columns of shardq's tables that a page's filters read (schema/current.sql)."""
     uuid_type = postgresql.UUID(as_uuid=True)
     metadata = sa.MetaData(schema="shardq")
     executions = sa.Table(
@@ -167,25 +211,11 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         sa.Column("id", uuid_type, primary_key=True),
         sa.Column("tenant", sa.Text),
         sa.Column("workflow_name", sa.Text),
-        sa.Column("workflow_version", sa.Integer),
-        sa.Column("workflow_id", sa.Text),
-        sa.Column("input", postgresql.JSONB),
-        sa.Column("created_at", sa.DateTime(timezone=True)),
         sa.Column("priority", sa.SmallInteger),
-        sa.Column("build_id", sa.Text),
-        sa.Column("pinned", sa.Boolean),
-    )
-    history = sa.Table(
-        "history", metadata,
-        sa.Column("execution_id", uuid_type),
-        sa.Column("kind", sa.Text),
-        sa.Column("payload", postgresql.JSONB),
-        sa.Column("recorded_at", sa.DateTime(timezone=True)),
     )
     tasks = sa.Table(
         "tasks", metadata,
         sa.Column("execution_id", uuid_type, primary_key=True),
-        sa.Column("cancel_requested", sa.Boolean),
     )
     waits = sa.Table(
         "waits", metadata,
@@ -196,68 +226,114 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
         "key_queue", metadata,
         sa.Column("execution_id", uuid_type, primary_key=True),
     )
-    x = executions.c
-    # Every column of `Execution`, state and outcome derived.
-    outcome = (
-        sa.select(history.c.payload, history.c.recorded_at)
-        .where(history.c.execution_id == x.id, history.c.kind.in_(OUTCOME_KINDS))
-        .lateral("outcome")
+    ended_runs = sa.Table(
+        "ended_runs", metadata,
+        sa.Column("tenant", sa.Text, primary_key=True),
+        sa.Column("state", sa.Text, primary_key=True),
+        sa.Column("execution_id", uuid_type, primary_key=True),
+        sa.Column("workflow_name", sa.Text),
     )
-    stmt = (
-        sa.select(
-            *executions.c,
-            sa.func.shardq.run_state(x.id).label("state"),
-            outcome.c.payload["output"].label("output"),
-            outcome.c.payload["error"].label("error"),
-            outcome.c.recorded_at.label("finished_at"),
-            sa.func.coalesce(tasks.c.cancel_requested, False).label("cancel_requested"),
-        )
-        .select_from(executions)
-        .outerjoin(outcome, sa.true())
-        .outerjoin(tasks, tasks.c.execution_id == x.id)
-        .order_by(x.id)
-        .limit(sa.bindparam("limit", 0, type_=sa.Integer))
-    )
+    return _Tables(executions, tasks, waits, key_queue, ended_runs)
+
+
+def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
+    """The page's ids, in order, from the one index whose range holds them (schema/0028):
+
+    - no state: `executions_tenant (tenant, id)`, `executions_workflow (tenant,
+      workflow_name, id)`, or the primary key for every tenant;
+    - an ended state: `ended_runs`' primary key `(tenant, state, id)` or
+      `ended_runs_workflow (tenant, workflow_name, state, id)`;
+    - a live state: the table that holds runs in it (waits, tasks, key_queue), whose
+      rows are the shard's live runs only, each checked with `shardq.run_state`.
+
+    A time window and the cursor bound the id within that range, so a page reads
+    about `limit` entries and a range with no run reads one descent. The priority
+    filter alone is not a range: a page of a rare priority reads past the others.
+    Every tenant's page of an indexed range that leads with the tenant walks the
+    range once per tenant (found by a loose scan of executions_tenant, one descent
+    each) and merges them: a page per tenant, not a scan of every tenant's runs.
+    """
+    state = shape.state
+    per_tenant = not shape.tenant and (shape.workflow or (state is not None and state.terminal))
+    tenants = None
+    if per_tenant:
+        found = t.executions.alias("found")
+        first = sa.select(sa.func.min(found.c.tenant).label("tenant")).cte(
+            "tenants", recursive=True)
+        later = t.executions.alias("later")
+        tenants = first.union_all(
+            sa.select(sa.select(sa.func.min(later.c.tenant))
+                      .where(later.c.tenant > first.c.tenant).scalar_subquery())
+            .where(first.c.tenant.is_not(None)))
+    tenant = (tenants.c.tenant if tenants is not None
+              else sa.bindparam("tenant", "", type_=sa.Text) if shape.tenant else None)
+    src, ident = _source(sa, t, shape, tenant)
+    uuid_type = postgresql.UUID(as_uuid=True)
+    for name, bound in (("after", shape.after), ("since", shape.since), ("until", shape.until)):
+        if bound:
+            param = sa.bindparam(name, None, type_=uuid_type)
+            src = src.where(ident > param if name == "after"
+                            else ident >= param if name == "since" else ident < param)
     # The buckets the reader's map gives this shard: a run being moved, on two
     # shards for a while, is read on one (schema/functions/holds_exactly.sql).
     mine = sa.cast(sa.bindparam("mine", "", type_=sa.Text), postgresql.BIT(4096))
-    stmt = stmt.where(sa.or_(
+    src = src.where(sa.or_(
         sa.select(sa.func.shardq.holds_exactly(mine)).scalar_subquery(),
-        sa.func.get_bit(mine, sa.func.shardq.bucket(x.id)) == 1,
+        sa.func.get_bit(mine, sa.func.shardq.bucket(ident)) == 1,
     ))
-    if shape.tenant:
-        stmt = stmt.where(x.tenant == sa.bindparam("tenant", "", type_=sa.Text))
-    if shape.workflow:
-        stmt = stmt.where(x.workflow_name == sa.bindparam("workflow", "", type_=sa.Text))
-    if shape.after:
-        stmt = stmt.where(x.id > sa.bindparam("after", None, type_=uuid_type))
-    if shape.priority:
-        stmt = stmt.where(x.priority == sa.bindparam("priority", 0, type_=sa.SmallInteger))
+    limit = sa.bindparam("limit", 0, type_=sa.Integer)
+    src = src.order_by(ident).limit(limit)
+    if tenants is None:
+        return src
+    each = src.lateral("each")
+    return sa.select(each.c.id).select_from(tenants).join(each, sa.true()).order_by(
+        each.c.id).limit(limit)
+
+
+def _source(sa: Any, t: _Tables, shape: _Shape, tenant: Any) -> tuple[Any, Any]:
+    """The page's ids before the bounds, and the id column they are ordered by."""
     state = shape.state
+    run = t.executions.alias("run")
+    workflow = sa.bindparam("workflow", "", type_=sa.Text)
+    priority = sa.bindparam("priority", 0, type_=sa.SmallInteger)
+    if state is not None and state.terminal:
+        ended = t.ended_runs.alias("ended")
+        ident = ended.c.execution_id
+        src = sa.select(ident.label("id")).select_from(ended).where(ended.c.state == state.value)
+        if tenant is not None:
+            src = src.where(ended.c.tenant == tenant)
+        if shape.workflow:
+            src = src.where(ended.c.workflow_name == workflow)
+        if shape.priority:
+            src = src.join(run, run.c.id == ident).where(run.c.priority == priority)
+        return src, ident
+    ident = run.c.id
+    src = sa.select(ident.label("id")).select_from(run)
+    if tenant is not None:
+        src = src.where(run.c.tenant == tenant)
+    if shape.workflow:
+        src = src.where(run.c.workflow_name == workflow)
+    if shape.priority:
+        src = src.where(run.c.priority == priority)
     if state is not None:
-        # The filter is driven by the table that holds runs in that state.
-        driver: sa.FromClause
-        if state.terminal:
-            ended = history.alias("ended")
-            driver = ended
-            on = sa.and_(ended.c.execution_id == x.id, ended.c.kind == f"run.{state.value}")
-        elif state in (State.WAITING, State.INPUT_REQUIRED):
-            parked = waits.alias("parked")
-            driver = parked
-            interrupt = parked.c.kind == "interrupt"
-            on = sa.and_(parked.c.execution_id == x.id,
-                         interrupt if state is State.INPUT_REQUIRED else sa.not_(interrupt))
-        elif state is State.RUNNING:  # a task row
-            queued = tasks.alias("queued")
-            driver, on = queued, queued.c.execution_id == x.id
-        else:  # pending: a task row, or a place in its concurrency key's queue
-            due = sa.union_all(sa.select(tasks.c.execution_id),
-                               sa.select(key_queue.c.execution_id)).subquery("due")
-            driver, on = due, due.c.execution_id == x.id
-        stmt = stmt.join(driver, on).where(sa.func.shardq.run_state(x.id) == state.value)
-    compiled = stmt.compile(
-        dialect=postgresql.psycopg.dialect(),  # type: ignore[no-untyped-call]
-        compile_kwargs={"render_postcompile": True},
-    )
-    values = {"limit", "tenant", "workflow", "after", "mine", "priority"}  # the caller's, per page
-    return str(compiled), {k: v for k, v in compiled.params.items() if k not in values}
+        src = _live(sa, t, src, run, state)
+    return src, ident
+
+
+def _live(sa: Any, t: _Tables, src: Any, run: Any, state: State) -> Any:
+    """`src` joined to the table that holds runs in a live `state`, checked per row."""
+    driver: Any
+    if state in (State.WAITING, State.INPUT_REQUIRED):
+        parked = t.waits.alias("parked")
+        interrupt = parked.c.kind == "interrupt"
+        driver = parked
+        on = sa.and_(parked.c.execution_id == run.c.id,
+                     interrupt if state is State.INPUT_REQUIRED else sa.not_(interrupt))
+    elif state is State.RUNNING:  # a task row
+        queued = t.tasks.alias("queued")
+        driver, on = queued, queued.c.execution_id == run.c.id
+    else:  # pending: a task row, or a place in its concurrency key's queue
+        due = sa.union_all(sa.select(t.tasks.c.execution_id),
+                           sa.select(t.key_queue.c.execution_id)).subquery("due")
+        driver, on = due, due.c.execution_id == run.c.id
+    return src.join(driver, on).where(sa.func.shardq.run_state(run.c.id) == state.value)

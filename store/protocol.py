@@ -82,6 +82,10 @@ class WorkerStore(Protocol):
         waiting, no operator limit); how many."""
         ...
 
+    def fold_run_counts(self, shard: Shard) -> int:
+        """Fold the shard's appended count changes into its counters; how many."""
+        ...
+
     def take_rate_slot(self, shard: Shard, limiter: str, *, run: uuid.UUID, position: int,
                        attempt: int, park_after: float) -> float | None:
         """Seconds until a step's call may start under `limiter` (asked of the home shard;

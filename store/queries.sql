@@ -306,26 +306,29 @@ FROM held
 WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
 
--- name: get_execution
--- One run with its derived state and outcome: the columns store/listing.py's
--- pages read, for one id (a fixed statement: the hot reads of a run by id need
--- no query builder). The outcome kinds are the history_outcome index's.
--- Reads of runs by id refuse a bucket this shard does not own (shardq.owns):
--- a reader routed by a map older than a move follows it.
+-- name: executions_of
+-- Runs by id with their derived state and outcome, in id order: one run read by
+-- id (`fenced`), and the rows of a listing page whose ids store/listing.py found
+-- (not fenced: those ids are of the buckets the reader's map gives this shard).
+-- A fenced read refuses a bucket this shard does not own (shardq.owns): a reader
+-- routed by a map older than a move follows it. Each row's task is a probe of
+-- its own, not a join the planner could answer by hashing every task.
 SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input,
        x.created_at, x.priority, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
        o.payload->'error' AS error, o.recorded_at AS finished_at,
-       coalesce(t.cancel_requested, false) AS cancel_requested, x.concurrency_key,
-       x.build_id, x.pinned, x.concurrency_key IS NOT NULL AND EXISTS (
+       coalesce((SELECT t.cancel_requested FROM shardq.tasks t WHERE t.execution_id = x.id),
+                false) AS cancel_requested,
+       x.concurrency_key, x.build_id, x.pinned, x.concurrency_key IS NOT NULL AND EXISTS (
            SELECT 1 FROM shardq.key_queue q WHERE q.execution_id = x.id) AS waiting_for_slot
-FROM shardq.executions x
+FROM unnest(%(ids)s::uuid[]) AS page(id)
+JOIN shardq.executions x ON x.id = page.id
 LEFT JOIN LATERAL (
     SELECT h.payload, h.recorded_at FROM shardq.history h
     WHERE h.execution_id = x.id
       AND h.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
 ) o ON true
-LEFT JOIN shardq.tasks t ON t.execution_id = x.id
-WHERE x.id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
+WHERE NOT %(fenced)s OR (SELECT shardq.owns(%(ids)s::uuid[]))
+ORDER BY x.id
 
 -- name: read_history
 -- One row per event: shardq.events unfolds a finished run's last step from
@@ -425,6 +428,48 @@ ORDER BY id
 SELECT child_id, workflow_name AS workflow, workflow_id, position, policy, ended
 FROM shardq.children WHERE parent_id = %(id)s AND (SELECT shardq.owns(ARRAY[%(id)s::uuid]))
 ORDER BY position
+
+-- name: count_runs
+-- Runs by workflow and kind, of one tenant (or every tenant: NULL) and one workflow
+-- (or every one). The counters (schema/0029: the folded rows and the changes not
+-- folded yet, exact in this snapshot) hold 'started', each ended state, and the
+-- runs each kind of open wait holds; a run a worker holds (a live lease) is
+-- running, whatever its wait (shardq.run_state), so the leased runs are counted
+-- here and taken off their wait's count. Pending is what is left (store/counts.py):
+-- started, less every other state. Costs the counters' rows and the task rows,
+-- never the shard's history nor its waits.
+WITH wanted AS (
+    SELECT %(tenant)s::text AS tenant, %(workflow)s::text AS workflow
+), counted AS (
+    SELECT c.workflow_name, c.kind, c.n FROM shardq.run_counts c, wanted w
+    WHERE (w.tenant IS NULL OR c.tenant = w.tenant)
+      AND (w.workflow IS NULL OR c.workflow_name = w.workflow)
+    UNION ALL
+    SELECT c.workflow_name, c.kind, c.n FROM shardq.run_count_changes c, wanted w
+    WHERE (w.tenant IS NULL OR c.tenant = w.tenant)
+      AND (w.workflow IS NULL OR c.workflow_name = w.workflow)
+), leased AS (
+    SELECT x.workflow_name,
+           (SELECT shardq.wait_state(p.kind) FROM shardq.waits p
+            WHERE p.execution_id = t.execution_id) AS parked
+    FROM shardq.tasks t, wanted w,
+         -- A probe a task (OFFSET 0 keeps it one): a hash join would read every run.
+         LATERAL (SELECT r.workflow_name FROM shardq.executions r
+                  WHERE r.id = t.execution_id OFFSET 0) x
+    WHERE t.leased_until > now() AND (w.tenant IS NULL OR t.tenant = w.tenant)
+      AND (w.workflow IS NULL OR x.workflow_name = w.workflow)
+)
+SELECT workflow_name AS workflow, kind, sum(n)::bigint AS n
+FROM (SELECT workflow_name, kind, n FROM counted
+      UNION ALL
+      SELECT workflow_name, 'running', 1 FROM leased
+      UNION ALL
+      SELECT workflow_name, parked, -1 FROM leased WHERE parked IS NOT NULL) c
+GROUP BY 1, 2
+
+-- name: fold_run_counts
+-- A worker's fold of the appended count changes (schema/functions/fold_run_counts.sql).
+SELECT shardq.fold_run_counts() AS folded
 
 -- name: cancel_now
 -- Cancel a run no worker holds, its rows locked: body, schema/functions/cancel_run.sql
@@ -609,17 +654,20 @@ SELECT pg_try_advisory_xact_lock(hashtext('shardq.purge')) AS held
 
 -- name: purge_batch
 -- Delete a batch of finished runs past retention with everything they left:
--- history, signals, waits and tasks (a finished run has none), the list of
--- their children, and their
--- settled outbox rows. Runs another purger holds are skipped; each batch is
+-- history, its row among the ended runs, signals, waits and tasks (a finished
+-- run has none), the list of its children, and its settled outbox rows. Runs another purger holds are skipped; each batch is
 -- its own short transaction.
 WITH doomed AS (
-    SELECT x.id FROM shardq.executions x
+    SELECT x.id, x.tenant FROM shardq.executions x
     WHERE x.id IN (SELECT p.execution_id FROM shardq.purgeable_runs(
         %(retention_s)s, %(workflows)s::text[], %(listed)s, %(limit)s) p)
     FOR UPDATE OF x SKIP LOCKED
 ), history AS (
     DELETE FROM shardq.history h WHERE h.execution_id IN (SELECT id FROM doomed)
+), ended AS (
+    DELETE FROM shardq.ended_runs e USING doomed d
+    WHERE e.tenant = d.tenant AND e.execution_id = d.id
+      AND e.state IN ('completed', 'failed', 'cancelled', 'timed_out')
 ), signals AS (
     DELETE FROM shardq.signals s WHERE s.execution_id IN (SELECT id FROM doomed)
 ), waits AS (

@@ -61,9 +61,10 @@ from shardq.store.params import (
 
 R = TypeVar("R")
 Row = dict[str, Any]
-Step = tuple[str, Mapping[str, Any]]
+Step = tuple[str, Mapping[str, Any]] | tuple[str, Mapping[str, Any], bool]
 Op = Generator[Step, list[Row], R]
-"""An operation: yields (statement, parameters), is sent the rows, returns its answer."""
+"""An operation: yields (statement, parameters) or (statement, parameters, prepare), is
+sent the rows, returns its answer."""
 
 SQL = load_queries("shardq.store", "queries.sql")
 _STATES = {s.value: s for s in State}  # State(value) costs ~3 us: felt in a 20k-run start
@@ -167,7 +168,7 @@ def run(conn: psycopg.Connection[Row], op: Op[R]) -> R:
     try:
         step = next(op)
         while True:
-            cur = conn.execute(*step)
+            cur = conn.execute(step[0], step[1], prepare=_prepare(step))
             step = op.send(cur.fetchall() if cur.description is not None else [])
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
@@ -178,10 +179,16 @@ async def run_async(conn: psycopg.AsyncConnection[Row], op: Op[R]) -> R:
     try:
         step = next(op)
         while True:
-            cur = await conn.execute(*step)
+            cur = await conn.execute(step[0], step[1], prepare=_prepare(step))
             step = op.send(await cur.fetchall() if cur.description is not None else [])
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _prepare(step: Step) -> bool | None:
+    """A step's third item, False, keeps psycopg from preparing it (listed_ids);
+    None lets psycopg prepare a statement it has run a few times."""
+    return step[2] if len(step) == 3 else None
 
 
 def translated(shard: Shard, exc: psycopg.Error) -> Exception | None:
@@ -327,6 +334,12 @@ def set_rate_limit(name: str, limit: RateLimit | None) -> Op[RateLimiter | None]
     return _rate_limiter(rows[0]) if rows else None
 
 
+def count_runs(tenant: str | None, workflow: str | None) -> Op[list[tuple[str, str, int]]]:
+    """This shard's (workflow, kind, n) rows of store/counts.py, for one tenant or all."""
+    rows = yield SQL["count_runs"], {"tenant": tenant, "workflow": workflow}
+    return [(r["workflow"], r["kind"], int(r["n"])) for r in rows]
+
+
 def children_of(execution_id: uuid.UUID) -> Op[list[ChildInfo]]:
     """The children a run started, in start order."""
     rows = yield SQL["children_of"], {"id": execution_id}
@@ -352,7 +365,7 @@ def _key_probe(key: str) -> uuid.UUID:
 
 
 def get_execution(execution_id: uuid.UUID) -> Op[Execution | None]:
-    rows = yield SQL["get_execution"], {"id": execution_id}
+    rows = yield SQL["executions_of"], {"ids": [execution_id], "fenced": True}
     return _execution(rows[0]) if rows else None
 
 
@@ -373,10 +386,27 @@ def read_histories(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, list[HistoryE
 
 def list_executions(query: listing.ListQuery, mine: str) -> Op[list[Execution]]:
     """A page of one shard's runs; `mine`: the buckets the reader's map gives it
-    (store.buckets_of)."""
+    (store.buckets_of). Its ids, then their rows."""
+    ids = yield from listed_ids(query, mine)
+    return (yield from executions_of(ids))
+
+
+def listed_ids(query: listing.ListQuery, mine: str) -> Op[list[uuid.UUID]]:
+    """The ids of one shard's page, in order (store/listing.py). Planned for its
+    parameters each time, never prepared: a generic plan does not know the page's
+    limit or which filters hold, and chose to read and sort a whole live table."""
     statement, params = listing.compile_list(query)
     params["mine"] = mine
-    rows = yield statement, params
+    rows = yield statement, params, False
+    return [r["id"] for r in rows]
+
+
+def executions_of(ids: Sequence[uuid.UUID]) -> Op[list[Execution]]:
+    """The rows of a page whose ids a listing found, in id order (a run gone since,
+    purged, is not among them)."""
+    if not ids:
+        return []
+    rows = yield SQL["executions_of"], {"ids": list(ids), "fenced": False}
     return [_execution(r) for r in rows]
 
 

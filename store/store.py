@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -65,6 +65,7 @@ from shardq.store.statements import (
 )
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 class Store(FlowControlStore, ScheduleStore, BuildStore):
@@ -80,6 +81,10 @@ class Store(FlowControlStore, ScheduleStore, BuildStore):
     def map(self) -> ShardMap:
         """The map the pools route by now: it follows newer versions as moves switch them."""
         return self.pools.map
+
+    def _run(self, shard: Shard, op: statements.Op[R]) -> R:
+        with self.connection(shard) as conn:
+            return statements.run(conn, op)
 
     @contextmanager
     def connection(self, shard: Shard) -> Iterator[DictConnection]:
@@ -143,9 +148,32 @@ class Store(FlowControlStore, ScheduleStore, BuildStore):
         """A page of `shard`'s runs, of the buckets `shard_map` (by default the store's
         current map) gives it: a reader of several shards passes the one map it read them by,
         so a run a move has on two shards is listed once."""
-        mine = buckets_of(shard_map or self.map, shard)
-        with self.connection(shard) as conn:
-            return statements.run(conn, statements.list_executions(query, mine))
+        return self._run(shard, statements.list_executions(
+            query, buckets_of(shard_map or self.map, shard)))
+
+    def listed_ids(
+        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
+    ) -> list[uuid.UUID]:
+        """The ids of `shard`'s page, as `list_executions` finds them: a reader of many
+        shards merges these and reads rows (`executions_of`) for the ids it keeps."""
+        return self._run(shard, statements.listed_ids(
+            query, buckets_of(shard_map or self.map, shard)))
+
+    def executions_of(self, shard: Shard, ids: Sequence[uuid.UUID]) -> list[Execution]:
+        """The runs of these ids `shard` holds, in id order (a listing page's rows)."""
+        return self._run(shard, statements.executions_of(ids))
+
+    def count_runs(self, shard: Shard, *, tenant: str | None,
+                   workflow: str | None) -> list[tuple[str, str, int]]:
+        """`shard`'s runs as (workflow, kind, n) rows (store/counts.py)."""
+        return self._run(shard, statements.count_runs(tenant, workflow))
+
+    def fold_run_counts(self, shard: Shard) -> int:
+        """Fold `shard`'s appended count changes into its counters; how many (0 when
+        another worker is folding them)."""
+        with self.transaction(shard) as conn:
+            row = conn.execute(SQL["fold_run_counts"]).fetchone()
+        return int(row["folded"]) if row else 0
 
     # -- claiming and leases -------------------------------------------------
 

@@ -163,6 +163,9 @@ class MemoryStore:
     def purge_idle_keys(self, shard: Shard, *, idle_s: float, limit: int) -> int:
         return 0  # the fake keeps no concurrency keys: it admits every run
 
+    def fold_run_counts(self, shard: Shard) -> int:
+        return 0  # the fake keeps no counters: nothing reads them
+
     def take_rate_slot(self, shard: Shard, limiter: str, *, run: uuid.UUID, position: int,
                        attempt: int, park_after: float) -> float | None:
         return 0.0 if limiter in self.rate_limits else None  # the fake never limits

@@ -27,6 +27,10 @@ class WorkerConfig:
     housekeeping_interval_s: float = 300.0
     """How often the worker purges finished runs past retention (worker/retention.py), one
     worker at a time per shard; 0 turns it off (run `shardq purge` instead)."""
+    count_fold_interval_s: float = 5.0
+    """How often the worker folds each served shard's appended count changes into its
+    counters (schema/0029), one worker at a time per shard; counts stay exact without
+    it, but read more rows the longer it is off. 0 turns it off."""
     default_retention_s: float = DEFAULT_RETENTION_S
     """Retention of runs whose definition sets none."""
     commit_batch: int = 500

@@ -107,3 +107,20 @@ def purge_served(  # noqa: PLR0917 - the worker's housekeeping thread, spawned o
                 purge(store, shard, plan)
             except Exception as exc:  # housekeeping must never take the worker down
                 log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})
+
+
+def fold_counts_served(
+    store: WorkerStore, served: Callable[[], list[Shard]], interval_s: float,
+    drained: threading.Event,
+) -> None:
+    """A worker's fold of its served shards' run counts every `interval_s`: the changes
+    commits append (schema/0029) become a few counter rows, so a count reads few."""
+    while not drained.wait(interval_s):
+        for shard in served():
+            try:
+                folded = store.fold_run_counts(shard)
+            except Exception as exc:  # housekeeping must never take the worker down
+                log.warning("count fold failed", extra={"shard": shard.name, "error": str(exc)})
+                continue
+            if folded:
+                log.debug("folded run counts", extra={"shard": shard.name, "changes": folded})

@@ -41,7 +41,7 @@ from shardq.worker.config import WorkerConfig
 from shardq.worker.leases import beat
 from shardq.worker.limiters import HomeRateSlots
 from shardq.worker.logcontext import about_run
-from shardq.worker.retention import RetentionPlan, purge_served
+from shardq.worker.retention import RetentionPlan, fold_counts_served, purge_served
 from shardq.worker.slots import InFlight, Reservation, TurnItem, TurnQueue
 from shardq.worker.ticker import Ticker
 from shardq.worker.turn import failing_commit, run_turn
@@ -154,6 +154,10 @@ class Worker:
             spawn(f"shardq-turn-{i}", self._turn_loop)
         if self.config.housekeeping_interval_s > 0:
             spawn("shardq-housekeeping", self._housekeeping_loop)
+        if self.config.count_fold_interval_s > 0:
+            spawn("shardq-count-fold", functools.partial(
+                fold_counts_served, self.store, lambda: self.shards,
+                self.config.count_fold_interval_s, self._drained))
         if self.config.schedules and isinstance(self.store, TickerStore):
             spawn("shardq-ticker", Ticker(self.store, self.registry, self._stopping).loop)
         self._follower.start()  # the claim loops, and the map thread

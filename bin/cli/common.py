@@ -56,10 +56,11 @@ from shardq.shards.errors import (
 if TYPE_CHECKING:
     from shardq.client.client import Client
     from shardq.shards.fanout import Reached
+    from shardq.store.counts import RunCounts
     from shardq.store.listing import PartialInterruptPage, PartialPage
     from shardq.workflow.registry import Registry
 
-    Unread = PartialPage | PartialInterruptPage
+    Unread = PartialPage | PartialInterruptPage | RunCounts
 
 EXIT_CODES: dict[type[ShardqError], int] = {
     ConfigError: 2,
@@ -152,8 +153,9 @@ def emit_partial(settings: Settings, payload: dict[str, Any], text: str,
     line on stderr naming it (and its cause) and exit EXIT_PARTIAL: an outage of one
     shard must not hide what the others owe, least of all what they owe it.
 
-    `reached` is what `shards.fanout.each_shard` read, or a page the client read
-    that way (`list_runs` and `pending_interrupts` with `skip_unavailable`; then
+    `reached` is what `shards.fanout.each_shard` read, or a page or counts the client
+    read that way (`list_runs`, `pending_interrupts` and `count_runs` with
+    `skip_unavailable`; then
     `asked` says how many shards it read). When no shard could be read there is
     nothing partial to show: the command fails as any other does when a shard is
     unavailable (exit 3), with the shards' causes."""
@@ -273,6 +275,13 @@ def by_rule(check: Callable[[Any], T]) -> Callable[[click.Context, click.Paramet
             raise click.BadParameter(str(exc), param=param) from None
 
     return callback
+
+
+def check_moment(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """An option's ISO 8601 time with its offset (core/rules.parse_moment), or None."""
+    from shardq.core.rules import parse_moment
+
+    return None if value is None else by_rule(parse_moment)(ctx, param, value)
 
 
 def check_limit(_ctx: click.Context, param: click.Parameter, value: int) -> int:

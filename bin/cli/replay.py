@@ -21,6 +21,7 @@ from shardq.bin.cli.common import (
     Settings,
     app_client,
     app_option,
+    check_moment,
     emit,
     errors_as_exit_codes,
     fail,
@@ -37,19 +38,6 @@ if TYPE_CHECKING:
     from shardq.workflow.replayer import Verdict
 
 EXIT_DIVERGED = 10
-
-
-def _moment(_ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO 8601 time", param=param) from None
-    if parsed.tzinfo is None:
-        raise click.BadParameter(f"{value!r} has no offset: write it with one "
-                                 "(e.g. 2026-12-01T00:00:00Z)", param=param)
-    return parsed
 
 
 def _builds(_ctx: click.Context, param: click.Parameter,
@@ -73,8 +61,8 @@ def _builds(_ctx: click.Context, param: click.Parameter,
               "(repeatable).")
 @click.option("--state", "states", multiple=True, type=click.Choice([s.value for s in State]),
               help="Only runs in this state (repeatable).")
-@click.option("--since", callback=_moment, help="Only runs created at or after this time.")
-@click.option("--until", callback=_moment, help="Only runs created before this time.")
+@click.option("--since", callback=check_moment, help="Only runs created at or after this time.")
+@click.option("--until", callback=check_moment, help="Only runs created before this time.")
 @click.option("--tenant", help="Only runs of this tenant (default: every tenant).")
 @click.option("--build", "builds", multiple=True, callback=_builds,
               help="Only runs started on this build (repeatable; runs on the shards only): "

@@ -23,6 +23,7 @@ from shardq.bin.cli.common import (
     app_client,
     app_option,
     check_limit,
+    check_moment,
     emit,
     emit_partial,
     errors_as_exit_codes,
@@ -35,6 +36,8 @@ from shardq.bin.cli.common import (
 from shardq.core.models import Event, State
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from shardq.core.models import Execution, UpdateResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -455,11 +458,16 @@ def page_options(f: F) -> F:
 @click.option("--workflow", "workflow_name", help="Only runs of this workflow.")
 @click.option("--priority", type=int, callback=_check_priority, metavar="0-9",
               help="Only runs of this priority.")
+@click.option("--created-after", callback=check_moment, metavar="TIME",
+              help="Only runs created at or after this ISO 8601 time (with its offset).")
+@click.option("--created-before", callback=check_moment, metavar="TIME",
+              help="Only runs created before this ISO 8601 time.")
 @page_options
 @pass_settings
 def workflow_list(
     settings: Settings, tenant: str, state: str | None, workflow_name: str | None,
-    priority: int | None, limit: int, cursor: str | None,
+    priority: int | None, created_after: datetime | None, created_before: datetime | None,
+    limit: int, cursor: str | None,
 ) -> None:
     """List runs over every shard, oldest first, one page at a time.
 
@@ -467,7 +475,8 @@ def workflow_list(
     others' runs, and its cursor goes past what that shard holds before it."""
     with open_client(settings) as client, errors_as_exit_codes():
         page = client.list_runs(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
-                                cursor=cursor, skip_unavailable=True, priority=priority)
+                                cursor=cursor, skip_unavailable=True, priority=priority,
+                                created_after=created_after, created_before=created_before)
         asked = len(client.map.shards)
     lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
              for e in page.items]

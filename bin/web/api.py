@@ -31,7 +31,7 @@ from shardq.bin.web.tokens import tenant_for
 from shardq.client.requests import DEFAULT_UPDATE_WAIT
 from shardq.core.errors import SignalRefused
 from shardq.core.models import Event, Execution, State, UpdateResult
-from shardq.core.rules import MAX_WAIT, Limits
+from shardq.core.rules import MAX_WAIT, Limits, parse_moment
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import InvalidExecutionId, parse_execution_id
 
@@ -320,11 +320,23 @@ async def listing(request: Request, tenant: str) -> Response:
     priority = q.get("priority")
     if priority is not None and not (priority.isascii() and priority.isdigit()):
         raise ApiError(400, "priority must be a whole number within 0..9")
+    after, before = (None if q.get(name) is None else parse_moment(q[name], name)
+                     for name in ("created_after", "created_before"))
     page = await client.list_runs(tenant=tenant, state=state, workflow=q.get("workflow"),
                                   limit=limit, cursor=q.get("cursor"),
-                                  priority=None if priority is None else int(priority))
+                                  priority=None if priority is None else int(priority),
+                                  created_after=after, created_before=before)
     return JSONResponse({"items": [_execution(e) for e in page.items],
                          "next_cursor": page.next_cursor})
+
+
+@_api
+async def counts(request: Request, tenant: str) -> Response:
+    counted = await shared(request).client.count_runs(
+        tenant=tenant, workflow=request.query_params.get("workflow"))
+    answer = counted.as_json()
+    del answer["unavailable_shards"]  # a shard down is a 503 here, as for a page
+    return JSONResponse(answer)
 
 
 @_api
@@ -431,6 +443,7 @@ ROUTES = [
         ("/workflows/{execution_id}/update/{name}", update, "POST"),
         ("/workflows/{name}/update-with-start", update_with_start, "POST"),
         ("/workflows/registered/{name}/interface", interface, "GET"),
+        ("/workflows/counts", counts, "GET"),
         ("/workflows/{execution_id}/history", history, "GET"),
         ("/workflows/{execution_id}", show, "GET"),
         ("/workflows", listing, "GET"),

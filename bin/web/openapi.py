@@ -129,6 +129,8 @@ _WAIT = _query("wait", {"type": "number", "minimum": 0, "maximum": 600},
 _LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Page size")
 _PAGE_ITEMS: dict[str, Any] = {"items": {"type": "array", "items": {"type": "object"}},
                                "next_cursor": {"type": ["string", "null"]}}
+_COUNTS = {"type": "object", "properties": {s.value: {"type": "integer"} for s in State},
+           "required": [s.value for s in State], "additionalProperties": False}
 _PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": _PAGE_ITEMS}
 _INTERRUPT = {"type": "object", "required": [
     "execution_id", "workflow", "workflow_id", "name", "prompt", "actions", "schema", "value",
@@ -236,6 +238,13 @@ OPENAPI: dict[str, Any] = {
             _EXECUTION_ID,
             body=_envelope(["priority"], priority={"type": "integer", "minimum": 0,
                                                    "maximum": 9}))},
+        f"{PREFIX}/workflows/counts": {"get": _op(
+            "countRuns", "Runs per workflow and state over every shard, exact",
+            _responses({200: _obj(["by_state", "by_workflow", "total"], by_state=_COUNTS,
+                                  by_workflow={"type": "object",
+                                               "additionalProperties": _COUNTS},
+                                  total={"type": "integer"})}, 400),
+            _query("workflow", _NAME, "Only runs of this workflow"))},
         f"{PREFIX}/workflows/{{execution_id}}": {"get": _op(
             "getRun", "A run: state, open wait, pending signals", _responses({200: EXECUTION}, 404),
             _EXECUTION_ID)},
@@ -253,7 +262,11 @@ OPENAPI: dict[str, Any] = {
             _query("state", {"enum": [s.value for s in State]}, "Only runs in this state"),
             _query("workflow", _NAME, "Only runs of this workflow"),
             _query("priority", {"type": "integer", "minimum": 0, "maximum": 9},
-                   "Only runs of this priority"), _LIMIT,
+                   "Only runs of this priority"),
+            _query("created_after", {"type": "string", "format": "date-time"},
+                   "Only runs created at or after this time (ISO 8601, with its offset)"),
+            _query("created_before", {"type": "string", "format": "date-time"},
+                   "Only runs created before this time (ISO 8601, with its offset)"), _LIMIT,
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
                    "The next_cursor of the previous page"))},
         f"{PREFIX}/interrupts": {"get": _op(

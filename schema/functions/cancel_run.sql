@@ -22,6 +22,9 @@ BEGIN
     FROM waits w WHERE w.kind = 'interrupt';
     INSERT INTO shardq.history (execution_id, position, kind, name, payload)
     VALUES (p_id, NULL, 'run.cancelled', 'run', '{}');
+    INSERT INTO shardq.ended_runs (tenant, state, execution_id, workflow_name)
+    SELECT x.tenant, 'cancelled', x.id, x.workflow_name FROM shardq.executions x
+    WHERE x.id = p_id;
     IF released IS NOT NULL THEN
         PERFORM shardq.release_slots(ARRAY[released]);
     END IF;

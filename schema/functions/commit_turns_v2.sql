@@ -291,6 +291,13 @@ BEGIN
              AS c(id, state, output, error, step)
         WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
           AND (all_fenced OR c.id = ANY(fenced));
+        -- And its row in the index of ended runs that listing reads (schema/0028).
+        INSERT INTO shardq.ended_runs (tenant, state, execution_id, workflow_name)
+        SELECT x.tenant, c.state, c.id, x.workflow_name
+        FROM unnest(c_ids, c_states) AS c(id, state)
+        JOIN shardq.executions x ON x.id = c.id
+        WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
+          AND (all_fenced OR c.id = ANY(fenced));
     END IF;
 
     IF true = ANY(c_close_wait) THEN

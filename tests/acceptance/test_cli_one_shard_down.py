@@ -86,6 +86,19 @@ def _first_words(stdout: str) -> set[str]:
     return {line.split()[0] for line in stdout.splitlines() if line.strip()}
 
 
+def _counted_text(stdout: str) -> set[str]:
+    """`workflow count`'s table as workflow:state:n for every count that is not 0."""
+    header, *rows = stdout.splitlines()
+    states = header.split()[1:]
+    return {f"{name}:{state}:{n}" for name, *ns in (row.split() for row in rows)
+            if name != "(all)" for state, n in zip(states, ns, strict=True) if n != "0"}
+
+
+def _counted(d: Deployment) -> set[str]:
+    return {f"park:waiting:{len(d.up(d.parked))}",
+            f"proposal_review:input_required:{len(d.up(d.reviewed))}"}
+
+
 READS: list[tuple[str, tuple[str, ...], Callable[[Deployment], set[str]],
                   Callable[[str], set[str]], Callable[[dict[str, object]], set[str]]]] = [
     ("stale", ("stale", "--stale-after", "signal=0.001", "--stale-after", "interrupt=0.001"),
@@ -94,6 +107,9 @@ READS: list[tuple[str, tuple[str, ...], Callable[[Deployment], set[str]],
     ("workflow list", ("workflow", "list"),
      lambda d: d.up(d.parked) | d.up(d.reviewed), _first_words,
      lambda shown: {r["id"] for r in shown["items"]}),  # type: ignore[attr-defined]
+    ("workflow count", ("workflow", "count"), _counted, _counted_text,
+     lambda shown: {f"{w}:{s}:{n}" for w, states in shown["by_workflow"].items()  # type: ignore[attr-defined]
+                    for s, n in states.items() if n}),
     ("workflow pending", ("workflow", "pending"),
      lambda d: d.up(d.reviewed),
      lambda out: {line.split()[0] for line in out.splitlines() if not line.startswith(" ")},

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -106,6 +107,49 @@ def test_a_priority_is_given_at_start_shown_with_the_run_and_filters_the_list(
     listed = api.http.get("/workflows", params={"priority": "7"}).json()["items"]
     assert [(r["execution_id"], r["priority"]) for r in listed] == [(urgent, 7)]
     assert len(api.http.get("/workflows").json()["items"]) == 2
+
+
+@pytest.mark.parametrize(("params", "says"), [
+    ({"created_after": "yesterday"}, "created_after: 'yesterday' is not an ISO 8601 time"),
+    ({"created_before": "2026-12-01T00:00:00"}, "has no offset"),
+    ({"created_after": "2026-13-01T00:00:00Z"}, "is not an ISO 8601 time"),
+    ({"created_after": "\x00"}, "is not an ISO 8601 time"),
+])
+def test_a_creation_window_filters_the_list_and_a_bad_one_is_a_400(
+    api: Api, params: dict[str, str], says: str,
+) -> None:
+    run = start_park(api, "window")
+    # The window is the id's millisecond, the starting client's clock: a little before
+    # created_at, the row's insert on its shard.
+    created = datetime.fromisoformat(api.http.get(f"/workflows/{run}").json()["created_at"])
+    after = (created - timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+    for window, expected in (({"created_after": after}, [run]),
+                             ({"created_after": created.isoformat(timespec="seconds")
+                               .replace("+00:00", "+01:00")}, [run]),
+                             ({"created_before": "2000-01-01T00:00:00+02:00"}, []),
+                             ({"created_after": "2000-01-01T00:00:00Z",
+                               "created_before": "2999-01-01T00:00:00Z"}, [run])):
+        answer = api.http.get("/workflows", params=window)
+        assert answer.status_code == 200, answer.text
+        assert [r["execution_id"] for r in answer.json()["items"]] == expected
+    refused = api.http.get("/workflows", params=params)
+    assert refused.status_code == 400, refused.text
+    assert says in refused.json()["error"]
+
+
+def test_counts_are_the_tenant_s_and_a_bad_filter_is_a_400(api: Api) -> None:
+    run = start_park(api, "counted")
+    state = api.http.get(f"/workflows/{run}").json()["state"]
+    answer = api.http.get("/workflows/counts")
+    assert answer.status_code == 200, answer.text
+    counted = answer.json()
+    assert (counted["total"], counted["by_state"][state]) == (1, 1)
+    assert counted["by_workflow"] == {"park": counted["by_state"]}
+    assert api.http.get("/workflows/counts", params={"workflow": "nope"}).json()["total"] == 0
+    for bad in ("", "x" * 300, "a\x00b"):
+        refused = api.http.get("/workflows/counts", params={"workflow": bad})
+        assert refused.status_code == 400, (bad, refused.text)
+        assert "workflow" in refused.json()["error"]
 
 
 def test_a_live_run_s_priority_is_changed_and_a_bad_change_changes_nothing(api: Api) -> None:

@@ -39,7 +39,7 @@ PAIRS: list[tuple[type, type, dict[str, str], dict[str, str]]] = [
         "claim": "worker", "commit_turns": "worker", "extend_leases": "worker",
         "release_leases": "worker", "landed_commits": "worker",
         "purge_batch": "worker's retention", "purge_count": "worker's retention",
-        "purge_idle_keys": "worker's retention",
+        "purge_idle_keys": "worker's retention", "fold_run_counts": "worker's count fold",
         "take_rate_slot": "worker's steps", "declare_rate_limiters": "worker",
         "health": "exporter", "stale_waits": "exporter",
         "takes_writes": "relay", "transaction": "relay and mover",

@@ -86,8 +86,9 @@ R = TypeVar("R")
 class Client(ReadingCalls, FlowControlCalls, ScheduleCalls, BuildCalls):
     """Entry point for applications. Thread-safe; share one per process.
 
-    Every call routes by execution id or workflow key to one shard; only `list`
-    reads every shard.
+    Every call routes by execution id or workflow key to one shard; the reads of many
+    runs (client/reading.py: list_runs, count_runs) and the operators' calls read every
+    shard.
     """
 
     def __init__(

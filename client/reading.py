@@ -5,7 +5,7 @@ modules; both halves are here, over the same sans-I/O parts (client/requests.py,
 store/counts.py).
 
 Every call reads every shard, at once: a page costs the slowest shard's page, a count
-its counters and live runs (store/listing.py, schema/0029)."""
+its counters and task rows (store/listing.py, schema/0029)."""
 
 from __future__ import annotations
 

@@ -216,6 +216,7 @@ def _tables(sa: Any, postgresql: Any) -> _Tables:
     tasks = sa.Table(
         "tasks", metadata,
         sa.Column("execution_id", uuid_type, primary_key=True),
+        sa.Column("leased_until", sa.DateTime(timezone=True)),
     )
     waits = sa.Table(
         "waits", metadata,
@@ -244,17 +245,20 @@ def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
     - an ended state: `ended_runs`' primary key `(tenant, state, id)` or
       `ended_runs_workflow (tenant, workflow_name, state, id)`;
     - a live state: the table that holds runs in it (waits, tasks, key_queue), whose
-      rows are the shard's live runs only, each checked with `shardq.run_state`.
+      rows are the shard's live runs only, each checked with `shardq.run_state` (`_live`).
 
     A time window and the cursor bound the id within that range, so a page reads
     about `limit` entries and a range with no run reads one descent. The priority
-    filter alone is not a range: a page of a rare priority reads past the others.
+    filter alone is not a range: a page of a rare priority reads past the others; nor
+    is a workflow combined with a live state (the state's live rows are read until the
+    page is full), nor `running` (the task rows are read: leases are not indexed).
     Every tenant's page of an indexed range that leads with the tenant walks the
     range once per tenant (found by a loose scan of executions_tenant, one descent
     each) and merges them: a page per tenant, not a scan of every tenant's runs.
     """
     state = shape.state
-    per_tenant = not shape.tenant and (shape.workflow or (state is not None and state.terminal))
+    per_tenant = not shape.tenant and (
+        state.terminal if state is not None else shape.workflow)
     tenants = None
     if per_tenant:
         found = t.executions.alias("found")
@@ -267,7 +271,7 @@ def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
             .where(first.c.tenant.is_not(None)))
     tenant = (tenants.c.tenant if tenants is not None
               else sa.bindparam("tenant", "", type_=sa.Text) if shape.tenant else None)
-    src, ident = _source(sa, t, shape, tenant)
+    src, ident = _source(sa, postgresql, t, shape, tenant)
     uuid_type = postgresql.UUID(as_uuid=True)
     for name, bound in (("after", shape.after), ("since", shape.since), ("until", shape.until)):
         if bound:
@@ -290,7 +294,8 @@ def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
         each.c.id).limit(limit)
 
 
-def _source(sa: Any, t: _Tables, shape: _Shape, tenant: Any) -> tuple[Any, Any]:
+def _source(sa: Any, postgresql: Any, t: _Tables, shape: _Shape,
+            tenant: Any) -> tuple[Any, Any]:
     """The page's ids before the bounds, and the id column they are ordered by."""
     state = shape.state
     run = t.executions.alias("run")
@@ -307,6 +312,8 @@ def _source(sa: Any, t: _Tables, shape: _Shape, tenant: Any) -> tuple[Any, Any]:
         if shape.priority:
             src = src.join(run, run.c.id == ident).where(run.c.priority == priority)
         return src, ident
+    if state is not None:
+        return _live(sa, postgresql, t, shape, tenant)
     ident = run.c.id
     src = sa.select(ident.label("id")).select_from(run)
     if tenant is not None:
@@ -315,25 +322,50 @@ def _source(sa: Any, t: _Tables, shape: _Shape, tenant: Any) -> tuple[Any, Any]:
         src = src.where(run.c.workflow_name == workflow)
     if shape.priority:
         src = src.where(run.c.priority == priority)
-    if state is not None:
-        src = _live(sa, t, src, run, state)
     return src, ident
 
 
-def _live(sa: Any, t: _Tables, src: Any, run: Any, state: State) -> Any:
-    """`src` joined to the table that holds runs in a live `state`, checked per row."""
+def _live(sa: Any, postgresql: Any, t: _Tables, shape: _Shape, tenant: Any) -> tuple[Any, Any]:
+    """A live `state`'s page: the table that holds runs in it (waits; tasks; tasks and a
+    key's queue for pending), walked in id order, each row's run probed for the other
+    filters and its run_state. The probe is a subquery kept apart (OFFSET 0), so it runs
+    for the rows the walk reaches before the page is full and no further: joined, the
+    planner merged the run's index with the live table's and checked the state of every
+    run it passed, live or not (a 1 s page at a million runs); as a filter of the live
+    table, run_state ran for each of its rows before they were sorted."""
+    state = shape.state
     driver: Any
     if state in (State.WAITING, State.INPUT_REQUIRED):
         parked = t.waits.alias("parked")
         interrupt = parked.c.kind == "interrupt"
-        driver = parked
-        on = sa.and_(parked.c.execution_id == run.c.id,
-                     interrupt if state is State.INPUT_REQUIRED else sa.not_(interrupt))
-    elif state is State.RUNNING:  # a task row
-        queued = t.tasks.alias("queued")
-        driver, on = queued, queued.c.execution_id == run.c.id
-    else:  # pending: a task row, or a place in its concurrency key's queue
-        due = sa.union_all(sa.select(t.tasks.c.execution_id),
-                           sa.select(t.key_queue.c.execution_id)).subquery("due")
-        driver, on = due, due.c.execution_id == run.c.id
-    return src.join(driver, on).where(sa.func.shardq.run_state(run.c.id) == state.value)
+        ident = parked.c.execution_id
+        driver = sa.select(ident.label("id")).where(
+            interrupt if state is State.INPUT_REQUIRED else sa.not_(interrupt))
+    elif state is State.RUNNING:  # a task row under a live lease (the queue's rows are
+        # read: leases are not indexed, so that a claim updates its rows in place)
+        ident = t.tasks.c.execution_id
+        driver = sa.select(ident.label("id")).where(t.tasks.c.leased_until > sa.func.now())
+    else:  # pending: a task row, or a place in its concurrency key's queue (both walked
+        # by their keys and merged: a filter on the lease here made the planner read and
+        # sort every task; a leased one is left out by its state in the probe)
+        due = sa.union_all(sa.select(t.tasks.c.execution_id.label("id")),
+                           sa.select(t.key_queue.c.execution_id.label("id"))).subquery("due")
+        ident = due.c.id
+        driver = sa.select(ident.label("id"))
+    run = t.executions.alias("run")
+    probe = sa.select(sa.func.shardq.run_state(run.c.id).label("state")).where(run.c.id == ident)
+    # The filters inside the probe: a run they leave out costs no run_state.
+    if tenant is not None:
+        probe = probe.where(run.c.tenant == tenant)
+    if shape.workflow:
+        probe = probe.where(run.c.workflow_name == sa.bindparam("workflow", "", type_=sa.Text))
+    if shape.priority:
+        probe = probe.where(run.c.priority == sa.bindparam("priority", 0, type_=sa.SmallInteger))
+    probe = probe.offset(sa.literal_column("0")).lateral("probe")
+    src = driver.join_from(driver.get_final_froms()[0], probe, sa.true())
+    # The state, exactly, as "none of the others": the planner takes an equality on
+    # a function for 0.5% of rows, so a page of 100 would look like the whole table's
+    # matches and be read whole and sorted; as 7 inequalities it looks like most rows,
+    # and the walk in id order stops at the page's last row.
+    others = sa.literal([s.value for s in State if s is not state], postgresql.ARRAY(sa.Text))
+    return src.where(probe.c.state != sa.all_(others)), ident

@@ -1,9 +1,10 @@
 """Runs counted by workflow and state, over every shard (schema/0029).
 
-A shard answers rows of (workflow, kind, n): `started` and each ended state from its
-counters, and the live states its live rows hold. Counted over the shards, a
-workflow's pending runs are what is left: started, less those ended, less those
-running, waiting or asking for input. The sums are linear, so the shards' rows are
+A shard answers rows of (workflow, kind, n) (queries.sql, `count_runs`): `started`,
+each ended state and each open wait's state from its counters, and the runs workers
+hold (running, taken off their wait's count). Counted over the shards, a workflow's
+pending runs are what is left: started, less those ended, less those running,
+waiting or asking for input. The sums are linear, so the shards' rows are
 added before that subtraction, as one shard's would be.
 """
 

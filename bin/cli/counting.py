@@ -1,5 +1,5 @@
 """`shardq workflow count`: runs per workflow and state over every shard, exact, at the
-cost of a few counter rows and the live runs a shard holds (docs/operations.md,
+cost of a few counter rows and the task rows a shard holds (docs/operations.md,
 "Listing and counting runs")."""
 
 from __future__ import annotations

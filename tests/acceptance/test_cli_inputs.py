@@ -171,6 +171,8 @@ CASES = [
     Case("missing-input-file", (*START, "k1", "--input", "@/no/such.json", "--app", APP), 2,
          "No such file"),
     Case("bad-state", ("workflow", "list", "--state", "bogus"), 2, "'bogus' is not one of"),
+    Case("count-empty-workflow", ("workflow", "count", "--workflow", ""), 2, "workflow"),
+    Case("count-long-tenant", ("workflow", "count", "--tenant", "t" * 300), 2, "tenant"),
     Case("list-window-words", ("workflow", "list", "--created-after", "last week"), 2,
          "'last week' is not an ISO 8601 time"),
     Case("list-window-naive", ("workflow", "list", "--created-before", "2026-12-01T00:00"), 2,

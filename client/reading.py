@@ -9,20 +9,24 @@ its counters and task rows (store/listing.py, schema/0029)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import heapq
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardq.client.requests import DEFAULT_TENANT, kept_ids, list_query, merged_page
+from shardq.client.requests import DEFAULT_TENANT, list_query, unread_of
 from shardq.core.models import Execution, State
 from shardq.core.rules import check_name
 from shardq.shards import async_fanout
 from shardq.shards.fanout import Reached, each_shard
 from shardq.store.counts import RunCounts, counted
-from shardq.store.listing import DEFAULT_PAGE, PartialPage
+from shardq.store.listing import DEFAULT_PAGE, Cursor, PartialPage, ShardPage
 
 if TYPE_CHECKING:
-    from shardq.shards.config import ShardMap
+    from shardq.shards.config import Shard, ShardMap
     from shardq.store.async_store import AsyncStore
     from shardq.store.store import Store
 
@@ -48,6 +52,52 @@ def _whole(reached: Reached[R], skip_unavailable: bool) -> Reached[R]:
 def _counts(reached: Reached[list[tuple[str, str, int]]]) -> RunCounts:
     return counted((row for rows in reached.answers.values() for row in rows),
                    tuple(reached.unavailable_names), tuple(reached.causes))
+
+
+def shard_rows(limit: int, shards: int) -> int:
+    """How many rows each shard reads with its page's ids: about twice its even share
+    of a page over `shards` (ids are spread evenly over the shards' buckets), so the
+    rows of the ids a page keeps are nearly always read in the same round trip; all
+    of them on one shard."""
+    return limit if shards <= 1 else min(limit, 2 * -(-limit // shards) + 1)
+
+
+@dataclass(frozen=True)
+class MergedPage:
+    """The ids a page over many shards keeps, merged from the shards' pages: the rows
+    already read for them, the ids whose rows a shard still has to read (`unread`,
+    by shard), and the cursor of the page after it."""
+
+    runs: list[Execution]
+    unread: dict[Shard, list[uuid.UUID]]
+    cursor: str | None
+
+
+def merged(pages: Mapping[Shard, ShardPage], limit: int) -> MergedPage:
+    """The first `limit` of the shards' page ids, with what is read and left to read."""
+    shards = list(pages)
+    tagged = heapq.merge(*([(ident, n) for ident in page.ids]
+                           for n, page in enumerate(pages.values())))
+    kept = list(itertools.islice(tagged, limit))
+    wanted = {ident for ident, _ in kept}
+    runs = [e for page in pages.values() for e in page.runs if e.id in wanted]
+    read = [set(page.ids[:page.read]) for page in pages.values()]
+    unread: dict[Shard, list[uuid.UUID]] = {}
+    for ident, n in kept:
+        if ident not in read[n]:
+            unread.setdefault(shards[n], []).append(ident)
+    return MergedPage(runs, unread, Cursor(kept[-1][0]).encode() if len(kept) == limit else None)
+
+
+def merged_page(merged_runs: MergedPage, more: Sequence[list[Execution]],
+                *reached: Reached[Any]) -> PartialPage:
+    """The page: the merged rows and the rows read after (`more`), by id; `reached` (the
+    reads by `each_shard` that skipped unavailable shards) names the shards not read."""
+    unread = [unread_of(r) for r in reached]  # a shard the ids' read missed has no rows to read
+    names = tuple(n for names, _ in unread for n in names)
+    causes = tuple(c for _, causes in unread for c in causes)
+    runs = sorted([*merged_runs.runs, *(e for rows in more for e in rows)], key=lambda e: e.id)
+    return PartialPage(runs, merged_runs.cursor, names, causes)
 
 
 class ReadingCalls:
@@ -79,12 +129,15 @@ class ReadingCalls:
         """
         query = list_query(tenant, state, workflow, limit, cursor, priority=priority,
                            created_after=created_after, created_before=created_before)
-        found = _whole(each_shard(self.map.shards, lambda shard: self.store.listed_ids(
-            shard, query)), skip_unavailable)
-        chosen, after = kept_ids(found.answers, limit)
-        rows = _whole(each_shard(list(chosen), lambda shard: self.store.executions_of(
-            shard, chosen[shard])), skip_unavailable)
-        return merged_page(list(rows.answers.values()), after, found, rows)
+        rows = shard_rows(limit, len(self.map.shards))
+        found = _whole(each_shard(self.map.shards, lambda shard: self.store.list_executions(
+            shard, query, rows=rows)), skip_unavailable)
+        page = merged(found.answers, limit)
+        if not page.unread:
+            return merged_page(page, (), found)
+        more = _whole(each_shard(list(page.unread), lambda shard: self.store.executions_of(
+            shard, page.unread[shard])), skip_unavailable)
+        return merged_page(page, list(more.answers.values()), found, more)
 
     def iter_all(self, **filters: Any) -> Iterator[Execution]:
         """Every run matching `filters` (list_runs's), page by page."""
@@ -127,14 +180,17 @@ class AsyncReadingCalls:
         """Client.list_runs: one page over every shard (read at once), ordered by id."""
         query = list_query(tenant, state, workflow, limit, cursor, priority=priority,
                            created_after=created_after, created_before=created_before)
+        rows = shard_rows(limit, len(self.map.shards))
         found = _whole(await async_fanout.each_shard(
-            self.map.shards, lambda shard: self.store.listed_ids(shard, query)),
+            self.map.shards, lambda shard: self.store.list_executions(shard, query, rows=rows)),
             skip_unavailable)
-        chosen, after = kept_ids(found.answers, limit)
-        rows = _whole(await async_fanout.each_shard(
-            list(chosen), lambda shard: self.store.executions_of(shard, chosen[shard])),
+        page = merged(found.answers, limit)
+        if not page.unread:
+            return merged_page(page, (), found)
+        more = _whole(await async_fanout.each_shard(
+            list(page.unread), lambda shard: self.store.executions_of(shard, page.unread[shard])),
             skip_unavailable)
-        return merged_page(list(rows.answers.values()), after, found, rows)
+        return merged_page(page, list(more.answers.values()), found, more)
 
     async def iter_all(self, **filters: Any) -> AsyncIterator[Execution]:
         """Client.iter_all: every run matching `filters`, page by page."""

@@ -71,14 +71,14 @@ def _shard_runs(client: Client, shard: Shard, window: _Window) -> Iterator[Recor
     store = client.store
     after: Cursor | None = None
     while True:
-        listed = store.list_executions(shard, ListQuery(
+        page = store.list_executions(shard, ListQuery(
             tenant=window.tenant, state=window.state, workflow=window.workflow, limit=PAGE,
             after=after, created_after=window.since, created_before=window.until))
-        chosen = [e for e in listed if not window.builds or e.build_id in window.builds]
+        chosen = [e for e in page.runs if not window.builds or e.build_id in window.builds]
         if chosen:
             histories = store.read_histories(shard, [e.id for e in chosen])
             for execution in chosen:
                 yield RecordedRun.of(execution, tuple(histories.get(execution.id, ())))
-        if len(listed) < PAGE:
+        if len(page.ids) < PAGE:
             return
-        after = Cursor(listed[-1].id)
+        after = Cursor(page.ids[-1])

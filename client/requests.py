@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,7 +62,6 @@ from shardq.core.rules import (
     to_json,
     validate,
 )
-from shardq.shards.config import Shard
 from shardq.shards.fanout import Reached
 from shardq.shards.routing import (
     parse_execution_id,
@@ -74,7 +72,6 @@ from shardq.store.listing import (
     InboxCursor,
     ListQuery,
     PartialInterruptPage,
-    PartialPage,
 )
 from shardq.store.params import (
     InterruptDecision,
@@ -207,31 +204,7 @@ def list_query(tenant: str | None, state: State | str | None, workflow: str | No
     )
 
 
-def kept_ids(pages: Mapping[Shard, list[uuid.UUID]], limit: int) -> tuple[
-    dict[Shard, list[uuid.UUID]], str | None
-]:
-    """The ids a page over many shards keeps (the first `limit` of the shards' id pages,
-    merged), by the shard that listed them, and the cursor of the page after it."""
-    shards = list(pages)
-    tagged = heapq.merge(*([(ident, n) for ident in ids] for n, ids in enumerate(pages.values())))
-    kept = list(itertools.islice(tagged, limit))
-    chosen: dict[Shard, list[uuid.UUID]] = {}
-    for ident, n in kept:
-        chosen.setdefault(shards[n], []).append(ident)
-    return chosen, Cursor(kept[-1][0]).encode() if len(kept) == limit else None
-
-
-def merged_page(rows: Sequence[list[Execution]], cursor: str | None,
-                *reached: Reached[Any]) -> PartialPage:
-    """The kept runs' rows as one page, by id; `reached` (the reads by `each_shard` that
-    skipped unavailable shards) names the shards that could not be read."""
-    unread = [_unread(r) for r in reached]  # a shard the ids' read missed has no rows to read
-    names = tuple(n for names, _ in unread for n in names)
-    causes = tuple(c for _, causes in unread for c in causes)
-    return PartialPage(list(heapq.merge(*rows, key=lambda e: e.id)), cursor, names, causes)
-
-
-def _unread(reached: Reached[Any] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def unread_of(reached: Reached[Any] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The names of the shards `reached` could not read, and why (a partial page's)."""
     if reached is None:
         return (), ()
@@ -539,7 +512,7 @@ class InboxQuery:
         last = merged[-1] if len(merged) == self.limit else None
         return PartialInterruptPage(
             merged, InboxCursor(last.requested_at, last.execution_id).encode() if last else None,
-            *_unread(reached),
+            *unread_of(reached),
         )
 
 

@@ -8,6 +8,8 @@ all split a batch this way; this is the one place that does it.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +22,34 @@ from shardq.shards.follow import Rerouting, Router
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+POOL_THREADS = 64
+"""Threads the fan-outs of a process share, at most: a call over more shards than that
+queues the rest behind the first."""
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _threads() -> ThreadPoolExecutor:
+    """The process's one pool of fan-out threads, made on first use and kept. A pool
+    made per call started its threads every time: half of a page over 8 shards (6 of
+    12 ms) went to starting 16 threads. No call a fan-out runs fans out itself, so
+    none waits on a thread its own caller holds."""
+    global _pool  # noqa: PLW0603 - the one shared pool, made lazily
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="shardq-fan-out")
+        return _pool
+
+
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it makes a pool of its own."""
+    global _pool  # noqa: PLW0603
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def by_shard(
@@ -102,8 +132,7 @@ def _call_groups(
             return refusal
 
     if parallel and len(groups) > 1:
-        with ThreadPoolExecutor(len(groups), thread_name_prefix="shardq-fan-out") as pool:
-            return dict(zip(groups, pool.map(one, groups), strict=True))
+        return dict(zip(groups, _threads().map(one, groups), strict=True))
     return {shard: one(shard) for shard in groups}
 
 
@@ -152,8 +181,7 @@ def each_shard(shards: Sequence[Shard], call: Callable[[Shard], R]) -> Reached[R
             return exc
 
     if len(shards) > 1:
-        with ThreadPoolExecutor(len(shards), thread_name_prefix="shardq-each-shard") as pool:
-            outcomes = list(pool.map(one, shards))
+        outcomes = list(_threads().map(one, shards))
     else:
         outcomes = [one(shard) for shard in shards]
     return Reached.of(shards, outcomes)

@@ -93,16 +93,11 @@ class AsyncStore:
         return await self._run(shard, statements.read_history(execution_id))
 
     async def list_executions(
-        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
-    ) -> list[Execution]:
+        self, shard: Shard, query: listing.ListQuery, *, rows: int | None = None,
+        shard_map: ShardMap | None = None,
+    ) -> listing.ShardPage:
         return await self._run(shard, statements.list_executions(
-            query, buckets_of(shard_map or self.map, shard)))
-
-    async def listed_ids(
-        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
-    ) -> list[uuid.UUID]:
-        return await self._run(shard, statements.listed_ids(
-            query, buckets_of(shard_map or self.map, shard)))
+            query, buckets_of(shard_map or self.map, shard), rows))
 
     async def executions_of(self, shard: Shard, ids: Sequence[uuid.UUID]) -> list[Execution]:
         return await self._run(shard, statements.executions_of(ids))

@@ -26,7 +26,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from shardq.core.errors import InvalidArgument
-from shardq.core.models import InterruptPage, Page, State
+from shardq.core.models import Execution, InterruptPage, Page, State
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -108,6 +108,16 @@ class PartialPage(Page):
 
     unavailable_shards: tuple[str, ...] = ()
     causes: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ShardPage:
+    """One shard's page: its ids in order, and the rows of the first `read` of them
+    (a run purged since its id was read has none)."""
+
+    ids: list[uuid.UUID]
+    runs: list[Execution]
+    read: int
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ async def run_async(conn: psycopg.AsyncConnection[Row], op: Op[R]) -> R:
 
 
 def _prepare(step: Step) -> bool | None:
-    """A step's third item, False, keeps psycopg from preparing it (listed_ids);
+    """A step's third item, False, keeps psycopg from preparing it (list_executions);
     None lets psycopg prepare a statement it has run a few times."""
     return step[2] if len(step) == 3 else None
 
@@ -384,21 +384,19 @@ def read_histories(ids: Sequence[uuid.UUID]) -> Op[dict[uuid.UUID, list[HistoryE
     return found
 
 
-def list_executions(query: listing.ListQuery, mine: str) -> Op[list[Execution]]:
+def list_executions(query: listing.ListQuery, mine: str,
+                    rows: int | None = None) -> Op[listing.ShardPage]:
     """A page of one shard's runs; `mine`: the buckets the reader's map gives it
-    (store.buckets_of). Its ids, then their rows."""
-    ids = yield from listed_ids(query, mine)
-    return (yield from executions_of(ids))
-
-
-def listed_ids(query: listing.ListQuery, mine: str) -> Op[list[uuid.UUID]]:
-    """The ids of one shard's page, in order (store/listing.py). Planned for its
-    parameters each time, never prepared: a generic plan does not know the page's
-    limit or which filters hold, and chose to read and sort a whole live table."""
+    (store.buckets_of). Its ids, then the rows of the first `rows` of them (every one
+    when None): a reader of many shards keeps only some of each shard's ids, and reads
+    the rows of the others it keeps afterwards, if any."""
     statement, params = listing.compile_list(query)
     params["mine"] = mine
-    rows = yield statement, params, False
-    return [r["id"] for r in rows]
+    # Planned for its parameters each time, never prepared: a generic plan does not
+    # know the page's limit or which filters hold, and read and sorted a whole table.
+    ids = [r["id"] for r in (yield statement, params, False)]
+    read = len(ids) if rows is None else min(rows, len(ids))
+    return listing.ShardPage(ids, (yield from executions_of(ids[:read])), read)
 
 
 def executions_of(ids: Sequence[uuid.UUID]) -> Op[list[Execution]]:

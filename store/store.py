@@ -143,21 +143,15 @@ class Store(FlowControlStore, ScheduleStore, BuildStore):
             return statements.run(conn, statements.read_histories(ids))
 
     def list_executions(
-        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
-    ) -> list[Execution]:
-        """A page of `shard`'s runs, of the buckets `shard_map` (by default the store's
-        current map) gives it: a reader of several shards passes the one map it read them by,
-        so a run a move has on two shards is listed once."""
+        self, shard: Shard, query: listing.ListQuery, *, rows: int | None = None,
+        shard_map: ShardMap | None = None,
+    ) -> listing.ShardPage:
+        """A page of `shard`'s runs (the rows of its first `rows` ids, or all), of the
+        buckets `shard_map` (by default the store's current map) gives it: a reader of
+        several shards passes the one map it read them by, so a run a move has on two
+        shards is listed once."""
         return self._run(shard, statements.list_executions(
-            query, buckets_of(shard_map or self.map, shard)))
-
-    def listed_ids(
-        self, shard: Shard, query: listing.ListQuery, *, shard_map: ShardMap | None = None
-    ) -> list[uuid.UUID]:
-        """The ids of `shard`'s page, as `list_executions` finds them: a reader of many
-        shards merges these and reads rows (`executions_of`) for the ids it keeps."""
-        return self._run(shard, statements.listed_ids(
-            query, buckets_of(shard_map or self.map, shard)))
+            query, buckets_of(shard_map or self.map, shard), rows))
 
     def executions_of(self, shard: Shard, ids: Sequence[uuid.UUID]) -> list[Execution]:
         """The runs of these ids `shard` holds, in id order (a listing page's rows)."""

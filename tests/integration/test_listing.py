@@ -10,6 +10,7 @@ read thousands.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -19,13 +20,17 @@ from typing import Any
 import psycopg
 import pytest
 
+from shardq.client.async_client import AsyncClient
 from shardq.client.client import Client
+from shardq.client.reading import shard_rows
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.migrations import migrate
+from shardq.shards.pools import ShardPools
 from shardq.shards.sqlfile import load_queries
 from shardq.store import listing
+from shardq.store.store import Store
 from shardq.worker.retention import RetentionPlan, purge
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
@@ -111,6 +116,32 @@ def test_every_combination_of_filters_pages_to_the_definitions_answer(
     # Small pages, cut across both shards: the cursor loses and repeats nothing.
     rare = [i for i, t, _, s in truth if t == "rare-tenant" and s == "completed"]
     assert [e.id for e in client.iter_all(tenant="rare-tenant", state="completed", limit=7)] == rare
+
+
+def test_a_page_over_many_shards_reads_the_rows_a_crowded_shard_still_owes(
+    fresh_databases: Any,
+) -> None:
+    """Each of three shards reads the rows of its first ids only (about twice its share
+    of a page): when one shard holds every run, the page reads the rest of its rows in
+    a second round, and loses and repeats nothing, from both clients."""
+    shard_map = ShardMap.from_urls(fresh_databases(3))
+    migrate(shard_map)
+    crowded = ShardMap.from_urls([shard_map.shards[0].url])  # the load's buckets: shard 0's
+    buckets = [b for b in range(4096) if shard_map.shards[0].owns(b)]
+    with psycopg.connect(crowded.shards[0].url, autocommit=True) as conn:
+        conn.execute(BENCH_SQL["visibility_load"], {
+            "n": 450, "first_ms": int(time.time() * 1000) - DAY_MS, "span_ms": DAY_MS,
+            "buckets": buckets, "salt": 2})
+    expected = sorted(i for i, t, _, _ in _truth(shard_map) if t == "default")
+    assert shard_rows(100, 3) < 100  # the second round is needed for a full page
+    with ShardPools(shard_map) as pools:
+        assert [e.id for e in Client(Store(pools), registry).iter_all(limit=100)] == expected
+
+    async def listed() -> list[uuid.UUID]:
+        async with AsyncClient.connect(shard_map, registry) as aclient:
+            return [e.id async for e in aclient.iter_all(limit=100)]
+
+    assert asyncio.run(listed()) == expected
 
 
 @pytest.mark.parametrize(("filters", "says"), [
@@ -263,8 +294,8 @@ def test_counts_are_the_definitions_answer_through_ends_folds_and_purges(
     # A woken run a worker holds is running, its wait row not yet closed.
     client.signal(held[1], "go", 1)
     shard = client.map.for_execution(held[1])
-    (claimed,) = [c for c in store.claim(shard, owner="t", limit=10, lease_s=60)[0]
-                  if c.execution_id == held[1]]
+    assert held[1] in [c.execution_id for c in store.claim(
+        shard, owner="t", limit=10, lease_s=60)[0]]
     assert client.get(held[1]).state is State.RUNNING
     assert rows(shard.url, "SELECT kind FROM shardq.waits WHERE execution_id = %s", held[1])
     agrees()

@@ -90,7 +90,7 @@ def test_a_run_on_two_shards_is_read_once_by_every_map_version(
     bounds = StaleBounds(timer_s=60, signal_s=60, condition_s=60, interrupt_s=60, grace_s=0)
     with ShardPools(reader_map, verify=_verified) as pools:
         store = Store(pools)
-        listed = {s.name: [e.id for e in store.list_executions(s, listing.ListQuery())]
+        listed = {s.name: [e.id for e in store.list_executions(s, listing.ListQuery()).runs]
                   for s in reader_map.shards}
         inbox = {s.name: [p.execution_id for p in store.pending_interrupts(
             s, tenant="default", workflow=None, after=None, limit=10)]

@@ -240,11 +240,14 @@ def _snapshot(shard_map: ShardMap) -> dict[tuple[str, str], list[str]]:
     still say which), any other uuid by `<uuid>`, an identity column by
     `<identity>`, and a time (a timestamp column or an ISO time inside JSON)
     by its distance from the database's now in whole hours (so a timer 90
-    days out stays distinguishable from one due now). NULL stays NULL.
+    days out stays distinguishable from one due now). NULL stays NULL. The count
+    changes are folded first: their rows follow the writing statements (one a
+    batch), their sums are what must match.
     """
     out: dict[tuple[str, str], list[str]] = {}
     for shard in shard_map.shards:
-        with psycopg.connect(shard.url) as conn:
+        with psycopg.connect(shard.url, autocommit=True) as conn:
+            conn.execute("SELECT shardq.fold_run_counts()")
             now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
             runs = {r[0]: f"<run {r[1]}/{r[2]}/{r[3]}>" for r in conn.execute(
                 "SELECT id, tenant, workflow_name, workflow_id FROM shardq.executions")}

@@ -292,10 +292,13 @@ BEGIN
         WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
           AND (all_fenced OR c.id = ANY(fenced));
         -- And its row in the index of ended runs that listing reads (schema/0028).
+        -- Each run probed by its id (OFFSET 0 keeps the probe one): a join's plan,
+        -- cached for the session, could hash every run of the shard per batch.
         INSERT INTO shardq.ended_runs (tenant, state, execution_id, workflow_name)
         SELECT x.tenant, c.state, c.id, x.workflow_name
-        FROM unnest(c_ids, c_states) AS c(id, state)
-        JOIN shardq.executions x ON x.id = c.id
+        FROM unnest(c_ids, c_states) AS c(id, state),
+             LATERAL (SELECT e.tenant, e.workflow_name FROM shardq.executions e
+                      WHERE e.id = c.id OFFSET 0) x
         WHERE c.state IN ('completed', 'failed', 'cancelled', 'timed_out')
           AND (all_fenced OR c.id = ANY(fenced));
     END IF;

@@ -5,8 +5,11 @@
 -- A worker records `signal.timed_out`, `condition.timed_out` or
 -- `interrupt.timed_out` from what its claim read and its estimate of the
 -- database's clock. The store grants it only when
--- - the database's clock is past the deadline written at park time (the
---   `wake_at` of the wait's opening event), and
+-- - the commit's transaction began at or after the deadline written at park
+--   time (the `wake_at` of the wait's opening event): its events are recorded
+--   at that beginning (now()), so a timeout granted to a transaction begun
+--   before it would be recorded as happening before its deadline (a batch that
+--   began 1.5 ms early did: tests/integration/test_waits.py), and
 -- - nothing that satisfies the wait arrived by that deadline: for a signal
 --   or condition wait, an unconsumed signal of a name it waits on received
 --   at or before the deadline (other than those this very commit consumes);
@@ -48,7 +51,7 @@ BEGIN
         ) o
     ), early AS (
         SELECT o.id, o.deadline FROM opened o
-        WHERE o.deadline >= clock_timestamp()
+        WHERE o.deadline > now()
            OR (o.kind = 'interrupt.timed_out' AND EXISTS (
                 SELECT 1 FROM shardq.history h
                 WHERE h.execution_id = o.id AND h.position = o.position

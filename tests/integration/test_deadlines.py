@@ -333,3 +333,27 @@ def test_a_worker_whose_clock_runs_ahead_cannot_time_a_wait_out_early(
     client.signal(run, "docs", "docs")
     start_worker(registry)
     assert client.wait(run, timeout=15).output == {"timed_out": True, "later": "docs"}
+
+
+def test_a_timeout_is_not_granted_to_a_commit_begun_before_the_deadline(
+    client: Client, shard_map: ShardMap, start_worker: StartWorker,
+) -> None:
+    """A commit's events are recorded at its transaction's beginning (now()): granted to
+    a transaction begun before the deadline and checked after it, a timeout would be
+    recorded as happening early. Such a commit is deferred to the deadline instead."""
+    worker = start_worker(registry)
+    run = parked(client, "condition", "begun-early")
+    worker.stop()
+    time_passes(shard_map, TIMEOUT - 0.3)  # the deadline 0.3 s ahead of the store's clock
+    ((position,),) = rows(shard_map.for_execution(run).url,
+                          "SELECT position FROM shardq.history WHERE execution_id = %s "
+                          "AND kind = 'condition.waiting'", run)
+    with psycopg.connect(shard_map.for_execution(run).url) as conn:  # one transaction
+        conn.execute("SELECT now()")  # the transaction begins before the deadline
+        conn.execute("SELECT pg_sleep(0.6)")  # and is past it, by the clock
+        ((held,),) = conn.execute(
+            "SELECT shardq.defer_premature_timeouts(ARRAY[%(r)s::uuid], ARRAY[%(r)s::uuid], "
+            "ARRAY[%(p)s], ARRAY['condition.timed_out'], NULL)",
+            {"r": run, "p": position}).fetchall()
+        conn.rollback()
+    assert [str(r) for r in held] == [run]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardq.shards.config import Shard
+from shardq.shards.errors import ShardRetired
 from shardq.store.protocol import WorkerStore
 from shardq.store.store import Store
 from shardq.workflow.registry import DEFAULT_RETENTION_S, Registry
@@ -105,6 +106,8 @@ def purge_served(  # noqa: PLR0917 - the worker's housekeeping thread, spawned o
                 return
             try:
                 purge(store, shard, plan)
+            except ShardRetired:
+                continue  # removed from the map: the pools knew before the map loop
             except Exception as exc:  # housekeeping must never take the worker down
                 log.warning("purge failed", extra={"shard": shard.name, "error": str(exc)})
 
@@ -119,6 +122,8 @@ def fold_counts_served(
         for shard in served():
             try:
                 folded = store.fold_run_counts(shard)
+            except ShardRetired:
+                continue  # removed from the map: the pools knew before the map loop
             except Exception as exc:  # housekeeping must never take the worker down
                 log.warning("count fold failed", extra={"shard": shard.name, "error": str(exc)})
                 continue

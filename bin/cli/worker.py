@@ -42,6 +42,10 @@ log = logging.getLogger("shardq.cli")
 @click.option("--housekeeping-interval", default=300.0, show_default=True,
               type=Seconds(zero_ok=True),
               help="Seconds between purges of finished runs past retention (0: never).")
+@click.option("--count-fold-interval", default=5.0, show_default=True,
+              type=Seconds(zero_ok=True),
+              help="Seconds between folds of the served shards' run count changes "
+                   "(0: never; counts stay exact, read more rows).")
 @click.option("--build-id", default=None, envvar="SHARDQ_BUILD_ID",
               callback=by_rule(lambda value: None if value is None else check_build_id(value)),
               help="The build of the code in --app: claim runs pinned to it as well as "
@@ -52,7 +56,8 @@ log = logging.getLogger("shardq.cli")
 def worker(
     settings: Settings, app: str | None, only: tuple[str, ...], concurrency: int, batch_size: int,
     lease_s: float, poll_interval: float, drain_timeout: float, housekeeping_interval: float,
-    build_id: str | None, default_retention: float, metrics_port: int | None, metrics_host: str,
+    count_fold_interval: float, build_id: str | None, default_retention: float,
+    metrics_port: int | None, metrics_host: str,
 ) -> None:
     """Run workflows: claim due runs on the served shards until SIGTERM."""
 
@@ -77,6 +82,7 @@ def worker(
                 concurrency=concurrency, batch_size=batch_size, lease_s=lease_s,
                 poll_interval_s=poll_interval, drain_timeout_s=drain_timeout,
                 housekeeping_interval_s=housekeeping_interval,
+                count_fold_interval_s=count_fold_interval,
                 default_retention_s=default_retention, build_id=build_id,
             )
         except ValueError as exc:

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from shardq.client.requests import DEFAULT_TENANT, list_query, unread_of
+from shardq.client.requests import DEFAULT_TENANT, check_filters, list_query, unread_of
 from shardq.core.models import Execution, State
-from shardq.core.rules import check_name
 from shardq.shards import async_fanout
 from shardq.shards.fanout import Reached, each_shard
 from shardq.store.counts import RunCounts, counted
@@ -31,13 +30,6 @@ if TYPE_CHECKING:
     from shardq.store.store import Store
 
 R = TypeVar("R")
-
-
-def _count_filters(tenant: str | None, workflow: str | None) -> None:
-    if tenant is not None:
-        check_name(tenant, "tenant")
-    if workflow is not None:
-        check_name(workflow, "workflow")
 
 
 def _whole(reached: Reached[R], skip_unavailable: bool) -> Reached[R]:
@@ -157,7 +149,7 @@ class ReadingCalls:
         with None; of `workflow` or every one), exact in each shard's snapshot. A shard
         reads its counters and its live runs, never its history. `skip_unavailable`:
         a shard that cannot be reached is named in `unavailable_shards` instead."""
-        _count_filters(tenant, workflow)
+        check_filters(tenant, workflow)
         return _counts(_whole(each_shard(self.map.shards, lambda shard: self.store.count_runs(
             shard, tenant=tenant, workflow=workflow)), skip_unavailable))
 
@@ -208,6 +200,6 @@ class AsyncReadingCalls:
         skip_unavailable: bool = False,
     ) -> RunCounts:
         """Client.count_runs: runs per workflow and state over every shard."""
-        _count_filters(tenant, workflow)
+        check_filters(tenant, workflow)
         return _counts(_whole(await async_fanout.each_shard(self.map.shards, lambda shard: (
             self.store.count_runs(shard, tenant=tenant, workflow=workflow))), skip_unavailable))

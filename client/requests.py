@@ -182,16 +182,21 @@ def tenants_run(found: Execution | None, ident: uuid.UUID, tenant: str) -> Execu
     return found
 
 
+def check_filters(tenant: str | None, workflow: str | None) -> None:
+    """The tenant and workflow a read of many runs (a page, a count) is filtered by."""
+    if tenant is not None:
+        check_name(tenant, "tenant")
+    if workflow is not None:
+        check_name(workflow, "workflow")
+
+
 def list_query(tenant: str | None, state: State | str | None, workflow: str | None,
                limit: int, cursor: str | None, *, priority: int | None = None,
                created_after: datetime | None = None,
                created_before: datetime | None = None) -> ListQuery:
     if priority is not None:
         check_priority(priority)
-    if tenant is not None:
-        check_name(tenant, "tenant")
-    if workflow is not None:
-        check_name(workflow, "workflow")
+    check_filters(tenant, workflow)
     return ListQuery(
         tenant=tenant,
         state=State(state) if state is not None else None,

@@ -441,13 +441,21 @@ ORDER BY position
 WITH wanted AS (
     SELECT %(tenant)s::text AS tenant, %(workflow)s::text AS workflow
 ), counted AS (
+    -- A tenant's counters by their key's leading column; every tenant's only when
+    -- asked for (a one-time filter): with many tenants, an `IS NULL OR` read them all.
     SELECT c.workflow_name, c.kind, c.n FROM shardq.run_counts c, wanted w
-    WHERE (w.tenant IS NULL OR c.tenant = w.tenant)
-      AND (w.workflow IS NULL OR c.workflow_name = w.workflow)
+    WHERE c.tenant = w.tenant AND (w.workflow IS NULL OR c.workflow_name = w.workflow)
+    UNION ALL
+    SELECT c.workflow_name, c.kind, c.n FROM shardq.run_counts c
+    WHERE %(tenant)s::text IS NULL
+      AND (%(workflow)s::text IS NULL OR c.workflow_name = %(workflow)s::text)
     UNION ALL
     SELECT c.workflow_name, c.kind, c.n FROM shardq.run_count_changes c, wanted w
-    WHERE (w.tenant IS NULL OR c.tenant = w.tenant)
-      AND (w.workflow IS NULL OR c.workflow_name = w.workflow)
+    WHERE c.tenant = w.tenant AND (w.workflow IS NULL OR c.workflow_name = w.workflow)
+    UNION ALL
+    SELECT c.workflow_name, c.kind, c.n FROM shardq.run_count_changes c
+    WHERE %(tenant)s::text IS NULL
+      AND (%(workflow)s::text IS NULL OR c.workflow_name = %(workflow)s::text)
 ), leased AS (
     SELECT x.workflow_name,
            (SELECT shardq.wait_state(p.kind) FROM shardq.waits p

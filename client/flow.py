@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from shardq.client.requests import busiest, limit_change
 from shardq.core.errors import ConcurrencyKeyNotFound, InvalidArgument, RateLimiterNotFound
-from shardq.core.models import ConcurrencyLimit, RateLimit, RateLimiter, TenantWeights
+from shardq.core.flow import ConcurrencyLimit, RateLimit, RateLimiter, TenantWeights
 from shardq.core.rules import (
     check_name,
     check_page_size,

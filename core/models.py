@@ -13,6 +13,7 @@ from typing import Any
 
 from shardq.core.children import ChildInfo, ChildStart
 from shardq.core.errors import ExternalSignalFailed, WorkflowError
+from shardq.core.flow import RateWait
 
 
 class State(StrEnum):
@@ -79,6 +80,9 @@ class Event(StrEnum):
     """At a wait for children: the outcomes it took (ctx.wait_child(ren))."""
     PATCH_MARKED = "patch.marked"
     """At a ctx.patched call a run reached on code that has it: the change id (its name)."""
+    ATTRIBUTES_SET = "attributes.set"
+    """At a ctx.set_attributes call: the search attributes it set (`values`, None for one
+    removed); the commit writes them where listing reads them (schema/0030)."""
     UPDATE_COMPLETED = "update.completed"
     """At the position of the wait that handled it: an update's argument and its handler's
     response (or error). Not a call of its own: replay applies it at that wait."""
@@ -112,74 +116,8 @@ class Execution:
     """Due, but every slot of its concurrency key is taken: it runs when one frees."""
     build_id: str | None = None  # its workflow's build at its start (docs/versioning.md)
     pinned: bool = False  # held to that build: only its workers run it
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """A rate limiter's numbers (docs/flow-control.md): `rate` steps start per `per`
-    seconds, evenly spaced, `burst` of them at once after a quiet spell."""
-
-    rate: int
-    per: float = 1.0
-    burst: int = 1
-
-
-@dataclass(frozen=True)
-class RateLimiter:
-    """A rate limiter as the home shard holds it."""
-
-    name: str
-    declared: RateLimit
-    """As the workflow code declares it."""
-    override: RateLimit | None
-    """An operator's (`shardq rates set`), which wins until reset."""
-    waiting: int
-    """Steps parked for a slot of it."""
-    backlog_s: float
-    """How long a step asking for a slot now would wait."""
-
-    @property
-    def limit(self) -> RateLimit:
-        """The numbers that apply."""
-        return self.override or self.declared
-
-
-@dataclass(frozen=True)
-class RateWait:
-    """A run parked for the slot a rate limiter gave one of its steps."""
-
-    limiter: str
-    until: datetime
-
-
-@dataclass(frozen=True)
-class TenantWeights:
-    """Tenants' weights in fair claims (docs/flow-control.md), as every shard holds them."""
-
-    weights: dict[str, int]
-    """Each weighted tenant's weight, where every shard agrees (any other weighs 1)."""
-    differing: dict[str, dict[str, int]]
-    """Tenants whose weight differs between shards (a `set` that reached only some):
-    tenant -> shard -> weight, a shard without the tenant weighing 1."""
-
-
-@dataclass(frozen=True)
-class ConcurrencyLimit:
-    """A concurrency key as its shard holds it (docs/flow-control.md)."""
-
-    key: str
-    declared: int
-    """The limit its latest start declared."""
-    override: int | None
-    """An operator's limit (`shardq limits set`), which wins over the declared one."""
-    running: int
-    """Runs holding a slot: due, running, retrying or in a timer."""
-    waiting: int
-    """Runs due but waiting for a slot."""
-
-    @property
-    def limit(self) -> int:
-        return self.declared if self.override is None else self.override
+    attributes: dict[str, Any] = field(default_factory=dict)
+    """Its search attributes (ctx.set_attributes), as stored: a datetime as ISO text."""
 
 
 @dataclass(frozen=True)

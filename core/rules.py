@@ -35,7 +35,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
 from shardq.core.errors import InvalidArgument, NotSerializable, PayloadInvalid
-from shardq.core.models import RateLimit
+from shardq.core.flow import RateLimit
 
 # -- names and text ----------------------------------------------------------------
 

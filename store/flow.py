@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import uuid
     from collections.abc import Mapping
 
-    from shardq.core.models import ConcurrencyLimit, RateLimit, RateLimiter, RateWait
+    from shardq.core.flow import ConcurrencyLimit, RateLimit, RateLimiter, RateWait
     from shardq.shards.config import Shard
 
 

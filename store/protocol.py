@@ -21,7 +21,8 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from shardq.core.models import Claim, CommitOutcome, RateLimit, StartResult, State, TurnCommit
+from shardq.core.flow import RateLimit
+from shardq.core.models import Claim, CommitOutcome, StartResult, State, TurnCommit
 from shardq.core.schedules import Plan, Schedule
 from shardq.shards.config import Shard, ShardMap
 from shardq.store.params import Lease, StartBatch

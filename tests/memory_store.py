@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from shardq.core.flow import RateLimit
 from shardq.core.models import (
     Claim,
     CommitOutcome,
     HistoryEvent,
     OpenWait,
-    RateLimit,
     State,
     TaskAction,
     TurnCommit,

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 
 from shardq.core.errors import InvalidArgument
-from shardq.core.models import RateLimit
+from shardq.core.flow import RateLimit
 from shardq.shards.errors import ShardqError
 from shardq.store.protocol import WorkerStore
 

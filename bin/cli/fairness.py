@@ -19,7 +19,7 @@ from shardq.bin.cli.common import (
 from shardq.core import rules
 
 if TYPE_CHECKING:
-    from shardq.core.models import TenantWeights
+    from shardq.core.flow import TenantWeights
 
 
 @click.group("fairness")

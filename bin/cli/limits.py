@@ -20,7 +20,7 @@ from shardq.bin.cli.common import (
 from shardq.core import rules
 
 if TYPE_CHECKING:
-    from shardq.core.models import ConcurrencyLimit
+    from shardq.core.flow import ConcurrencyLimit
 
 
 @click.group("limits")

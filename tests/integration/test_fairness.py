@@ -19,7 +19,8 @@ import pytest
 
 from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument
-from shardq.core.models import State, TenantWeights
+from shardq.core.flow import TenantWeights
+from shardq.core.models import State
 from shardq.shards.config import Shard, ShardMap
 from shardq.shards.errors import ShardUnavailable
 from shardq.shards.pools import ShardPools

@@ -20,7 +20,8 @@ import pytest
 
 from shardq.client.client import Client
 from shardq.core.errors import InvalidArgument, RateLimiterNotFound
-from shardq.core.models import RateLimit, State
+from shardq.core.flow import RateLimit
+from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.store.store import Store

@@ -365,9 +365,11 @@ ORDER BY i.ord, e.o
 -- `n` finished, waiting and pending runs of the shape the `visibility` scenario lists
 -- (benchmarks/visibility.py, MIX), as the engine leaves them: the executions row,
 -- the outcome event and the ended_runs row of an ended run, the waits row of a
--- waiting one, the task row of a pending one. Ids as shards/routing.new_execution_id mints them (creation
--- millisecond, version 8, a bucket of `buckets`, variant), spread evenly over
--- [first_ms, first_ms + span_ms); `salt` keeps two loads' ids apart.
+-- waiting one, the task row of a pending one; every fourth run has search attributes
+-- (schema/0030): `region` ('north', 'south', 'east', 'west', or 'rare' for one in
+-- 404) and `amount` (0..999). Ids as shards/routing.new_execution_id mints them
+-- (creation millisecond, version 8, a bucket of `buckets`, variant), spread evenly
+-- over [first_ms, first_ms + span_ms); `salt` keeps two loads' ids apart.
 -- Unlogged-fast it is not: the rows go through every index, as a start's do.
 WITH made AS (
     SELECT i,
@@ -399,6 +401,15 @@ WITH made AS (
 ), due AS (
     INSERT INTO shardq.tasks (execution_id, run_at, tenant)
     SELECT id, at, tenant FROM made WHERE state = 'pending'
+), attributes AS (
+    INSERT INTO shardq.run_attributes (execution_id, name, tenant, value)
+    SELECT id, a.name, tenant, a.value
+    FROM made, LATERAL (VALUES
+        ('region', to_jsonb(CASE WHEN i %% 404 = 0 THEN 'rare'
+                                 ELSE (ARRAY['north', 'south', 'east', 'west'])[1 + i / 4 %% 4]
+                            END)),
+        ('amount', to_jsonb(i %% 1000))) AS a(name, value)
+    WHERE i %% 4 = 0
 )
 INSERT INTO shardq.waits (execution_id, position, kind, name, started_at)
 SELECT id, 0, 'signal', 'approval', at FROM made WHERE state = 'waiting'

@@ -219,6 +219,14 @@ COPY (SELECT e.tenant, e.state, e.execution_id, e.workflow_name
 -- name: copy_in_ended_runs
 COPY shardq.ended_runs (tenant, state, execution_id, workflow_name) FROM STDIN (FORMAT BINARY)
 
+-- name: copy_out_run_attributes
+-- Search attributes (schema/0030): the generated columns are made again on the target.
+COPY (SELECT execution_id, name, tenant, value FROM shardq.run_attributes
+      WHERE execution_id = ANY(%(ids)s::uuid[])) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_in_run_attributes
+COPY shardq.run_attributes (execution_id, name, tenant, value) FROM STDIN (FORMAT BINARY)
+
 -- name: copy_out_history
 COPY (SELECT execution_id, seq, position, kind, name, payload, recorded_at
       FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[])
@@ -339,7 +347,7 @@ LIMIT %(limit)s
 -- name: delete_runs
 -- Every row of these runs, in one statement (the tables have no foreign keys
 -- between them): outbox rows they sent, tasks, places in a key's queue, waits,
--- signals, history, children lists, ended-run rows (found through the runs' tenants,
+-- signals, history, children lists, search attributes, ended-run rows (found through the runs' tenants,
 -- read in the statement's snapshot), runs. A key's slots are not given back here: its
 -- row and its queue leave with the bucket (delete_leftover_keys), the target has them.
 WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uuid[])),
@@ -349,6 +357,7 @@ WITH o AS (DELETE FROM shardq.outbox WHERE source_execution_id = ANY(%(ids)s::uu
      w AS (DELETE FROM shardq.waits WHERE execution_id = ANY(%(ids)s::uuid[])),
      s AS (DELETE FROM shardq.signals WHERE execution_id = ANY(%(ids)s::uuid[])),
      h AS (DELETE FROM shardq.history WHERE execution_id = ANY(%(ids)s::uuid[])),
+     a AS (DELETE FROM shardq.run_attributes WHERE execution_id = ANY(%(ids)s::uuid[])),
      e AS (DELETE FROM shardq.ended_runs e USING shardq.executions x
            WHERE x.id = ANY(%(ids)s::uuid[]) AND e.tenant = x.tenant AND e.execution_id = x.id
              AND e.state IN ('completed', 'failed', 'cancelled', 'timed_out'))
@@ -437,6 +446,9 @@ ANALYZE shardq.children
 
 -- name: analyze_ended_runs
 ANALYZE shardq.ended_runs
+
+-- name: analyze_run_attributes
+ANALYZE shardq.run_attributes
 
 -- == C: cleanup, on the source ==
 

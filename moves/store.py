@@ -40,6 +40,7 @@ COPIES = {
     "executions": (SQL["copy_out_executions"], SQL["copy_in_executions"]),
     "history": (SQL["copy_out_history"], SQL["copy_in_history"]),
     "ended_runs": (SQL["copy_out_ended_runs"], SQL["copy_in_ended_runs"]),
+    "run_attributes": (SQL["copy_out_run_attributes"], SQL["copy_in_run_attributes"]),
     "signals": (SQL["copy_out_signals"], SQL["copy_in_signals"]),
     "waits": (SQL["copy_out_waits"], SQL["copy_in_waits"]),
     "concurrency_keys": (SQL["copy_out_concurrency_keys"], SQL["copy_in_concurrency_keys"]),
@@ -63,6 +64,7 @@ _ANALYZE = {
     "key_queue": SQL["analyze_key_queue"],
     "children": SQL["analyze_children"],
     "ended_runs": SQL["analyze_ended_runs"],
+    "run_attributes": SQL["analyze_run_attributes"],
 }
 
 

@@ -158,6 +158,23 @@ CREATE TABLE shardq.rate_reservations (
     at timestamp with time zone NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_threshold=1000);
 
+CREATE TABLE shardq.run_attributes (
+    execution_id uuid NOT NULL,
+    name text NOT NULL,
+    tenant text NOT NULL,
+    value jsonb NOT NULL,
+    text_value text DEFAULT 
+CASE
+    WHEN (jsonb_typeof(value) = ANY (ARRAY['string'::text, 'boolean'::text])) THEN (value #>> '{}'::text[])
+    ELSE NULL::text
+END,
+    num_value double precision DEFAULT 
+CASE
+    WHEN (jsonb_typeof(value) = 'number'::text) THEN ((value #>> '{}'::text[]))::double precision
+    ELSE NULL::double precision
+END
+);
+
 CREATE TABLE shardq.run_count_changes (
     tenant text NOT NULL,
     workflow_name text NOT NULL,
@@ -316,6 +333,7 @@ ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_period_s_check CHE
 ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_pkey PRIMARY KEY (name);
 ALTER TABLE shardq.rate_limiters ADD CONSTRAINT rate_limiters_rate_check CHECK ((rate > 0));
 ALTER TABLE shardq.rate_reservations ADD CONSTRAINT rate_reservations_pkey PRIMARY KEY (execution_id, "position", attempt, limiter);
+ALTER TABLE shardq.run_attributes ADD CONSTRAINT run_attributes_pkey PRIMARY KEY (execution_id, name);
 ALTER TABLE shardq.run_counts ADD CONSTRAINT run_counts_pkey PRIMARY KEY (tenant, workflow_name, kind);
 ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_catchup_s_check CHECK ((catchup_s >= (0)::double precision));
 ALTER TABLE shardq.schedules ADD CONSTRAINT schedules_check CHECK (((cron IS NULL) <> (every_s IS NULL)));
@@ -353,6 +371,8 @@ CREATE INDEX outbox_failed ON shardq.outbox USING btree (id) WHERE (state = 'fai
 CREATE INDEX outbox_pair ON shardq.outbox USING btree (source_execution_id, target_execution_id, id) WHERE (state = 'pending'::text);
 CREATE UNIQUE INDEX outbox_source ON shardq.outbox USING btree (source_execution_id, source_position);
 CREATE INDEX rate_reservations_waiting ON shardq.rate_reservations USING btree (limiter, at);
+CREATE INDEX run_attributes_num ON shardq.run_attributes USING btree (tenant, name, num_value, execution_id) WHERE (num_value IS NOT NULL);
+CREATE INDEX run_attributes_text ON shardq.run_attributes USING btree (tenant, name, text_value, execution_id) WHERE (text_value IS NOT NULL);
 CREATE INDEX run_count_changes_key ON shardq.run_count_changes USING btree (tenant, workflow_name, kind);
 CREATE INDEX schedules_due ON shardq.schedules USING btree (next_at) WHERE (NOT paused);
 CREATE INDEX schedules_held ON shardq.schedules USING btree (name) WHERE ((buffered_at IS NOT NULL) OR (triggered_at IS NOT NULL));

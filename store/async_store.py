@@ -21,16 +21,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from shardq.core.attributes import AttributeFilter
 from shardq.core.children import ChildInfo
+from shardq.core.flow import ConcurrencyLimit, RateLimit, RateLimiter, RateWait
 from shardq.core.models import (
     BufferedSignal,
-    ConcurrencyLimit,
     Execution,
     HistoryEvent,
     PendingInterrupt,
-    RateLimit,
-    RateLimiter,
-    RateWait,
     SignalResult,
     SignalWithStartResult,
     StartResult,
@@ -135,9 +133,12 @@ class AsyncStore:
                              limit: RateLimit | None) -> RateLimiter | None:
         return await self._run(shard, statements.set_rate_limit(name, limit))
 
-    async def count_runs(self, shard: Shard, *, tenant: str | None,
-                         workflow: str | None) -> list[tuple[str, str, int]]:
-        return await self._run(shard, statements.count_runs(tenant, workflow))
+    async def count_runs(
+        self, shard: Shard, *, tenant: str | None, workflow: str | None,
+        where: tuple[AttributeFilter, ...] = (), shard_map: ShardMap | None = None,
+    ) -> list[tuple[str, str, int]]:
+        return await self._run(shard, statements.count_runs(
+            tenant, workflow, where, buckets_of(shard_map or self.map, shard) if where else ""))
 
     async def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
         return await self._run(shard, statements.children_of(execution_id))

@@ -62,9 +62,11 @@ def commit_turns(
             for c in commits if c.family is not None]
     continued = [[c.execution_id.hex, json.loads(c.continued[0]), c.continued[1],
                   c.continued[2]] for c in commits if c.continued is not None]
+    attributes = [[c.execution_id.hex, set_] for c in commits
+                  if (set_ := _attributes_set(c.events))]
     rare = {k: v for k, v in (("local", externals), ("outbox", outbox),
                               ("children", children), ("ends", ends),
-                              ("continued", continued)) if v}
+                              ("continued", continued), ("attributes", attributes)) if v}
     # Every relative time a turn chose (its task's delay, a timer's wake, a wait's
     # deadline) counts from when it chose it, less the time its commit queued since:
     # a run parked for a rate limiter's slot is due at the slot, and its timer's
@@ -130,6 +132,15 @@ def _folds(c: TurnCommit) -> bool:
         return False
     last = c.events[-1]
     return last.kind == Event.STEP_COMPLETED and last.wake_in is None and last.position is not None
+
+
+def _attributes_set(events: Sequence[NewEvent]) -> dict[str, Any]:
+    """The search attributes a commit's events set, the last value of each (None: removed)."""
+    values: dict[str, Any] = {}
+    for event in events:
+        if event.kind == Event.ATTRIBUTES_SET:
+            values.update(event.payload["values"])
+    return values
 
 
 def _folded(event: NewEvent | None) -> list[Any] | None:

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
 
+from shardq.core.attributes import MAX_FILTERS, AttributeFilter
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import Execution, InterruptPage, Page, State
 
@@ -132,8 +133,12 @@ class ListQuery:
     """Runs created at or after this time (by their id's millisecond), if set."""
     created_before: datetime | None = None
     """Runs created before this time, if set."""
+    where: tuple[AttributeFilter, ...] = ()
+    """Conditions on search attributes, all of which a run meets (core/attributes.py)."""
 
     def __post_init__(self) -> None:
+        # An equality drives the page when there is one: its runs are one range in id order.
+        object.__setattr__(self, "where", tuple(sorted(self.where, key=lambda f: f.op != "=")))
         if not 1 <= self.limit <= MAX_PAGE:
             raise InvalidArgument(f"page size must be within 1..{MAX_PAGE}, got {self.limit}")
         for name in ("created_after", "created_before"):
@@ -160,14 +165,14 @@ class _Shape(NamedTuple):
     priority: bool = False
     since: bool = False
     until: bool = False
+    where: tuple[tuple[str, bool], ...] = ()
+    """Each attribute filter's operator and whether it compares numbers."""
 
 
 def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
     """SQL text and parameters for one shard's page, ordered by execution id."""
-    shape = _Shape(query.tenant is not None, query.workflow is not None,
-                   query.after is not None, query.state, query.priority is not None,
-                   query.created_after is not None, query.created_before is not None)
-    params: dict[str, Any] = {"limit": query.limit}
+    shape = _shape_of(query)
+    params: dict[str, Any] = {"limit": query.limit, **_where_params(query.where)}
     if query.tenant is not None:
         params["tenant"] = query.tenant
     if query.workflow is not None:
@@ -184,8 +189,34 @@ def compile_list(query: ListQuery) -> tuple[str, dict[str, Any]]:
     return text, {**constants, **params}
 
 
+def _shape_of(query: ListQuery) -> _Shape:
+    return _Shape(query.tenant is not None, query.workflow is not None,
+                  query.after is not None, query.state, query.priority is not None,
+                  query.created_after is not None, query.created_before is not None,
+                  tuple((f.op, f.numeric) for f in query.where))
+
+
+def _where_params(where: tuple[AttributeFilter, ...]) -> dict[str, Any]:
+    return {k: v for n, f in enumerate(where)
+            for k, v in ((f"attr_{n}", f.name), (f"value_{n}", f.value))}
+
+
+def compile_count(query: ListQuery) -> tuple[str, dict[str, Any]]:
+    """SQL text and parameters counting one shard's runs of a query with attribute
+    filters, as (workflow, state, n) rows: the runs its page would walk, with no limit,
+    each with its state (no counters are kept per value: a count reads its matches)."""
+    params: dict[str, Any] = {"limit": None, **_where_params(query.where)}
+    if query.tenant is not None:
+        params["tenant"] = query.tenant
+    if query.workflow is not None:
+        params["workflow"] = query.workflow
+    text, constants = _count_statement(_shape_of(query))
+    return text, {**constants, **params}
+
+
 _PER_PAGE = frozenset({"limit", "tenant", "workflow", "after", "mine", "priority", "since",
-                       "until"})
+                       "until", *(f"{k}_{n}" for k in ("attr", "value")
+                                  for n in range(MAX_FILTERS))})
 """The parameters a caller gives each page; every other one is a constant of the shape."""
 
 
@@ -195,9 +226,28 @@ def _page_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
     import sqlalchemy as sa  # noqa: PLC0415 - see the module docstring
     from sqlalchemy.dialects import postgresql  # noqa: PLC0415
 
-    stmt = _driver(sa, postgresql, _tables(sa, postgresql), shape)
+    return _compiled(postgresql, _driver(sa, postgresql, _tables(sa, postgresql), shape))
+
+
+@cache
+def _count_statement(shape: _Shape) -> tuple[str, dict[str, Any]]:
+    """The count's SQL text ((workflow, state, n) rows) and its constant parameters."""
+    import sqlalchemy as sa  # noqa: PLC0415 - see the module docstring
+    from sqlalchemy.dialects import postgresql  # noqa: PLC0415
+
+    t = _tables(sa, postgresql)
+    matched = _driver(sa, postgresql, t, shape).subquery("matched")  # with no limit
+    run = t.executions.alias("run")
+    state = sa.func.shardq.run_state(run.c.id).label("state")
+    return _compiled(postgresql, sa.select(run.c.workflow_name, state,
+                                           sa.func.count().label("n"))
+                     .select_from(matched).join(run, run.c.id == matched.c.id)
+                     .group_by(run.c.workflow_name, state))
+
+
+def _compiled(postgresql: Any, stmt: Any) -> tuple[str, dict[str, Any]]:
     compiled = stmt.compile(
-        dialect=postgresql.psycopg.dialect(),  # type: ignore[no-untyped-call]
+        dialect=postgresql.psycopg.dialect(),
         compile_kwargs={"render_postcompile": True},
     )
     return str(compiled), {k: v for k, v in compiled.params.items() if k not in _PER_PAGE}
@@ -209,6 +259,7 @@ class _Tables(NamedTuple):
     waits: Any
     key_queue: Any
     ended_runs: Any
+    run_attributes: Any
 
 
 @cache
@@ -237,6 +288,14 @@ def _tables(sa: Any, postgresql: Any) -> _Tables:
         "key_queue", metadata,
         sa.Column("execution_id", uuid_type, primary_key=True),
     )
+    run_attributes = sa.Table(
+        "run_attributes", metadata,
+        sa.Column("execution_id", uuid_type, primary_key=True),
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("tenant", sa.Text),
+        sa.Column("text_value", sa.Text),
+        sa.Column("num_value", sa.Float),
+    )
     ended_runs = sa.Table(
         "ended_runs", metadata,
         sa.Column("tenant", sa.Text, primary_key=True),
@@ -244,7 +303,7 @@ def _tables(sa: Any, postgresql: Any) -> _Tables:
         sa.Column("execution_id", uuid_type, primary_key=True),
         sa.Column("workflow_name", sa.Text),
     )
-    return _Tables(executions, tasks, waits, key_queue, ended_runs)
+    return _Tables(executions, tasks, waits, key_queue, ended_runs, run_attributes)
 
 
 def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
@@ -268,7 +327,7 @@ def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
     """
     state = shape.state
     per_tenant = not shape.tenant and (
-        state.terminal if state is not None else shape.workflow)
+        bool(shape.where) or (state.terminal if state is not None else shape.workflow))
     tenants = None
     if per_tenant:
         found = t.executions.alias("found")
@@ -288,13 +347,7 @@ def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
             param = sa.bindparam(name, None, type_=uuid_type)
             src = src.where(ident > param if name == "after"
                             else ident >= param if name == "since" else ident < param)
-    # The buckets the reader's map gives this shard: a run being moved, on two
-    # shards for a while, is read on one (schema/functions/holds_exactly.sql).
-    mine = sa.cast(sa.bindparam("mine", "", type_=sa.Text), postgresql.BIT(4096))
-    src = src.where(sa.or_(
-        sa.select(sa.func.shardq.holds_exactly(mine)).scalar_subquery(),
-        sa.func.get_bit(mine, sa.func.shardq.bucket(ident)) == 1,
-    ))
+    src = src.where(_mine(sa, postgresql, ident))
     limit = sa.bindparam("limit", 0, type_=sa.Integer)
     src = src.order_by(ident).limit(limit)
     if tenants is None:
@@ -304,9 +357,19 @@ def _driver(sa: Any, postgresql: Any, t: _Tables, shape: _Shape) -> Any:
         each.c.id).limit(limit)
 
 
+def _mine(sa: Any, postgresql: Any, ident: Any) -> Any:
+    """The buckets the reader's map gives this shard: a run being moved, on two shards
+    for a while, is read on one (schema/functions/holds_exactly.sql)."""
+    mine = sa.cast(sa.bindparam("mine", "", type_=sa.Text), postgresql.BIT(4096))
+    return sa.or_(sa.select(sa.func.shardq.holds_exactly(mine)).scalar_subquery(),
+                  sa.func.get_bit(mine, sa.func.shardq.bucket(ident)) == 1)
+
+
 def _source(sa: Any, postgresql: Any, t: _Tables, shape: _Shape,
             tenant: Any) -> tuple[Any, Any]:
     """The page's ids before the bounds, and the id column they are ordered by."""
+    if shape.where:
+        return _attributed(sa, postgresql, t, shape, tenant)
     state = shape.state
     run = t.executions.alias("run")
     workflow = sa.bindparam("workflow", "", type_=sa.Text)
@@ -379,3 +442,59 @@ def _live(sa: Any, postgresql: Any, t: _Tables, shape: _Shape, tenant: Any) -> t
     # and the walk in id order stops at the page's last row.
     others = sa.literal([s.value for s in State if s is not state], postgresql.ARRAY(sa.Text))
     return src.where(probe.c.state != sa.all_(others)), ident
+
+
+def _compare(sa: Any, attributes: Any, n: int, op: str, numeric: bool) -> Any:
+    """Attribute filter `n`: its name, and its value compared with the column of its type."""
+    column = attributes.c.num_value if numeric else attributes.c.text_value
+    value = sa.bindparam(f"value_{n}", 0.0 if numeric else "",
+                         type_=sa.Float if numeric else sa.Text)
+    compared = {"=": column == value, "<": column < value, "<=": column <= value,
+                ">": column > value, ">=": column >= value}[op]
+    return sa.and_(attributes.c.name == sa.bindparam(f"attr_{n}", "", type_=sa.Text), compared)
+
+
+def _attributed(sa: Any, postgresql: Any, t: _Tables, shape: _Shape,
+                tenant: Any) -> tuple[Any, Any]:
+    """A page with attribute filters: its first filter's range of `run_attributes_text`
+    or `run_attributes_num` (schema/0030), led by the tenant and the attribute's name.
+    An equality (the first when there is one) yields its runs in id order, so the
+    page reads about `limit` entries; a range of values is read whole and its runs
+    sorted by id. The other filters are probes of each run the walk reaches: its
+    other attributes and an ended state by their tables' primary keys; its workflow,
+    priority and live state from its row, probed apart (OFFSET 0, as `_live`'s). A
+    page thus reads its first filter's runs until the others have kept `limit` of
+    them: give the most selective equality first."""
+    first = t.run_attributes.alias("attr_0")
+    op, numeric = shape.where[0]
+    ident = first.c.execution_id
+    src = sa.select(ident.label("id")).select_from(first).where(
+        _compare(sa, first, 0, op, numeric))
+    if tenant is not None:
+        src = src.where(first.c.tenant == tenant)
+    state = shape.state
+    if state is not None and state.terminal:  # one probe of ended_runs' primary key
+        ended = t.ended_runs.alias("ended")
+        src = src.where(sa.exists().where(ended.c.tenant == first.c.tenant,
+                                          ended.c.state == state.value,
+                                          ended.c.execution_id == ident))
+        state = None
+    for n, (op, numeric) in enumerate(shape.where[1:], 1):
+        other = t.run_attributes.alias(f"attr_{n}")
+        src = src.where(sa.exists().where(other.c.execution_id == ident,
+                                          _compare(sa, other, n, op, numeric)))
+    if not (shape.workflow or shape.priority or state):
+        return src, ident
+    run = t.executions.alias("run")
+    probe = sa.select(sa.func.shardq.run_state(run.c.id).label("state") if state
+                      else run.c.id).where(run.c.id == ident)
+    if shape.workflow:
+        probe = probe.where(run.c.workflow_name == sa.bindparam("workflow", "", type_=sa.Text))
+    if shape.priority:
+        probe = probe.where(run.c.priority == sa.bindparam("priority", 0, type_=sa.SmallInteger))
+    probe = probe.offset(sa.literal_column("0")).lateral("probe")
+    src = src.join(probe, sa.true())
+    if state is not None:
+        others = sa.literal([s.value for s in State if s is not state], postgresql.ARRAY(sa.Text))
+        src = src.where(probe.c.state != sa.all_(others))
+    return src, ident

@@ -307,19 +307,22 @@ WHERE t.execution_id = held.execution_id
 RETURNING t.execution_id
 
 -- name: executions_of
--- Runs by id with their derived state and outcome, in id order: one run read by
--- id (`fenced`), and the rows of a listing page whose ids store/listing.py found
--- (not fenced: those ids are of the buckets the reader's map gives this shard).
--- A fenced read refuses a bucket this shard does not own (shardq.owns): a reader
--- routed by a map older than a move follows it. Each row's task is a probe of
--- its own, not a join the planner could answer by hashing every task.
+-- Runs by id with their derived state, outcome and search attributes, in id order:
+-- one run read by id (`fenced`), and the rows of a listing page whose ids
+-- store/listing.py found (not fenced: those ids are of the buckets the reader's map
+-- gives this shard). A fenced read refuses a bucket this shard does not own
+-- (shardq.owns): a reader routed by a map older than a move follows it. Each row's
+-- task and attributes are probes of their own, not joins the planner could answer
+-- by hashing every task.
 SELECT x.id, x.tenant, x.workflow_name, x.workflow_version, x.workflow_id, x.input,
        x.created_at, x.priority, shardq.run_state(x.id) AS state, o.payload->'output' AS output,
        o.payload->'error' AS error, o.recorded_at AS finished_at,
        coalesce((SELECT t.cancel_requested FROM shardq.tasks t WHERE t.execution_id = x.id),
                 false) AS cancel_requested,
        x.concurrency_key, x.build_id, x.pinned, x.concurrency_key IS NOT NULL AND EXISTS (
-           SELECT 1 FROM shardq.key_queue q WHERE q.execution_id = x.id) AS waiting_for_slot
+           SELECT 1 FROM shardq.key_queue q WHERE q.execution_id = x.id) AS waiting_for_slot,
+       (SELECT jsonb_object_agg(a.name, a.value) FROM shardq.run_attributes a
+        WHERE a.execution_id = x.id) AS attributes
 FROM unnest(%(ids)s::uuid[]) AS page(id)
 JOIN shardq.executions x ON x.id = page.id
 LEFT JOIN LATERAL (
@@ -662,9 +665,9 @@ SELECT pg_try_advisory_xact_lock(hashtext('shardq.purge')) AS held
 
 -- name: purge_batch
 -- Delete a batch of finished runs past retention with everything they left:
--- history, its row among the ended runs, signals, waits and tasks (a finished
--- run has none), the list of its children, and its settled outbox rows. Runs another purger holds are skipped; each batch is
--- its own short transaction.
+-- history, its row among the ended runs, its search attributes, signals, waits and
+-- tasks (a finished run has none), the list of its children, and its settled outbox
+-- rows. Runs another purger holds are skipped; each batch is its own short transaction.
 WITH doomed AS (
     SELECT x.id, x.tenant FROM shardq.executions x
     WHERE x.id IN (SELECT p.execution_id FROM shardq.purgeable_runs(
@@ -676,6 +679,8 @@ WITH doomed AS (
     DELETE FROM shardq.ended_runs e USING doomed d
     WHERE e.tenant = d.tenant AND e.execution_id = d.id
       AND e.state IN ('completed', 'failed', 'cancelled', 'timed_out')
+), attributes AS (
+    DELETE FROM shardq.run_attributes a WHERE a.execution_id IN (SELECT id FROM doomed)
 ), signals AS (
     DELETE FROM shardq.signals s WHERE s.execution_id IN (SELECT id FROM doomed)
 ), waits AS (

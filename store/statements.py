@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from shardq.core.attributes import AttributeFilter
 from shardq.core.children import ChildInfo
 from shardq.core.errors import (
     ExecutionNotFound,
@@ -30,15 +31,12 @@ from shardq.core.errors import (
     StoreFailed,
     StoreRejected,
 )
+from shardq.core.flow import ConcurrencyLimit, RateLimit, RateLimiter, RateWait
 from shardq.core.models import (
     BufferedSignal,
-    ConcurrencyLimit,
     Execution,
     HistoryEvent,
     PendingInterrupt,
-    RateLimit,
-    RateLimiter,
-    RateWait,
     SignalResult,
     SignalWithStartResult,
     StartResult,
@@ -51,6 +49,7 @@ from shardq.shards.errors import ShardqError, refusal
 from shardq.shards.routing import BUCKETS, bucket_for_key, new_execution_id
 from shardq.shards.sqlfile import load_queries
 from shardq.store import listing
+from shardq.store.counts import STARTED
 from shardq.store.params import (
     InterruptDecision,
     NewRun,
@@ -157,6 +156,7 @@ def _execution(row: dict[str, Any]) -> Execution:
         waiting_for_slot=bool(row.get("waiting_for_slot")),
         build_id=row["build_id"],
         pinned=row["pinned"],
+        attributes=row.get("attributes") or {},
     )
 
 
@@ -334,10 +334,21 @@ def set_rate_limit(name: str, limit: RateLimit | None) -> Op[RateLimiter | None]
     return _rate_limiter(rows[0]) if rows else None
 
 
-def count_runs(tenant: str | None, workflow: str | None) -> Op[list[tuple[str, str, int]]]:
-    """This shard's (workflow, kind, n) rows of store/counts.py, for one tenant or all."""
-    rows = yield SQL["count_runs"], {"tenant": tenant, "workflow": workflow}
-    return [(r["workflow"], r["kind"], int(r["n"])) for r in rows]
+def count_runs(tenant: str | None, workflow: str | None,
+               where: tuple[AttributeFilter, ...] = (),
+               mine: str = "") -> Op[list[tuple[str, str, int]]]:
+    """This shard's (workflow, kind, n) rows of store/counts.py, for one tenant or all:
+    from its counters, or, with attribute filters, from the runs they match (`mine`:
+    the buckets the reader's map gives the shard, as a page's)."""
+    if not where:
+        rows = yield SQL["count_runs"], {"tenant": tenant, "workflow": workflow}
+        return [(r["workflow"], r["kind"], int(r["n"])) for r in rows]
+    statement, params = listing.compile_count(listing.ListQuery(
+        tenant=tenant, workflow=workflow, where=where))
+    found = yield statement, {**params, "mine": mine}, False
+    # As counters have them: every run started, and each in its state but pending.
+    return [(r["workflow_name"], kind, int(r["n"])) for r in found
+            for kind in (STARTED, r["state"]) if kind != State.PENDING]
 
 
 def children_of(execution_id: uuid.UUID) -> Op[list[ChildInfo]]:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import tuple_row
 
+from shardq.core.attributes import AttributeFilter
 from shardq.core.children import ChildInfo
 from shardq.core.models import (
     BufferedSignal,
@@ -157,10 +158,14 @@ class Store(FlowControlStore, ScheduleStore, BuildStore):
         """The runs of these ids `shard` holds, in id order (a listing page's rows)."""
         return self._run(shard, statements.executions_of(ids))
 
-    def count_runs(self, shard: Shard, *, tenant: str | None,
-                   workflow: str | None) -> list[tuple[str, str, int]]:
-        """`shard`'s runs as (workflow, kind, n) rows (store/counts.py)."""
-        return self._run(shard, statements.count_runs(tenant, workflow))
+    def count_runs(
+        self, shard: Shard, *, tenant: str | None, workflow: str | None,
+        where: tuple[AttributeFilter, ...] = (), shard_map: ShardMap | None = None,
+    ) -> list[tuple[str, str, int]]:
+        """`shard`'s runs as (workflow, kind, n) rows (store/counts.py); with attribute
+        filters, of the buckets `shard_map` gives it, as list_executions'."""
+        return self._run(shard, statements.count_runs(
+            tenant, workflow, where, buckets_of(shard_map or self.map, shard) if where else ""))
 
     def fold_run_counts(self, shard: Shard) -> int:
         """Fold `shard`'s appended count changes into its counters; how many (0 when

@@ -53,7 +53,8 @@ from .support import Daemon, TcpProxy
 
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions", "concurrency_keys",
           "key_queue", "tenant_weights", "rate_limiters", "rate_reservations", "children",
-          "schedules", "workflow_builds", "ended_runs", "run_counts", "run_count_changes")
+          "schedules", "workflow_builds", "ended_runs", "run_counts", "run_count_changes",
+          "run_attributes")
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
 
 

@@ -52,6 +52,7 @@ from shardq.workflow.arguments import (
     check_interrupt_value,
     check_timeout,
 )
+from shardq.workflow.attributes import AttributeCalls
 from shardq.workflow.children import ChildCalls, Definitions
 from shardq.workflow.continuation import ContinueCalls
 from shardq.workflow.contracts import UPDATE_PREFIX, UpdateSpec
@@ -73,7 +74,7 @@ T = TypeVar("T")
 
 
 
-class WorkflowContext(ChildCalls, ContinueCalls, PatchCalls):
+class WorkflowContext(ChildCalls, ContinueCalls, PatchCalls, AttributeCalls):
     """What a workflow function can do. Every method is safe to replay.
 
     Made by the turn for one run of the function, on its turn thread: `replay`

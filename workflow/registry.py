@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from shardq.core.attributes import check_declared
 from shardq.core.errors import InvalidArgument, UnknownHandler, UnknownWorkflow
-from shardq.core.models import RateLimit
+from shardq.core.flow import RateLimit
 from shardq.core.rules import (
     Limits,
     check_concurrency,
@@ -64,6 +65,9 @@ class WorkflowDef:
     concurrency: Concurrency | None = None
     """A concurrency key and its limit for every run, or a function of a run's input
     returning one (or None: that run is not limited); docs/flow-control.md."""
+    attributes: dict[str, Any] | None = None
+    """The search attributes its runs may set (ctx.set_attributes): name -> type (str,
+    int, float, bool or datetime); docs/operations.md, "Search attributes"."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_history, bool) or not isinstance(self.max_history, int) or (
@@ -84,6 +88,12 @@ class WorkflowDef:
         if self.input_schema is not None:
             check_schema(self.input_schema, f"workflow {self.name} input")
         check_signals(self.signals, self.name)
+        if self.attributes is not None:
+            check_declared(self.attributes, self.name)
+
+    def attribute_types(self) -> dict[str, str]:
+        """Its declared search attributes: name -> type name (core/attributes.py)."""
+        return {} if self.attributes is None else check_declared(self.attributes, self.name)
 
     def checked_input(self, workflow_id: str, value: Any, limits: Limits) -> str:
         """A run's input as JSON, within the bound and matching the input schema."""
@@ -138,7 +148,7 @@ class WorkflowDef:
 
 
 _SETTINGS = frozenset({"max_history", "max_wait_s", "retention_s", "input_schema", "signals",
-                       "priority", "concurrency"})
+                       "priority", "concurrency", "attributes"})
 T = TypeVar("T")
 
 

@@ -38,6 +38,8 @@
 --     continued: [run_id, input, generation, base]: the run continues as new
 --                (ctx.continue_as_new) with this input, generation number and
 --                first position
+--     attributes: [run_id, {name: value or null}]: the search attributes the commit's
+--                 turn set (ctx.set_attributes; null removes one), schema/0030
 --     ends: [run_id, parent_id or null]: a run of a family (a child, or a parent
 --           of children): if the commit ends it, its parent hears of it and its
 --           children are asked to cancel (shardq.runs_ended); its parent is
@@ -270,6 +272,26 @@ BEGIN
              WITH ORDINALITY AS e(execution_id, position, kind, name, payload, wake_in, ord)
         WHERE (all_fenced OR e.execution_id = ANY(fenced))
         ORDER BY e.ord;
+    END IF;
+
+    -- Search attributes (schema/0030), with their run's tenant: a run probed by
+    -- its id, as ended_runs' below.
+    IF rare ? 'attributes' THEN
+        WITH given AS (
+            SELECT (r->>0)::uuid AS id, a.key AS name, a.value
+            FROM jsonb_array_elements(rare->'attributes') AS r, jsonb_each(r->1) AS a
+            WHERE all_fenced OR (r->>0)::uuid = ANY(fenced)
+        ), removed AS (
+            DELETE FROM shardq.run_attributes t USING given s
+            WHERE s.value = 'null' AND t.execution_id = s.id AND t.name = s.name
+        )
+        INSERT INTO shardq.run_attributes (execution_id, name, tenant, value)
+        SELECT s.id, s.name, x.tenant, s.value
+        FROM given s,
+             LATERAL (SELECT e.tenant FROM shardq.executions e WHERE e.id = s.id OFFSET 0) x
+        WHERE s.value <> 'null'
+        ON CONFLICT (execution_id, name) DO UPDATE SET value = EXCLUDED.value
+        WHERE shardq.run_attributes.value IS DISTINCT FROM EXCLUDED.value;
     END IF;
 
     -- A finished run's last event says how it ended and carries its output or

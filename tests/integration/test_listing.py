@@ -11,6 +11,7 @@ read thousands.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import pytest
 from shardq.client.async_client import AsyncClient
 from shardq.client.client import Client
 from shardq.client.reading import shard_rows
+from shardq.core.attributes import AttributeFilter, attribute_filter
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
@@ -78,6 +80,10 @@ def _truth(shard_map: ShardMap) -> list[tuple[uuid.UUID, str, str, str]]:
         found += rows(shard.url, "SELECT id, tenant, workflow_name, shardq.run_state(id) "
                                  "FROM shardq.executions")
     return sorted(found)
+
+
+def region(value: str) -> AttributeFilter:
+    return attribute_filter("region", "=", value)
 
 
 def _id_ms(ident: uuid.UUID) -> int:
@@ -200,7 +206,8 @@ def test_a_page_reads_its_own_rows_at_a_million_runs(
     migrate(shard_map)
     with psycopg.connect(url, autocommit=True) as conn:
         # Faster to fill, planned the same: the plans depend on indexes and statistics.
-        for table in ("executions", "history", "ended_runs", "waits", "tasks"):
+        for table in ("executions", "history", "ended_runs", "waits", "tasks",
+                      "run_attributes"):
             conn.execute(f"ALTER TABLE shardq.{table} SET UNLOGGED")
     now_ms = int(time.time() * 1000)
     _load(shard_map, 1_000_000, now_ms - 30 * DAY_MS, 30 * DAY_MS)
@@ -221,14 +228,23 @@ def test_a_page_reads_its_own_rows_at_a_million_runs(
                                     created_before=window + timedelta(hours=6)),
         "after a cursor": listing.ListQuery(tenant="default", after=listing.Cursor(
             listing.id_floor(window))),
+        "attribute": listing.ListQuery(tenant="default", where=(region("rare"),)),
+        "attribute, rare tenant": listing.ListQuery(tenant="rare-tenant",
+                                                    where=(region("south"),)),
+        "attribute and ended state": listing.ListQuery(tenant="default", state=State.COMPLETED,
+                                                       where=(region("west"),)),
+        "two attributes": listing.ListQuery(tenant="default", where=(
+            attribute_filter("amount", "=", 8), region("east"))),
     }
     empty = {
         "no such workflow": listing.ListQuery(tenant="default", workflow="nope"),
         "no such tenant": listing.ListQuery(tenant="nobody", state=State.COMPLETED),
         "a window in the future": listing.ListQuery(
             created_after=datetime.fromtimestamp(now_ms / 1000 + 86400, UTC)),
+        "no such attribute value": listing.ListQuery(where=(region("nowhere"),)),
     }
-    tables = ["executions", "history", "ended_runs", "waits", "tasks", "key_queue"]
+    tables = ["executions", "history", "ended_runs", "waits", "tasks", "key_queue",
+              "run_attributes"]
     with psycopg.connect(url) as conn:
         before = seq_scans(conn, tables)
     for name, query in {**shapes, **empty}.items():
@@ -243,9 +259,20 @@ def test_a_page_reads_its_own_rows_at_a_million_runs(
             assert not found and read < 50, (name, read)
         else:  # the rare workflow failed 20 times in the million: a range that ends early
             assert len(found) == (20 if name == "ended state and workflow" else 100), name
-            assert read < 800, (name, read)
+            # Half of amount=8's runs are in the east: the page walks two hundred of them.
+            assert read < (1000 if name == "two attributes" else 800), (name, read)
     with psycopg.connect(url) as conn:
         assert seq_scans(conn, tables) == before
+    # A range of values is read whole and sorted by id: its cost is its matches (the
+    # thousand runs of amount >= 996), not the shard's million.
+    text, params = listing.compile_list(listing.ListQuery(where=(
+        attribute_filter("amount", ">=", 996),)))
+    with psycopg.connect(url) as conn:
+        explained = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text,
+                                 {**params, "mine": "1" * 4096}).fetchone()
+    assert explained is not None
+    plan = explained[0][0]["Plan"]
+    assert plan["Actual Rows"] == 100 and "Seq Scan" not in json.dumps(plan)
 
 
 def _counted_by_definition(shard_map: ShardMap, tenant: str | None) -> dict[str, dict[str, int]]:

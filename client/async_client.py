@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from shardq.client.bulk import AsyncBulkCalls
 from shardq.client.flow import agreed_weights, raise_unwritten, rate_change, weight_change
 from shardq.client.reading import AsyncReadingCalls
 from shardq.client.requests import (
@@ -58,23 +59,20 @@ from shardq.client.requests import (
 from shardq.client.schedules import AsyncScheduleCalls
 from shardq.core import tracing
 from shardq.core.errors import ConcurrencyKeyNotFound, RateLimiterNotFound
+from shardq.core.flow import ConcurrencyLimit, RateLimit, RateLimiter, TenantWeights
 from shardq.core.models import (
     BufferedSignal,
-    ConcurrencyLimit,
     DecisionResult,
     Execution,
     HistoryEvent,
     Page,
     PendingInterrupt,
-    RateLimit,
-    RateLimiter,
     RunView,
     SignalRequest,
     SignalResult,
     SignalWithStartResult,
     StartResult,
     State,
-    TenantWeights,
     UpdateResult,
     WaitInfo,
 )
@@ -94,7 +92,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 R = TypeVar("R")
 
 
-class AsyncClient(AsyncReadingCalls, AsyncScheduleCalls):
+class AsyncClient(AsyncReadingCalls, AsyncScheduleCalls, AsyncBulkCalls):
     """Entry point for asyncio applications: `Client`'s calls, awaited. Share one per
     event loop; `async with AsyncClient.connect(shard_map, registry) as client:`."""
 

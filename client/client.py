@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from shardq.client.builds import BuildCalls
+from shardq.client.bulk import BulkCalls
 from shardq.client.flow import FlowControlCalls
 from shardq.client.reading import ReadingCalls
 from shardq.client.requests import (
@@ -83,7 +84,7 @@ from shardq.workflow.registry import Registry, WorkflowDef
 
 R = TypeVar("R")
 
-class Client(ReadingCalls, FlowControlCalls, ScheduleCalls, BuildCalls):
+class Client(ReadingCalls, FlowControlCalls, ScheduleCalls, BuildCalls, BulkCalls):
     """Entry point for applications. Thread-safe; share one per process.
 
     Every call routes by execution id or workflow key to one shard; the reads of many

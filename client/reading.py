@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardq.client.requests import DEFAULT_TENANT, check_filters, list_query, unread_of
+from shardq.core.attributes import check_filters as check_where
 from shardq.core.models import Execution, State
 from shardq.shards import async_fanout
 from shardq.shards.fanout import Reached, each_shard
@@ -106,6 +107,7 @@ class ReadingCalls:
         workflow: str | None = None, limit: int = DEFAULT_PAGE, cursor: str | None = None,
         skip_unavailable: bool = False, priority: int | None = None,
         created_after: datetime | None = None, created_before: datetime | None = None,
+        where: Mapping[str, Any] | Sequence[str] | None = None,
     ) -> PartialPage:
         """One page of runs over every shard, ordered by id (creation millisecond first).
 
@@ -117,10 +119,13 @@ class ReadingCalls:
         is named in the page's `unavailable_shards` instead of failing the page.
         `priority`: only runs of that priority. `created_after`, `created_before`: runs
         created in [after, before), by their id's millisecond (the starting client's
-        clock, a little before `created_at`); aware datetimes.
+        clock, a little before `created_at`); aware datetimes. `where`: search attributes
+        the runs have (ctx.set_attributes), as a mapping of names to values or a list of
+        `NAME OP VALUE` filters (`"amount>=100"`; core/attributes.py), all of them met.
         """
         query = list_query(tenant, state, workflow, limit, cursor, priority=priority,
-                           created_after=created_after, created_before=created_before)
+                           created_after=created_after, created_before=created_before,
+                           where=where)
         rows = shard_rows(limit, len(self.map.shards))
         found = _whole(each_shard(self.map.shards, lambda shard: self.store.list_executions(
             shard, query, rows=rows)), skip_unavailable)
@@ -143,15 +148,18 @@ class ReadingCalls:
 
     def count_runs(
         self, *, tenant: str | None = DEFAULT_TENANT, workflow: str | None = None,
-        skip_unavailable: bool = False,
+        skip_unavailable: bool = False, where: Mapping[str, Any] | Sequence[str] | None = None,
     ) -> RunCounts:
         """Runs per workflow and state over every shard (of `tenant`, or every tenant's
         with None; of `workflow` or every one), exact in each shard's snapshot. A shard
         reads its counters and its live runs, never its history. `skip_unavailable`:
-        a shard that cannot be reached is named in `unavailable_shards` instead."""
+        a shard that cannot be reached is named in `unavailable_shards` instead.
+        `where`: only runs with these search attributes (list_runs'), counted from the
+        runs they match: a count that costs its matches, not a few counters."""
         check_filters(tenant, workflow)
+        filters = check_where(where)
         return _counts(_whole(each_shard(self.map.shards, lambda shard: self.store.count_runs(
-            shard, tenant=tenant, workflow=workflow)), skip_unavailable))
+            shard, tenant=tenant, workflow=workflow, where=filters)), skip_unavailable))
 
 
 class AsyncReadingCalls:
@@ -168,10 +176,12 @@ class AsyncReadingCalls:
         workflow: str | None = None, limit: int = DEFAULT_PAGE, cursor: str | None = None,
         skip_unavailable: bool = False, priority: int | None = None,
         created_after: datetime | None = None, created_before: datetime | None = None,
+        where: Mapping[str, Any] | Sequence[str] | None = None,
     ) -> PartialPage:
         """Client.list_runs: one page over every shard (read at once), ordered by id."""
         query = list_query(tenant, state, workflow, limit, cursor, priority=priority,
-                           created_after=created_after, created_before=created_before)
+                           created_after=created_after, created_before=created_before,
+                           where=where)
         rows = shard_rows(limit, len(self.map.shards))
         found = _whole(await async_fanout.each_shard(
             self.map.shards, lambda shard: self.store.list_executions(shard, query, rows=rows)),
@@ -197,9 +207,11 @@ class AsyncReadingCalls:
 
     async def count_runs(
         self, *, tenant: str | None = DEFAULT_TENANT, workflow: str | None = None,
-        skip_unavailable: bool = False,
+        skip_unavailable: bool = False, where: Mapping[str, Any] | Sequence[str] | None = None,
     ) -> RunCounts:
         """Client.count_runs: runs per workflow and state over every shard."""
         check_filters(tenant, workflow)
+        filters = check_where(where)
         return _counts(_whole(await async_fanout.each_shard(self.map.shards, lambda shard: (
-            self.store.count_runs(shard, tenant=tenant, workflow=workflow))), skip_unavailable))
+            self.store.count_runs(shard, tenant=tenant, workflow=workflow, where=filters))),
+            skip_unavailable))

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shardq.core import tracing
+from shardq.core.attributes import check_filters as check_where
 from shardq.core.errors import (
     DecisionRefused,
     ExecutionNotFound,
@@ -32,9 +33,9 @@ from shardq.core.errors import (
     UpdateRejected,
     UpdateTimedOut,
 )
+from shardq.core.flow import ConcurrencyLimit
 from shardq.core.models import (
     INTERRUPT_ACTIONS,
-    ConcurrencyLimit,
     Decision,
     DecisionResult,
     Execution,
@@ -193,7 +194,7 @@ def check_filters(tenant: str | None, workflow: str | None) -> None:
 def list_query(tenant: str | None, state: State | str | None, workflow: str | None,
                limit: int, cursor: str | None, *, priority: int | None = None,
                created_after: datetime | None = None,
-               created_before: datetime | None = None) -> ListQuery:
+               created_before: datetime | None = None, where: Any = None) -> ListQuery:
     if priority is not None:
         check_priority(priority)
     check_filters(tenant, workflow)
@@ -206,6 +207,7 @@ def list_query(tenant: str | None, state: State | str | None, workflow: str | No
         priority=priority,
         created_after=created_after,
         created_before=created_before,
+        where=check_where(where),
     )
 
 

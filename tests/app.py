@@ -52,6 +52,13 @@ def park(ctx: WorkflowContext) -> Any:
     return ctx.wait_for_signal("go")
 
 
+@registry.workflow("tagged", attributes={"region": str, "amount": float})
+def tagged(ctx: WorkflowContext) -> Any:
+    """Set its search attributes from its input ({"region", "amount"}); park on "go"."""
+    ctx.set_attributes(region=ctx.input["region"], amount=ctx.input["amount"])
+    return ctx.wait_for_signal("go")
+
+
 @registry.workflow("noop")
 def noop(ctx: WorkflowContext) -> None:
     """One step that does nothing: a plain job."""

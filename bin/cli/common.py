@@ -284,6 +284,19 @@ def check_moment(ctx: click.Context, param: click.Parameter, value: str | None) 
     return None if value is None else by_rule(parse_moment)(ctx, param, value)
 
 
+def _attribute_filters(values: tuple[str, ...]) -> tuple[Any, ...]:
+    from shardq.core.attributes import check_filters
+
+    return check_filters(list(values))
+
+
+where_option = click.option(
+    "--where", multiple=True, metavar="NAME=VALUE", callback=by_rule(_attribute_filters),
+    help="Only runs with this search attribute: NAME OP VALUE, OP one of = < <= > >= "
+         "(VALUE read as JSON when it is a number, true, false or a \"string\"); "
+         "repeat for several, all met.")
+
+
 def check_limit(_ctx: click.Context, param: click.Parameter, value: int) -> int:
     """A --limit of rows per page or per shard: 1..MAX_PAGE."""
     from shardq.store.listing import MAX_PAGE

@@ -4,6 +4,8 @@ cost of a few counter rows and the task rows a shard holds (docs/operations.md,
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from shardq.bin.cli.common import (
@@ -14,6 +16,7 @@ from shardq.bin.cli.common import (
     json_option,
     open_client,
     pass_settings,
+    where_option,
 )
 from shardq.core import rules
 from shardq.core.models import State
@@ -29,16 +32,19 @@ _COLUMNS = list(State)
 @click.option("--workflow", "workflow_name", help="Only runs of this workflow.",
               callback=by_rule(lambda value: value if value is None
                                else rules.check_name(value, "workflow")))
+@where_option
 @pass_settings
 def workflow_count(settings: Settings, tenant: str, all_tenants: bool,
-                   workflow_name: str | None) -> None:
-    """Count runs per workflow and state over every shard.
+                   workflow_name: str | None, where: tuple[Any, ...]) -> None:
+    """Count runs per workflow and state over every shard (with --where, the runs those
+    attributes match, read: a count that costs its matches).
 
     A shard that cannot be read is named on stderr (exit 8); the counts are the
     other shards'."""
     with open_client(settings) as client, errors_as_exit_codes():
         counts = client.count_runs(tenant=None if all_tenants else tenant,
-                                   workflow=workflow_name, skip_unavailable=True)
+                                   workflow=workflow_name, skip_unavailable=True,
+                                   where=where or None)
     width = max([8, *(len(w) for w in counts.by_workflow)])
     lines = [f"{'workflow':<{width}}  " + "  ".join(f"{s.value:>14}" for s in _COLUMNS)]
     rows = [*sorted(counts.by_workflow.items()), ("(all)", counts.by_state)]

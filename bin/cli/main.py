@@ -29,6 +29,7 @@ import click
 
 from shardq.bin.cli import (
     builds,
+    bulk,
     counting,
     dev,
     fairness,
@@ -80,7 +81,8 @@ for command in (*workflow.COMMANDS, *limits.COMMANDS, *fairness.COMMANDS, *rates
                 *shard_map.COMMANDS, *operations.COMMANDS, *worker.COMMANDS, *serve.COMMANDS,
                 *dev.COMMANDS):
     cli.add_command(command)
-for command in (*builds.WORKFLOW_COMMANDS, *counting.WORKFLOW_COMMANDS):
+for command in (*builds.WORKFLOW_COMMANDS, *counting.WORKFLOW_COMMANDS,
+                *bulk.WORKFLOW_COMMANDS):
     workflow.workflow.add_command(command)
 
 

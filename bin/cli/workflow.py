@@ -32,6 +32,7 @@ from shardq.bin.cli.common import (
     load_registry,
     open_client,
     pass_settings,
+    where_option,
 )
 from shardq.core.models import Event, State
 
@@ -102,7 +103,6 @@ def _check_cursor(ctx: click.Context, param: click.Parameter, value: str | None)
                 "is not a cursor: pass the next_cursor a previous page printed", param=param
             ) from None
     return value
-
 
 
 def _execution_payload(e: Execution) -> dict[str, Any]:
@@ -417,6 +417,8 @@ def workflow_show(settings: Settings, tenant: str, execution_id: uuid.UUID, hist
     if execution.build_id is not None:
         lines.append(f"  build {execution.build_id}"
                      + (" (pinned)" if execution.pinned else " (any worker)"))
+    if execution.attributes:
+        lines.append(f"  attributes {json.dumps(execution.attributes, sort_keys=True)}")
     if view.rate_limited is not None:
         lines.append(f"  rate limited by {view.rate_limited.limiter!r} until "
                      f"{view.rate_limited.until.isoformat()}")
@@ -462,12 +464,13 @@ def page_options(f: F) -> F:
               help="Only runs created at or after this ISO 8601 time (with its offset).")
 @click.option("--created-before", callback=check_moment, metavar="TIME",
               help="Only runs created before this ISO 8601 time.")
+@where_option
 @page_options
 @pass_settings
 def workflow_list(
     settings: Settings, tenant: str, state: str | None, workflow_name: str | None,
     priority: int | None, created_after: datetime | None, created_before: datetime | None,
-    limit: int, cursor: str | None,
+    where: tuple[Any, ...], limit: int, cursor: str | None,
 ) -> None:
     """List runs over every shard, oldest first, one page at a time.
 
@@ -476,7 +479,8 @@ def workflow_list(
     with open_client(settings) as client, errors_as_exit_codes():
         page = client.list_runs(tenant=tenant, state=state, workflow=workflow_name, limit=limit,
                                 cursor=cursor, skip_unavailable=True, priority=priority,
-                                created_after=created_after, created_before=created_before)
+                                created_after=created_after, created_before=created_before,
+                                where=where or None)
         asked = len(client.map.shards)
     lines = [f"{e.id}  {e.workflow_name:<12} {e.workflow_id:<24} {e.state.value}"
              for e in page.items]

@@ -28,6 +28,7 @@ from shardq.bin.web.openapi import BODY_KEYS, PREFIX
 from shardq.bin.web.refusals import refusal_body, status_of
 from shardq.bin.web.state import shared
 from shardq.bin.web.tokens import tenant_for
+from shardq.client.bulk import DEFAULT_MAX_RUNS
 from shardq.client.requests import DEFAULT_UPDATE_WAIT
 from shardq.core.errors import SignalRefused
 from shardq.core.models import Event, Execution, State, UpdateResult
@@ -166,9 +167,8 @@ def _execution(e: Execution) -> dict[str, Any]:
             "cancel_requested": e.cancel_requested, "created_at": e.created_at.isoformat(),
             "priority": e.priority, "concurrency_key": e.concurrency_key,
             "waiting_for_slot": e.waiting_for_slot, "build_id": e.build_id, "pinned": e.pinned,
+            "attributes": e.attributes,
             "finished_at": e.finished_at.isoformat() if e.finished_at else None}
-
-
 
 
 # -- the routes ------------------------------------------------------------------
@@ -325,7 +325,8 @@ async def listing(request: Request, tenant: str) -> Response:
     page = await client.list_runs(tenant=tenant, state=state, workflow=q.get("workflow"),
                                   limit=limit, cursor=q.get("cursor"),
                                   priority=None if priority is None else int(priority),
-                                  created_after=after, created_before=before)
+                                  created_after=after, created_before=before,
+                                  where=q.getlist("where") or None)
     return JSONResponse({"items": [_execution(e) for e in page.items],
                          "next_cursor": page.next_cursor})
 
@@ -333,10 +334,48 @@ async def listing(request: Request, tenant: str) -> Response:
 @_api
 async def counts(request: Request, tenant: str) -> Response:
     counted = await shared(request).client.count_runs(
-        tenant=tenant, workflow=request.query_params.get("workflow"))
+        tenant=tenant, workflow=request.query_params.get("workflow"),
+        where=request.query_params.getlist("where") or None)
     answer = counted.as_json()
     del answer["unavailable_shards"]  # a shard down is a 503 here, as for a page
     return JSONResponse(answer)
+
+
+def _bulk(body: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """A bulk action's filters and bound from its body (client/bulk.py checks them)."""
+    state = _field(body, "state", str, required=False)
+    if state is not None and state not in {s.value for s in State}:
+        raise ApiError(400, f"state must be one of {', '.join(s.value for s in State)}")
+    where = body.get("where")  # checked by the client, as a page's
+    if where is not None and not isinstance(where, list | dict):
+        raise ApiError(400, "`where` must be a list of NAME OP VALUE filters or an object")
+    after, before = (None if body.get(name) is None
+                     else parse_moment(_field(body, name, str), name)
+                     for name in ("created_after", "created_before"))
+    max_runs = _field(body, "max_runs", int, required=False)
+    return {"tenant": tenant, "state": state, "workflow": _field(body, "workflow", str,
+                                                                 required=False),
+            "where": where, "created_after": after, "created_before": before,
+            "dry_run": bool(_field(body, "dry_run", bool, required=False)),
+            "max_runs": DEFAULT_MAX_RUNS if max_runs is None else max_runs}
+
+
+@_api
+async def cancel_matching(request: Request, tenant: str) -> Response:
+    body = await _json_object(request, "cancelMatching")
+    result = await shared(request).client.cancel_matching(
+        actor=_field(body, "actor", str, required=False), **_bulk(body, tenant))
+    return JSONResponse(result.as_json())
+
+
+@_api
+async def signal_matching(request: Request, tenant: str) -> Response:
+    body = await _json_object(request, "signalMatching")
+    result = await shared(request).client.signal_matching(
+        _field(body, "name", str), body.get("payload"),
+        idempotency_key=_field(body, "idempotency_key", str, required=False),
+        **_bulk(body, tenant))
+    return JSONResponse(result.as_json())
 
 
 @_api
@@ -444,6 +483,8 @@ ROUTES = [
         ("/workflows/{name}/update-with-start", update_with_start, "POST"),
         ("/workflows/registered/{name}/interface", interface, "GET"),
         ("/workflows/counts", counts, "GET"),
+        ("/bulk/cancel", cancel_matching, "POST"),
+        ("/bulk/signal", signal_matching, "POST"),
         ("/workflows/{execution_id}/history", history, "GET"),
         ("/workflows/{execution_id}", show, "GET"),
         ("/workflows", listing, "GET"),

@@ -37,6 +37,7 @@ EXECUTION = {"type": "object", "required": ["execution_id", "workflow", "state"]
     "priority": {"type": "integer"},
     "concurrency_key": {"type": ["string", "null"]}, "waiting_for_slot": {"type": "boolean"},
     "build_id": {"type": ["string", "null"]}, "pinned": {"type": "boolean"},
+    "attributes": {"type": "object", "description": "Its search attributes"},
     "finished_at": {"type": ["string", "null"]},
     "open_wait": {"type": ["object", "null"]},
     "rate_limited": {"type": ["object", "null"], "properties": {
@@ -131,6 +132,23 @@ _PAGE_ITEMS: dict[str, Any] = {"items": {"type": "array", "items": {"type": "obj
                                "next_cursor": {"type": ["string", "null"]}}
 _COUNTS = {"type": "object", "properties": {s.value: {"type": "integer"} for s in State},
            "required": [s.value for s in State], "additionalProperties": False}
+_WHERE = {"type": "array", "items": {"type": "string"}, "maxItems": 4,
+          "description": "Search attribute filters, NAME OP VALUE (OP one of = < <= > >=; "
+                         "VALUE read as JSON when it is a number, true, false or a "
+                         "\"string\"), all met"}
+_BULK_FILTERS: dict[str, dict[str, Any]] = {  # each optional: null or absent, not set
+    "state": {"enum": [*(s.value for s in State if not s.terminal), None]},
+    "workflow": {**_NAME, "type": ["string", "null"]},
+    "where": {"type": ["array", "object", "null"], "maxItems": 4, "items": {"type": "string"}},
+    "created_after": {"type": ["string", "null"], "format": "date-time"},
+    "created_before": {"type": ["string", "null"], "format": "date-time"},
+    "dry_run": {"type": ["boolean", "null"]},
+    "max_runs": {"type": ["integer", "null"], "minimum": 1, "maximum": 100_000}}
+_OPTIONAL_LABEL = {**_LABEL, "type": ["string", "null"]}
+_IDS = {"type": "array", "items": {"type": "string", "format": "uuid"}}
+_BULK = _obj(["action", "dry_run", "matched", "done", "skipped"], action=_STRING,
+             dry_run={"type": "boolean"}, matched=_IDS, done=_IDS,
+             skipped={"type": "object", "additionalProperties": _STRING})
 _PAGE_OF = {"type": "object", "required": ["items", "next_cursor"], "properties": _PAGE_ITEMS}
 _INTERRUPT = {"type": "object", "required": [
     "execution_id", "workflow", "workflow_id", "name", "prompt", "actions", "schema", "value",
@@ -244,7 +262,19 @@ OPENAPI: dict[str, Any] = {
                                   by_workflow={"type": "object",
                                                "additionalProperties": _COUNTS},
                                   total={"type": "integer"})}, 400),
-            _query("workflow", _NAME, "Only runs of this workflow"))},
+            _query("workflow", _NAME, "Only runs of this workflow"),
+            _query("where", _WHERE, "Only runs with these search attributes (counted from "
+                   "the runs they match)"))},
+        **{f"{PREFIX}/bulk/{action}": {"post": _op(
+            f"{action}Matching", f"{summary} every live run the filters match (at least "
+            "one), or none when more than `max_runs` match (409); `dry_run`: list them only",
+            _responses({200: _BULK}, 400, 409, 413, 415),
+            body=_envelope(required, **fields, **_BULK_FILTERS))}
+           for action, summary, required, fields in (
+               ("cancel", "Cancel", [], {"actor": _OPTIONAL_LABEL}),
+               ("signal", "Send signal `name` (with `payload`; each run once per "
+                "`idempotency_key`) to", ["name"],
+                {"name": _NAME, "payload": ANY_JSON, "idempotency_key": _OPTIONAL_LABEL}))},
         f"{PREFIX}/workflows/{{execution_id}}": {"get": _op(
             "getRun", "A run: state, open wait, pending signals", _responses({200: EXECUTION}, 404),
             _EXECUTION_ID)},
@@ -266,7 +296,8 @@ OPENAPI: dict[str, Any] = {
             _query("created_after", {"type": "string", "format": "date-time"},
                    "Only runs created at or after this time (ISO 8601, with its offset)"),
             _query("created_before", {"type": "string", "format": "date-time"},
-                   "Only runs created before this time (ISO 8601, with its offset)"), _LIMIT,
+                   "Only runs created before this time (ISO 8601, with its offset)"),
+            _query("where", _WHERE, "Only runs with these search attributes"), _LIMIT,
             _query("cursor", {"type": "string", "pattern": "^[A-Za-z0-9_-]{22}$"},
                    "The next_cursor of the previous page"))},
         f"{PREFIX}/interrupts": {"get": _op(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardq.client.bulk import TooManyRuns
 from shardq.core.errors import (
     DecisionRefused,
     ExecutionNotFound,
@@ -39,7 +40,7 @@ STATUS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = 
     (UpdateTimedOut, 202),
     ((ExecutionNotFound, InvalidExecutionId, UnknownWorkflow, UnknownHandler,
       ScheduleNotFound), 404),
-    ((UpdateRefused, DecisionRefused, SignalRefused, ScheduleExists), 409),
+    ((UpdateRefused, DecisionRefused, SignalRefused, ScheduleExists, TooManyRuns), 409),
     ((UpdateFailed, UpdateRejected, QueryFailed), 422),
     # A shard found, late, to hold another map or an older schema: the server's
     # configuration is at fault, not the request, and nothing was written.

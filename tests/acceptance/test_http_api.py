@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -150,6 +151,70 @@ def test_counts_are_the_tenant_s_and_a_bad_filter_is_a_400(api: Api) -> None:
         refused = api.http.get("/workflows/counts", params={"workflow": bad})
         assert refused.status_code == 400, (bad, refused.text)
         assert "workflow" in refused.json()["error"]
+
+
+def test_runs_are_listed_counted_and_acted_on_by_their_attributes(
+    api: Api, start_worker: StartWorker,
+) -> None:
+    from ..app import registry
+
+    start_worker(registry)
+    runs = [api.http.post("/workflows/tagged/start", json={
+        "workflow_id": f"t-{i}", "input": {"region": ("eu", "us")[i % 2], "amount": i}}
+    ).json()["execution_id"] for i in range(4)]
+    wait_until(lambda: all(api.http.get(f"/workflows/{r}").json()["state"] == "waiting"
+                           for r in runs), what="every run parked", timeout=20)
+    listed = api.http.get("/workflows", params={"where": ["region=eu", "amount>=1"]})
+    assert [r["execution_id"] for r in listed.json()["items"]] == [runs[2]]
+    assert listed.json()["items"][0]["attributes"] == {"region": "eu", "amount": 2}
+    counted = api.http.get("/workflows/counts", params={"where": "region=us"}).json()
+    assert counted["by_state"]["waiting"] == 2
+    assert api.other.get("/workflows", params={"where": "region=eu"}).json()["items"] == []
+    over = api.http.post("/bulk/cancel", json={"workflow": "tagged",
+                                                             "max_runs": 3})
+    assert over.status_code == 409, over.text
+    assert "more than 3 live runs match" in over.json()["error"]
+    dry = api.http.post("/bulk/cancel", json={"where": ["region=eu"],
+                                                            "dry_run": True}).json()
+    assert (dry["matched"], dry["done"]) == (sorted(runs[0::2]), [])
+    sent = api.http.post("/bulk/signal", json={
+        "name": "go", "payload": 5, "idempotency_key": "k", "where": {"region": "us"}})
+    assert sent.status_code == 200, sent.text
+    assert sorted(sent.json()["done"]) == sorted(runs[1::2])
+    wait_until(lambda: all(api.http.get(f"/workflows/{r}").json()["state"] == "completed"
+                           for r in runs[1::2]), what="the signalled runs ended", timeout=20)
+    cancelled = api.http.post("/bulk/cancel", json={"where": ["region=eu"]})
+    assert sorted(cancelled.json()["done"]) == sorted(runs[0::2])
+    assert {api.http.get(f"/workflows/{r}").json()["state"] for r in runs[0::2]} == {
+        "cancelled"}
+
+
+@pytest.mark.parametrize(("path", "body", "says"), [
+    ("cancel", {}, "a bulk action needs a filter"),
+    ("cancel", {"workflow": "tagged", "max_runs": 0}, "max_runs must be"),
+    ("cancel", {"workflow": "tagged", "max_runs": "9"}, "`max_runs` must be a int"),
+    ("cancel", {"where": "region=eu"}, "`where` must be a list"),
+    ("cancel", {"where": ["region>>eu"]}, "is not NAME OP VALUE"),
+    ("cancel", {"where": {"region": None}}, "a string, number, boolean or datetime"),
+    ("cancel", {"state": "completed"}, "state must be one of"),
+    ("cancel", {"created_after": "soon"}, "is not an ISO 8601 time"),
+    ("cancel", {"workflow": "tagged", "colour": "red"}, "unknown key"),
+    ("cancel", {"workflow": "tagged", "dry_run": "yes"}, "`dry_run` must be a bool"),
+    ("signal", {"workflow": "tagged"}, "`name` must be a str"),
+    ("signal", {"name": "bad name", "workflow": "tagged"}, "signal name"),
+])
+def test_a_bad_bulk_action_is_a_400_and_acts_on_nothing(
+    api: Api, path: str, body: dict[str, Any], says: str,
+) -> None:
+    made = api.http.post("/workflows/tagged/start", json={
+        "workflow_id": "stays", "input": {"region": "eu", "amount": 1}})
+    run = made.json()["execution_id"]
+    refused = api.http.post(f"/bulk/{path}", json=body)
+    assert refused.status_code == 400, refused.text
+    assert says in refused.json()["error"]
+    assert api.http.get(f"/workflows/{run}").json()["state"] == "pending"
+    listed = api.http.get("/workflows", params={"where": "a\x00=1"})
+    assert listed.status_code == 400, listed.text
 
 
 def test_a_live_run_s_priority_is_changed_and_a_bad_change_changes_nothing(api: Api) -> None:

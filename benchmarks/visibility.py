@@ -34,7 +34,9 @@ once and merging their pages costs over asking one.
 
 `count_by_state_ms` (target <= 100): the p99 of `Client.count_runs()` (the default
 tenant's runs per workflow and state) over `visibility_pages` calls on the 8-shard
-client; `count_by_workflow_ms` the same for one workflow; `_p50_ms` their medians.
+client; `count_by_workflow_ms` the same for one workflow; `count_by_attribute_ms`
+for one search attribute's value (`region=rare`: a count that reads its matches,
+about 2,500 runs a shard at full size); `_p50_ms` their medians.
 Its first answer must equal a `count(*)` of the loaded rows. The load's starts and
 ends reach the counters as any writer's do (the tables' statement triggers), as
 changes no worker has folded: a count reads them all, a chunk a row.
@@ -102,11 +104,15 @@ MIX: dict[str, dict[str, float]] = {
     "workflow": {"orders": 2 / 3, "billing": 1 / 3, "rare_workflow": 1 / 1009},
     "state": {"completed": 0.95, "failed": 0.02, "cancelled": 0.01, "waiting": 0.01,
               "pending": 0.01},
+    "region": {"north": 1 / 16, "south": 1 / 16, "east": 1 / 16, "west": 1 / 16,
+               "rare": 1 / 404},
+    "amount >= 996": {"yes": 1 / 1000},
 }
 """The shares `visibility_load` gives each value (the i-th run of a load is
 `rare-tenant` when i % 97 == 0, `rare_workflow` when i % 1009 == 1, else
 `billing` when i % 3 == 0, `failed` when i % 50 == 7, ...): failed runs of
-`rare_workflow` are 1 in 50,450."""
+`rare_workflow` are 1 in 50,450. Every fourth run has search attributes: `region`
+(`rare` when i % 404 == 0) and `amount` (i % 1000)."""
 
 KINDS: dict[str, dict[str, Any]] = {
     "none": {},
@@ -116,6 +122,8 @@ KINDS: dict[str, dict[str, Any]] = {
     "state_workflow": {"state": State.FAILED, "workflow": "rare_workflow"},
     "live_state": {"state": State.WAITING},
     "window": {},  # created_after, created_before: set from the load's clock
+    "attribute": {"where": {"region": "rare"}},
+    "attribute_range": {"where": ["amount>=996"]},
     "empty": {"workflow": "no_such_workflow"},
 }
 """The filters of each kind, as `Client.list_runs` takes them; the tenant is the
@@ -350,6 +358,7 @@ def _check(kind: str, filters: dict[str, Any], items: list[Execution]) -> None:
         wrong = (run.tenant != tenant
                  or ("workflow" in filters and run.workflow_name != filters["workflow"])
                  or ("state" in filters and run.state is not filters["state"])
+                 or ("where" in filters and not _attributed(filters["where"], run))
                  or ("created_after" in filters
                      and not filters["created_after"] - timedelta(milliseconds=1)
                      <= run.created_at < filters["created_before"]))
@@ -361,6 +370,14 @@ def _check(kind: str, filters: dict[str, Any], items: list[Execution]) -> None:
         raise BenchError(f"visibility: a {kind} page is not in id order")
 
 
+def _attributed(where: Any, run: Execution) -> bool:
+    """Whether `run`'s attributes meet KINDS' filters (an equality, or `name>=number`)."""
+    if isinstance(where, dict):
+        return all(run.attributes.get(k) == v for k, v in where.items())
+    name, value = where[0].split(">=")
+    return float(run.attributes.get(name, -math.inf)) >= float(value)
+
+
 # -- counts -----------------------------------------------------------------------
 
 
@@ -368,9 +385,10 @@ def _counts(client: Client, calls: int, urls: Sequence[str]) -> dict[str, Any]:
     """`Client.count_runs` of the default tenant, every workflow and then one, timed as
     the pages are; the first answer checked against a count of the rows themselves."""
     out: dict[str, Any] = {}
-    bar = Progress("visibility counts", 2 * (WARMUP + calls))
+    bar = Progress("visibility counts", 3 * (WARMUP + calls))
     kinds: tuple[tuple[str, dict[str, Any]], ...] = (
-        ("count_by_state", {}), ("count_by_workflow", {"workflow": "orders"}))
+        ("count_by_state", {}), ("count_by_workflow", {"workflow": "orders"}),
+        ("count_by_attribute", {"where": {"region": "rare"}}))
     for n, (key, filters) in enumerate(kinds):
         times = []
         for i in range(WARMUP + calls):

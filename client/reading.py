@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardq.client.requests import DEFAULT_TENANT, check_filters, list_query, unread_of
 from shardq.core.attributes import check_filters as check_where
-from shardq.core.models import Execution, State
+from shardq.core.models import Execution, OutboxEntry, RunOutbox, State
 from shardq.shards import async_fanout
 from shardq.shards.fanout import Reached, each_shard
+from shardq.shards.routing import parse_execution_id
 from shardq.store.counts import RunCounts, counted
 from shardq.store.listing import DEFAULT_PAGE, Cursor, PartialPage, ShardPage
 
@@ -45,6 +46,15 @@ def _whole(reached: Reached[R], skip_unavailable: bool) -> Reached[R]:
 def _counts(reached: Reached[list[tuple[str, str, int]]]) -> RunCounts:
     return counted((row for rows in reached.answers.values() for row in rows),
                    tuple(reached.unavailable_names), tuple(reached.causes))
+
+
+def run_outbox(ident: uuid.UUID, reached: Reached[list[OutboxEntry]]) -> RunOutbox:
+    """The shards' outbox rows of run `ident`: those it sent and those sent to it."""
+    rows = sorted((r for found in reached.answers.values() for r in found),
+                  key=lambda r: (r.queued_at, r.id))
+    return RunOutbox([r for r in rows if r.source_execution_id == ident],
+                     [r for r in rows if r.target_execution_id == ident],
+                     tuple(reached.unavailable_names))
 
 
 def shard_rows(limit: int, shards: int) -> int:
@@ -162,6 +172,18 @@ class ReadingCalls:
             shard, tenant=tenant, workflow=workflow, where=filters)), skip_unavailable))
 
 
+    def outbox_of(self, execution_id: str | uuid.UUID, *,
+                  tenant: str = DEFAULT_TENANT) -> RunOutbox:
+        """A run's signals on their way between shards (docs/signals.md): those it sent,
+        read on its shard, and those sent to it, read on every shard; each pending or
+        failed for good (delivered ones are gone). A shard that cannot be read is named
+        in `unavailable_shards`."""
+        ident = parse_execution_id(execution_id)
+        check_filters(tenant, None)
+        return run_outbox(ident, each_shard(self.map.shards, lambda shard: (
+            self.store.outbox_of(shard, ident, tenant))))
+
+
 class AsyncReadingCalls:
     """AsyncClient's reads of many runs: ReadingCalls', awaited."""
 
@@ -215,3 +237,11 @@ class AsyncReadingCalls:
         return _counts(_whole(await async_fanout.each_shard(self.map.shards, lambda shard: (
             self.store.count_runs(shard, tenant=tenant, workflow=workflow, where=filters))),
             skip_unavailable))
+
+    async def outbox_of(self, execution_id: str | uuid.UUID, *,
+                        tenant: str = DEFAULT_TENANT) -> RunOutbox:
+        """Client.outbox_of: a run's signals on their way between shards."""
+        ident = parse_execution_id(execution_id)
+        check_filters(tenant, None)
+        return run_outbox(ident, await async_fanout.each_shard(self.map.shards, lambda shard: (
+            self.store.outbox_of(shard, ident, tenant))))

@@ -180,6 +180,34 @@ class RunView:
 
 
 @dataclass(frozen=True)
+class OutboxEntry:
+    """A signal on its way between shards (the outbox, docs/signals.md), as a run's page
+    shows it: pending (in retry when `attempts` > 0) or failed for good. Delivered rows
+    are deleted."""
+
+    id: int
+    source_execution_id: uuid.UUID
+    source_position: int
+    target_execution_id: uuid.UUID
+    signal_name: str
+    state: str
+    attempts: int
+    next_attempt_at: datetime
+    failure_reason: str | None
+    queued_at: datetime
+
+
+@dataclass(frozen=True)
+class RunOutbox:
+    """The outbox rows of one run: those it owes (it sent them) and is owed (sent to it),
+    oldest first; `unavailable_shards` names the shards that could not be read."""
+
+    owes: list[OutboxEntry]
+    owed: list[OutboxEntry]
+    unavailable_shards: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class UpdateResult:
     """What Client.update returns: the handler's response, once committed."""
 

@@ -28,6 +28,7 @@ from shardq.core.models import (
     BufferedSignal,
     Execution,
     HistoryEvent,
+    OutboxEntry,
     PendingInterrupt,
     SignalResult,
     SignalWithStartResult,
@@ -139,6 +140,10 @@ class AsyncStore:
     ) -> list[tuple[str, str, int]]:
         return await self._run(shard, statements.count_runs(
             tenant, workflow, where, buckets_of(shard_map or self.map, shard) if where else ""))
+
+    async def outbox_of(self, shard: Shard, execution_id: uuid.UUID,
+                        tenant: str) -> list[OutboxEntry]:
+        return await self._run(shard, statements.outbox_of(execution_id, tenant))
 
     async def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
         return await self._run(shard, statements.children_of(execution_id))

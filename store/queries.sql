@@ -333,6 +333,19 @@ LEFT JOIN LATERAL (
 WHERE NOT %(fenced)s OR (SELECT shardq.owns(%(ids)s::uuid[]))
 ORDER BY x.id
 
+-- name: outbox_of
+-- A run's outbox rows on one shard, for its page in the run explorer: those it sent
+-- (on its own shard, by outbox_source) and those sent to it (on any shard). Delivered
+-- rows are deleted, so both are what is still on its way or failed for good; the
+-- rows sent to it are found among what the shard still owes anyone (no index leads
+-- with the target: the table holds the undelivered only). A page's worth at most.
+SELECT id, source_execution_id, source_position, target_execution_id, signal_name, state,
+       attempts, next_attempt_at, failure_reason, queued_at
+FROM shardq.outbox
+WHERE tenant = %(tenant)s AND (source_execution_id = %(id)s OR target_execution_id = %(id)s)
+ORDER BY id
+LIMIT 200
+
 -- name: read_history
 -- One row per event: shardq.events unfolds a finished run's last step from
 -- its outcome row (schema/0017).

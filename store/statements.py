@@ -36,6 +36,7 @@ from shardq.core.models import (
     BufferedSignal,
     Execution,
     HistoryEvent,
+    OutboxEntry,
     PendingInterrupt,
     SignalResult,
     SignalWithStartResult,
@@ -349,6 +350,12 @@ def count_runs(tenant: str | None, workflow: str | None,
     # As counters have them: every run started, and each in its state but pending.
     return [(r["workflow_name"], kind, int(r["n"])) for r in found
             for kind in (STARTED, r["state"]) if kind != State.PENDING]
+
+
+def outbox_of(execution_id: uuid.UUID, tenant: str) -> Op[list[OutboxEntry]]:
+    """A run's outbox rows on one shard, sent by it or to it, oldest first."""
+    rows = yield SQL["outbox_of"], {"id": execution_id, "tenant": tenant}
+    return [OutboxEntry(**r) for r in rows]
 
 
 def children_of(execution_id: uuid.UUID) -> Op[list[ChildInfo]]:

@@ -38,6 +38,7 @@ from shardq.core.models import (
     CommitOutcome,
     Execution,
     HistoryEvent,
+    OutboxEntry,
     PendingInterrupt,
     ShardHealth,
     SignalResult,
@@ -362,6 +363,11 @@ class Store(FlowControlStore, ScheduleStore, BuildStore):
                 "retention_s": retention_s, "workflows": list(workflows), "listed": listed,
             }).fetchone()
         return 0 if row is None else int(row["n"])
+
+    def outbox_of(self, shard: Shard, execution_id: uuid.UUID,
+                  tenant: str) -> list[OutboxEntry]:
+        """The outbox rows `shard` holds that `execution_id` sent or is sent, oldest first."""
+        return self._run(shard, statements.outbox_of(execution_id, tenant))
 
     def children_of(self, shard: Shard, execution_id: uuid.UUID) -> list[ChildInfo]:
         with self.connection(shard) as conn:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shardq.bin.web import api, inbox, schedules
+from shardq.bin.web import api, explorer, inbox, schedules
 from shardq.bin.web.openapi import document
 from shardq.bin.web.state import Shared
 from shardq.client.async_client import AsyncClient
@@ -52,7 +52,7 @@ def create_app(
             finally:
                 await signals.close()
 
-    app = Starlette(routes=[*schedules.ROUTES, *api.ROUTES, *inbox.ROUTES],
+    app = Starlette(routes=[*schedules.ROUTES, *api.ROUTES, *inbox.ROUTES, *explorer.ROUTES],
                     exception_handlers={404: _not_found, 405: _not_allowed}, lifespan=serving,
                     middleware=[Middleware(TraceContext)] if tracing.ENABLED else [])
     app.state.shared = Shared(client, signals, tokens, inbox_stale_after,

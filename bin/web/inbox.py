@@ -123,7 +123,7 @@ Page = Callable[[Request, str], Awaitable[Response]]
 """A signed-in page's body: the request and the tenant its token cookie names."""
 
 
-def _page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
+def signed_page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
     """A signed-in page: the tenant from the token cookie, errors as pages."""
 
     async def endpoint(request: Request) -> Response:
@@ -168,7 +168,7 @@ async def login(request: Request) -> Response:
     return _secured(response)
 
 
-@_page
+@signed_page
 async def logout(request: Request, tenant: str) -> Response:
     response = RedirectResponse("/inbox/login", 303)
     for name in (TOKEN_COOKIE, ACTOR_COOKIE):
@@ -176,7 +176,7 @@ async def logout(request: Request, tenant: str) -> Response:
     return response
 
 
-@_page
+@signed_page
 async def listing(request: Request, tenant: str) -> Response:
     state = shared(request)
     client, stale_after = state.client, state.inbox_stale_after
@@ -199,7 +199,7 @@ async def listing(request: Request, tenant: str) -> Response:
                   unavailable=list(page_.unavailable_shards))
 
 
-@_page
+@signed_page
 async def detail(request: Request, tenant: str) -> Response:
     return await _detail(request, tenant, uuid.uuid4().hex)
 
@@ -207,7 +207,7 @@ async def detail(request: Request, tenant: str) -> Response:
 async def _detail(request: Request, tenant: str, decision_id: str, status: int = 200,
                   **extra: Any) -> Response:
     client = shared(request).client
-    ident = _execution_id(request)
+    ident = run_id_of(request)
     name = request.path_params["name"]
     view = await client.describe(ident, tenant=tenant)
     execution, events = view.execution, view.history
@@ -230,12 +230,12 @@ async def _detail(request: Request, tenant: str, decision_id: str, status: int =
         **extra)
 
 
-@_page
+@signed_page
 async def decide(request: Request, tenant: str) -> Response:
     client = shared(request).client
-    ident = _execution_id(request)
+    ident = run_id_of(request)
     name = request.path_params["name"]
-    form = await _form(request)
+    form = await read_form(request)
     action, decision_id = form.get("action", ""), form.get("decision_id", "")
     actor = request.cookies.get(ACTOR_COOKIE) or ""
     payload: Any = None
@@ -272,7 +272,7 @@ async def interrupt_state(request: Request) -> Response:
         return _secured(JSONResponse({"error": "sign in first"}, 401))
     try:
         client = shared(request).client
-        ident = _execution_id(request)
+        ident = run_id_of(request)
         name = request.path_params["name"]
         events = await client.history(ident, tenant=tenant)
         asked = _interrupt(events, name)
@@ -301,7 +301,7 @@ def _state(request_: HistoryEvent, outcome: HistoryEvent | None) -> dict[str, An
             "decided_at": decided.get("decided_at"), "summary": summary}
 
 
-@_page
+@signed_page
 async def parked(request: Request, tenant: str) -> Response:
     client = shared(request).client
     q = request.query_params
@@ -314,17 +314,7 @@ async def parked(request: Request, tenant: str) -> Response:
                   more=more)
 
 
-@_page
-async def run_history(request: Request, tenant: str) -> Response:
-    client = shared(request).client
-    ident = _execution_id(request)
-    view = await client.describe(ident, tenant=tenant)
-    parent = next((e.payload for e in view.history if e.kind == Event.CHILD_OF), None)
-    return render(request, "run.html", execution=view.execution, events=view.history,
-                  children=view.children, parent=parent)
-
-
-@_page
+@signed_page
 async def schedules(request: Request, tenant: str) -> Response:
     client = shared(request).client
     after = request.query_params.get("after") or ""
@@ -351,7 +341,6 @@ ROUTES = [
     Route("/inbox/parked", parked, methods=["GET"]),
     Route("/inbox/schedules", schedules, methods=["GET"]),
     Route("/inbox/static/{file}", static, methods=["GET"]),
-    Route("/inbox/runs/{execution_id}", run_history, methods=["GET"]),
     Route("/inbox/runs/{execution_id}/interrupts/{name}", detail, methods=["GET"]),
     Route("/inbox/runs/{execution_id}/interrupts/{name}", decide, methods=["POST"]),
     Route("/inbox/runs/{execution_id}/interrupts/{name}/state", interrupt_state,
@@ -360,7 +349,7 @@ ROUTES = [
 """The inbox's pages, all under /inbox."""
 
 
-async def _form(request: Request) -> dict[str, str]:
+async def read_form(request: Request) -> dict[str, str]:
     """A posted urlencoded form (the only kind the pages send), read within MAX_FORM."""
     cached: dict[str, str] | None = getattr(request.state, "form", None)
     if cached is not None:  # the CSRF check read it first
@@ -385,7 +374,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 async def _check_csrf(request: Request) -> dict[str, str]:
     """The posted form, if its CSRF token matches the cookie the server set; else Refused."""
-    form = await _form(request)
+    form = await read_form(request)
     expected = request.cookies.get(CSRF_COOKIE, "")
     if not expected or not hmac.compare_digest(expected, form.get("csrf", "")):
         raise Refused(403, "the form has expired or did not come from this site: reload the "
@@ -393,7 +382,7 @@ async def _check_csrf(request: Request) -> dict[str, str]:
     return form
 
 
-def _execution_id(request: Request) -> uuid.UUID:
+def run_id_of(request: Request) -> uuid.UUID:
     try:
         return parse_execution_id(request.path_params["execution_id"])
     except InvalidExecutionId:

@@ -107,7 +107,7 @@ def test_a_reviewer_sees_the_item_at_once_and_approving_resumes_the_run(
     page.goto(f"{site.base}/inbox")
     assert page.locator(f"tr.item[data-execution='{run}']").count() == 0
     page.goto(f"{site.base}/inbox/runs/{run}")
-    assert "run.completed" in page.locator("table.history").inner_text()
+    assert "run.completed" in page.locator("ol.history").inner_text()
 
 
 def test_an_invalid_edit_shows_beside_its_field_and_decides_nothing(
@@ -290,7 +290,7 @@ def test_parked_runs_show_their_wait_and_buffered_signals(browser: Any, site: Si
     assert all("signal go" in text for text in rows.values())
     assert 'other {"n": 1}' in rows[runs[1]] and "none" in rows[runs[0]]
     page.locator(f"tr.parked[data-execution='{runs[1]}'] a").click()
-    assert "signal.received" in page.locator("table.history").inner_text()
+    assert "signal.received" in page.locator("ol.history").inner_text()
     other = signed_in(browser, site, GLOBEX, "eve")
     other.goto(f"{site.base}/inbox/parked")
     assert other.locator("tr.parked").count() == 0

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 TOKEN = "sq_inbox-inputs"
 FORM = "application/x-www-form-urlencoded"
 DECIDE = "/inbox/runs/{run}/interrupts/manager_review"
+SIGNAL = "/inbox/runs/{run}/signal"
 
 # (id, method, path, form fields or raw body, extra headers, status)
 CASES: list[tuple[str, str, str, dict[str, str] | bytes, dict[str, str], int]] = [
@@ -56,6 +57,34 @@ CASES: list[tuple[str, str, str, dict[str, str] | bytes, dict[str, str], int]] =
     ("list-bad-workflow", "GET", "/inbox?workflow=bad%20name!", b"", {}, 400),
     ("list-bad-cursor", "GET", "/inbox?cursor=zz", b"", {}, 400),
     ("static-traversal", "GET", "/inbox/static/..%2Finbox.py", b"", {}, 404),
+    ("runs-bad-state", "GET", "/inbox/runs?state=asleep", b"", {}, 400),
+    ("runs-bad-where", "GET", "/inbox/runs?where=amount%3E%3E1", b"", {}, 400),
+    ("runs-where-nul", "GET", "/inbox/runs?where=a%00%3D1", b"", {}, 400),
+    ("runs-five-filters", "GET", "/inbox/runs?where=" + "%0A".join(f"a{i}%3D1" for i in range(5)),
+     b"", {}, 400),
+    ("runs-bad-time", "GET", "/inbox/runs?created_after=yesterday", b"", {}, 400),
+    ("runs-naive-time", "GET", "/inbox/runs?created_before=2026-12-01T00:00", b"", {}, 400),
+    ("runs-long-filter", "GET", "/inbox/runs?workflow=" + "x" * 5000, b"", {}, 400),
+    ("runs-bad-workflow", "GET", "/inbox/runs?workflow=bad%20name!", b"", {}, 400),
+    ("runs-bad-cursor", "GET", "/inbox/runs?cursor=zz", b"", {}, 400),
+    ("signal-bad-json", "POST", SIGNAL, {"name": "go", "payload": "{"}, {}, 400),
+    ("signal-nan", "POST", SIGNAL, {"name": "go", "payload": "NaN"}, {}, 400),
+    ("signal-repeated-key", "POST", SIGNAL, {"name": "go", "payload": '{"a":1,"a":2}'}, {},
+     400),
+    ("signal-bad-name", "POST", SIGNAL, {"name": "bad name!", "payload": ""}, {}, 400),
+    ("signal-no-name", "POST", SIGNAL, {"payload": "1"}, {}, 400),
+    ("signal-reserved-name", "POST", SIGNAL, {"name": "shardq.x", "payload": ""}, {}, 400),
+    ("signal-nul-key", "POST", SIGNAL, {"name": "go", "idempotency_key": "a\x00b"}, {}, 400),
+    ("signal-long-key", "POST", SIGNAL, {"name": "go", "idempotency_key": "k" * 300}, {},
+     400),
+    ("signal-json-body", "POST", SIGNAL, b'{"name": "go"}',
+     {"content-type": "application/json"}, 415),
+    ("signal-unknown-run", "POST", "/inbox/runs/01a23b00-a581-8495-a55e-808a42654d6c/signal",
+     {"name": "go", "payload": "1"}, {}, 404),
+    ("cancel-bad-run-id", "POST", "/inbox/runs/not-a-run/cancel", {}, {}, 404),
+    ("cancel-unknown-run", "POST", "/inbox/runs/01a23b00-a581-8495-a55e-808a42654d6c/cancel",
+     {}, {}, 404),
+    ("cancel-get", "GET", "/inbox/runs/{run}/cancel", b"", {}, 405),
     ("state-bad-run-id", "GET", "/inbox/runs/not-a-run/interrupts/x/state", b"", {}, 404),
     ("state-unknown-run", "GET",
      "/inbox/runs/01a23b00-a581-8495-a55e-808a42654d6c/interrupts/manager_review/state", b"",

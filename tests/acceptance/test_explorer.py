@@ -150,6 +150,13 @@ def test_the_explorer_fits_a_phone_and_shows_hostile_text_as_text(
         assert EVIL in page.locator("main").inner_text()
         assert page.evaluate("window.__xss") is None and page.locator("main img").count() == 0
         assert page.evaluate("document.scrollingElement.scrollWidth") <= 390, url
+    page.fill("form.signal input[name=name]", EVIL[:128])  # refused, echoed as text
+    page.fill("form.signal textarea[name=payload]", json.dumps(EVIL))
+    page.fill("form.signal input[name=idempotency_key]", EVIL)
+    page.click("form.signal button[type=submit]")
+    assert "signal name" in page.locator("form.signal .refusal").inner_text()
+    assert page.locator("form.signal input[name=idempotency_key]").input_value() == EVIL
+    assert page.evaluate("window.__xss") is None and page.locator("main img").count() == 0
     # A value that starts with an operator's character is given as a JSON string.
     page.goto(f"{site.base}/inbox/runs?" + urlencode({"workflow": "tagged",
                                                        "where": f"region={json.dumps(EVIL)}"}))

@@ -335,12 +335,10 @@ def set_rate_limit(name: str, limit: RateLimit | None) -> Op[RateLimiter | None]
     return _rate_limiter(rows[0]) if rows else None
 
 
-def count_runs(tenant: str | None, workflow: str | None,
-               where: tuple[AttributeFilter, ...] = (),
+def count_runs(tenant: str | None, workflow: str | None, where: tuple[AttributeFilter, ...] = (),
                mine: str = "") -> Op[list[tuple[str, str, int]]]:
-    """This shard's (workflow, kind, n) rows of store/counts.py, for one tenant or all:
-    from its counters, or, with attribute filters, from the runs they match (`mine`:
-    the buckets the reader's map gives the shard, as a page's)."""
+    """This shard's (workflow, kind, n) rows (store/counts.py), of one tenant or all: from
+    its counters, or from the runs attribute filters match (`mine`: as a page's)."""
     if not where:
         rows = yield SQL["count_runs"], {"tenant": tenant, "workflow": workflow}
         return [(r["workflow"], r["kind"], int(r["n"])) for r in rows]

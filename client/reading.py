@@ -4,8 +4,9 @@ part of `Client` and `AsyncClient`, kept apart so the clients' cores stay readab
 modules; both halves are here, over the same sans-I/O parts (client/requests.py,
 store/counts.py).
 
-Every call reads every shard, at once: a page costs the slowest shard's page, a count
-its counters and task rows (store/listing.py, schema/0029)."""
+Every call reads every shard, at once: a page costs the slowest shard's share of it
+(refilled where the runs are crowded on a few shards), a count its counters and task
+rows (store/listing.py, schema/0029)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import heapq
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,7 +25,7 @@ from shardq.shards import async_fanout
 from shardq.shards.fanout import Reached, each_shard
 from shardq.shards.routing import parse_execution_id
 from shardq.store.counts import RunCounts, counted
-from shardq.store.listing import DEFAULT_PAGE, Cursor, PartialPage, ShardPage
+from shardq.store.listing import DEFAULT_PAGE, Cursor, ListQuery, PartialPage, ShardPage
 
 if TYPE_CHECKING:
     from shardq.shards.config import Shard, ShardMap
@@ -58,11 +59,36 @@ def run_outbox(ident: uuid.UUID, reached: Reached[list[OutboxEntry]]) -> RunOutb
 
 
 def shard_rows(limit: int, shards: int) -> int:
-    """How many rows each shard reads with its page's ids: about twice its even share
-    of a page over `shards` (ids are spread evenly over the shards' buckets), so the
-    rows of the ids a page keeps are nearly always read in the same round trip; all
-    of them on one shard."""
+    """How many ids (and their rows) each shard reads for a page over `shards`, at
+    first: about twice its even share of the page (ids are spread evenly over the
+    shards' buckets), so the ids and rows a page keeps nearly always come in one round
+    trip; all of them on one shard."""
     return limit if shards <= 1 else min(limit, 2 * -(-limit // shards) + 1)
+
+
+def first_round(query: ListQuery, shards: int) -> ListQuery:
+    """Each shard's first read of a page over `shards`: its share of the ids."""
+    return replace(query, limit=shard_rows(query.limit, shards))
+
+
+def refills(pages: Mapping[Shard, ShardPage], share: int,
+            limit: int) -> dict[Shard, uuid.UUID]:
+    """The shards to ask again, each after the last id it gave: those that gave their
+    whole share while the page is short, or whose share ends before the page's last
+    id (ids of theirs past it could belong in the page). Asked for a whole page more
+    after it, a shard can hold back no id the page keeps, so one refill is enough."""
+    kept = list(itertools.islice(heapq.merge(*(page.ids for page in pages.values())), limit))
+    if not kept:
+        return {}
+    return {shard: page.ids[-1] for shard, page in pages.items()
+            if len(page.ids) == share and (len(kept) < limit or page.ids[-1] < kept[-1])}
+
+
+def refilled(pages: Mapping[Shard, ShardPage],
+             more: Mapping[Shard, ShardPage]) -> dict[Shard, ShardPage]:
+    """The shards' pages with the ids their refill read appended (their rows unread)."""
+    return {shard: page if shard not in more else ShardPage(
+        [*page.ids, *more[shard].ids], page.runs, page.read) for shard, page in pages.items()}
 
 
 @dataclass(frozen=True)
@@ -136,15 +162,21 @@ class ReadingCalls:
         query = list_query(tenant, state, workflow, limit, cursor, priority=priority,
                            created_after=created_after, created_before=created_before,
                            where=where)
-        rows = shard_rows(limit, len(self.map.shards))
+        first = first_round(query, len(self.map.shards))
         found = _whole(each_shard(self.map.shards, lambda shard: self.store.list_executions(
-            shard, query, rows=rows)), skip_unavailable)
-        page = merged(found.answers, limit)
+            shard, first, rows=first.limit)), skip_unavailable)
+        pages, reached = found.answers, [found]
+        again = refills(pages, first.limit, limit)
+        if again:  # rare: the shards' runs are not spread evenly over this page
+            extra = _whole(each_shard(list(again), lambda shard: self.store.list_executions(
+                shard, replace(query, after=Cursor(again[shard])), rows=0)), skip_unavailable)
+            pages, reached = refilled(pages, extra.answers), [found, extra]
+        page = merged(pages, limit)
         if not page.unread:
-            return merged_page(page, (), found)
+            return merged_page(page, (), *reached)
         more = _whole(each_shard(list(page.unread), lambda shard: self.store.executions_of(
             shard, page.unread[shard])), skip_unavailable)
-        return merged_page(page, list(more.answers.values()), found, more)
+        return merged_page(page, list(more.answers.values()), *reached, more)
 
     def iter_all(self, **filters: Any) -> Iterator[Execution]:
         """Every run matching `filters` (list_runs's), page by page."""
@@ -204,17 +236,23 @@ class AsyncReadingCalls:
         query = list_query(tenant, state, workflow, limit, cursor, priority=priority,
                            created_after=created_after, created_before=created_before,
                            where=where)
-        rows = shard_rows(limit, len(self.map.shards))
-        found = _whole(await async_fanout.each_shard(
-            self.map.shards, lambda shard: self.store.list_executions(shard, query, rows=rows)),
-            skip_unavailable)
-        page = merged(found.answers, limit)
+        first = first_round(query, len(self.map.shards))
+        found = _whole(await async_fanout.each_shard(self.map.shards, lambda shard: (
+            self.store.list_executions(shard, first, rows=first.limit))), skip_unavailable)
+        pages, reached = found.answers, [found]
+        again = refills(pages, first.limit, limit)
+        if again:
+            extra = _whole(await async_fanout.each_shard(list(again), lambda shard: (
+                self.store.list_executions(shard, replace(query, after=Cursor(again[shard])),
+                                           rows=0))), skip_unavailable)
+            pages, reached = refilled(pages, extra.answers), [found, extra]
+        page = merged(pages, limit)
         if not page.unread:
-            return merged_page(page, (), found)
+            return merged_page(page, (), *reached)
         more = _whole(await async_fanout.each_shard(
             list(page.unread), lambda shard: self.store.executions_of(shard, page.unread[shard])),
             skip_unavailable)
-        return merged_page(page, list(more.answers.values()), found, more)
+        return merged_page(page, list(more.answers.values()), *reached, more)
 
     async def iter_all(self, **filters: Any) -> AsyncIterator[Execution]:
         """Client.iter_all: every run matching `filters`, page by page."""

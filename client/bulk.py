@@ -4,7 +4,7 @@
 The filter is a listing's (client/reading.py), its runs found page by page over
 every shard; runs already ended are passed over. Nothing is done when more live
 runs match than the bound (`max_runs`): a filter that says more than meant stops
-before its first action, and says how many it found. A dry run finds the same runs
+before its first action, and says so. A dry run finds the same runs
 and does nothing. A part of `Client` and `AsyncClient`, both halves here.
 """
 
@@ -67,6 +67,9 @@ def bulk_filters(filters: dict[str, Any], max_runs: object, actor: str | None = 
     if unknown:
         raise InvalidArgument(f"unknown filter {', '.join(sorted(unknown))}")
     state = filters.get("state")
+    if state is not None and state not in {s.value for s in State}:
+        raise InvalidArgument(f"state must be one of {', '.join(s.value for s in State)}, "
+                              f"got {state!r:.40}")
     if state is not None and State(state).terminal:
         raise InvalidArgument("a bulk action acts on live runs: state must be one of "
                               + ", ".join(s.value for s in State if not s.terminal))

@@ -271,6 +271,7 @@ def test_a_bulk_signal_with_a_key_signals_each_match_once(
     ("cancel", {"workflow": "order", "max_runs": 100_001}, "max_runs must be a whole number"),
     ("cancel", {"workflow": "order", "colour": "red"}, "unknown filter colour"),
     ("cancel", {"state": "completed"}, "a bulk action acts on live runs"),
+    ("cancel", {"state": "asleep"}, "state must be one of"),
     ("cancel", {"workflow": "order", "actor": " "}, "actor must be a non-empty string"),
     ("signal", {"where": {"region": 3j}}, "a string, number, boolean or datetime"),
     ("signal", {"workflow": "order", "name": "shardq.x"}, "reserved"),

@@ -40,7 +40,7 @@ from shardq.core.rules import RuleBroken, json_value, parse_moment
 FILTERS = ("state", "workflow", "where", "created_after", "created_before")
 """The list's query parameters besides its cursor, as the form names them."""
 MAX_FIELD = 4096
-"""The longest value a list filter or a signal's name or key may have in a request."""
+"""The longest value a list filter may have in a request."""
 
 
 def _filters(request: Request) -> tuple[dict[str, Any], dict[str, str]]:
@@ -68,16 +68,23 @@ async def runs(request: Request, tenant: str) -> Response:
     filters, shown = _filters(request)
     page = await client.list_runs(tenant=tenant, limit=PAGE, skip_unavailable=True,
                                   cursor=request.query_params.get("cursor") or None, **filters)
+    # Counts by state come from counters; counting by attributes reads every run they
+    # match (operations.md), so a page does it only when asked.
+    by_attributes = bool(filters["where"]) and request.query_params.get("count") == "1"
     counted = await client.count_runs(tenant=tenant, workflow=filters["workflow"],
-                                      where=filters["where"], skip_unavailable=True)
+                                      where=filters["where"] if by_attributes else None,
+                                      skip_unavailable=True)
     kept = {k: v for k, v in shown.items() if v}
     by_state = [(s.value, n, "/inbox/runs?" + urlencode({**kept, "state": s.value}))
                 for s, n in counted.by_state.items()]
     more = ("/inbox/runs?" + urlencode({**kept, "cursor": page.next_cursor})
             if page.next_cursor else None)
     unavailable = sorted({*page.unavailable_shards, *counted.unavailable_shards})
+    count_link = ("/inbox/runs?" + urlencode({**kept, "count": "1"})
+                  if filters["where"] and not by_attributes else None)
     return render(request, "runs.html", runs=page.items, filters=shown, by_state=by_state,
                   total=counted.total, states=[s.value for s in State], more=more,
+                  count_link=count_link,
                   unavailable=unavailable)
 
 

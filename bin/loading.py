@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardq.shards.config import ENV_SHARDS, ShardMap, load_shard_map
+from shardq.shards.config import ENV_POOLER, ENV_SHARDS, ShardMap, load_shard_map
 from shardq.shards.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -24,8 +24,9 @@ EXAMPLES_APP = "shardq.bin.examples:registry"
 
 
 def shard_map_of(shards: str | None, shards_file: Path | None) -> ShardMap:
-    """The map of `--shards-file` (which wins), else of `--shards`, else of the
-    environment; the pool sizes come from the environment either way."""
+    """The map of `--shards-file` (which wins, with its own [pool] settings), else of
+    `--shards`, else of the environment; with `--shards`, the pool sizes and the
+    pooler come from the environment."""
     if shards_file is not None:
         return load_shard_map(shards_file)
     if shards:
@@ -34,7 +35,8 @@ def shard_map_of(shards: str | None, shards_file: Path | None) -> ShardMap:
 
 
 def _pool_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith("SHARDQ_POOL_")}
+    return {k: v for k, v in os.environ.items()
+            if k.startswith("SHARDQ_POOL_") or k == ENV_POOLER}
 
 
 def load_registry(app: str | None) -> Registry:

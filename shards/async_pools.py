@@ -41,6 +41,7 @@ from shardq.shards.pools import (
     Outages,
     ShardPools,
     closed_under,
+    pooled_settings,
     round_trip_cap,
     server_options,
 )
@@ -106,9 +107,8 @@ class AsyncShardPools:
             for v in checked if isinstance(v, Shard) or v.reachable}
         self._timeout = timeout
         self._connect_kwargs: dict[str, Any] = {
-            "connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
-            **({"options": opts} if (opts := server_options(options, statement_timeout_s))
-               else {})}
+            "connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name}
+        self._options = server_options(options, statement_timeout_s)
         self._max_wait_s = round_trip_cap(statement_timeout_s)
         self._pools: dict[str, AsyncConnectionPool[GuardedAsyncConnection]] = {}
         self._outages = Outages()
@@ -168,10 +168,11 @@ class AsyncShardPools:
         return pool
 
     def _new_pool(self, shard: Shard) -> AsyncConnectionPool[GuardedAsyncConnection]:
+        url, pooled = pooled_settings(shard, self.map.pooler, self._options)
         return AsyncConnectionPool(
-            shard.url, min_size=shard.pool_min, max_size=shard.pool_max,
+            url, min_size=shard.pool_min, max_size=shard.pool_max,
             kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_kwargs,
-                    **tcp_settings(shard.url)},
+                    **tcp_settings(shard.url), **pooled},
             connection_class=GuardedAsyncConnection,
             configure=guarding_async(shard.url, self._max_wait_s),
             open=False, timeout=self._timeout, name=f"shardq-async-{shard.name}",

@@ -6,12 +6,19 @@ into equal contiguous bucket ranges in the order given) or from a TOML file:
     [pool]                # optional defaults for every shard
     min_size = 1
     max_size = 10
+    pooler = "postgresql://pgbouncer:6432"   # optional: pools connect through it
 
     [[shards]]
     name = "eu-1"                         # optional, defaults to shard-<index>
     url = "postgresql://app@db1/shardq"
     buckets = [0, 2047]                   # optional inclusive range; all or none
     max_size = 20                         # optional per-shard pool override
+
+`pooler` (or `SHARDQ_POOLER`) names a PgBouncer in transaction mode that fronts every
+shard's database by its own name: this process's pools connect through it (see
+`through_pooler`), while its LISTEN, migrations and the mover's session lock still
+reach each server directly (docs/configuration.md, "Behind PgBouncer"). Like the pool
+sizes, it is this process's setting, not the map's.
 
 This configuration is the seed list and map version 1: `shardq migrate` records it
 in every shard (`shardq.shard_maps`, with its `fingerprint` in `shard_identity`),
@@ -32,7 +39,7 @@ import os
 import tomllib
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
@@ -45,6 +52,7 @@ from shardq.shards.routing import BUCKETS, bucket_of
 ENV_SHARDS = "SHARDQ_SHARDS"
 ENV_POOL_MIN = "SHARDQ_POOL_MIN"
 ENV_POOL_MAX = "SHARDQ_POOL_MAX"
+ENV_POOLER = "SHARDQ_POOLER"
 DEFAULT_POOL_MIN = 1
 DEFAULT_POOL_MAX = 10
 
@@ -76,6 +84,36 @@ def redact(url: str) -> str:
         return url
     return _unsplit(parts._replace(netloc=netloc, query=query))
 
+
+
+def through_pooler(url: str, pooler: str) -> str:
+    """Shard URL `url` reached through transaction pooler `pooler` (a postgresql://host:port
+    URL): its host and port swapped for the pooler's, its database, user, password and
+    other settings kept, so the pooler must know the database by the same name."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    address = urlsplit(pooler).netloc.rpartition("@")[2]
+    query = "&".join(p for p in parts.query.split("&") if p and unquote(
+        p.split("=", 1)[0]) not in ("host", "hostaddr", "port"))
+    return _unsplit(parts._replace(netloc=f"{userinfo}@{address}" if userinfo else address,
+                                   query=query))
+
+
+def check_pooler(value: object, where: str) -> str:
+    """A pooler's address as configuration gives it: postgresql://host[:port], no more."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where} must be a postgresql://host:port URL, got {value!r:.80}")
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (parts.scheme not in ("postgresql", "postgres") or not parts.hostname or port == -1
+            or parts.path not in ("", "/") or parts.query or parts.username is not None):
+        raise ConfigError(f"{where} must be a postgresql://host:port URL (the pooler's "
+                          f"address alone: each shard's URL gives its database and user), "
+                          f"got {redact(value)!r:.120}")
+    return value
 
 
 def without_password(url: str) -> str:
@@ -160,6 +198,8 @@ class ShardMap:
     origin: ShardMap | None = field(default=None, compare=False, repr=False)
     pool_min: int = field(default=DEFAULT_POOL_MIN, compare=False)
     pool_max: int = field(default=DEFAULT_POOL_MAX, compare=False)
+    pooler: str | None = field(default=None, compare=False)
+    """A transaction pooler (PgBouncer) this process's pools connect through, if any."""
     _starts: tuple[int, ...] = field(default=(), init=False, compare=False, repr=False)
     _owners: tuple[Shard, ...] = field(default=(), init=False, compare=False, repr=False)
 
@@ -262,11 +302,13 @@ class ShardMap:
         urls = [u.strip() for u in raw.split(",")]
         if any(not u for u in urls):
             raise ConfigError(f"{ENV_SHARDS} has an empty entry: {raw!r}")
-        return cls.from_urls(
+        found = cls.from_urls(
             urls,
             pool_min=_int_env(env, ENV_POOL_MIN),
             pool_max=_int_env(env, ENV_POOL_MAX),
         )
+        pooler = env.get(ENV_POOLER, "").strip()
+        return replace(found, pooler=check_pooler(pooler, ENV_POOLER)) if pooler else found
 
     @classmethod
     def from_toml(cls, path: Path) -> ShardMap:
@@ -321,8 +363,11 @@ class ShardMap:
             )
             shards.append(Shard(i, name, default.url, ((first, last),), lo, hi))
         _check_cover(sorted(shards, key=lambda s: s.first_bucket))
+        pooler = pool.get("pooler")
         return cls(tuple(sorted(shards, key=lambda s: s.first_bucket)),
-                   pool_min=default_min, pool_max=default_max)
+                   pool_min=default_min, pool_max=default_max,
+                   pooler=None if pooler is None else check_pooler(
+                       pooler, f"{source}: [pool] pooler"))
 
     @classmethod
     def from_layout(
@@ -362,7 +407,8 @@ class ShardMap:
             shards.append(Shard(i, name, url, tuple(sorted(owned[name])), lo, hi))
         return cls(tuple(shards), version=version, home=home, deployment=deployment,
                    origin=seed_map, pool_min=seed_map.pool_min if seed_map else DEFAULT_POOL_MIN,
-                   pool_max=seed_map.pool_max if seed_map else DEFAULT_POOL_MAX)
+                   pool_max=seed_map.pool_max if seed_map else DEFAULT_POOL_MAX,
+                   pooler=seed_map.pooler if seed_map else None)
 
 
 def load_shard_map(shards_file: Path | None = None) -> ShardMap:
@@ -374,7 +420,7 @@ def load_shard_map(shards_file: Path | None = None) -> ShardMap:
 
 _DOCUMENT_KEYS = ("pool", "shards")
 _LAYOUT_KEYS = ("buckets", "home", "shards", "ranges")
-_POOL_KEYS = ("min_size", "max_size")
+_POOL_KEYS = ("min_size", "max_size", "pooler")
 _SHARD_KEYS = ("name", "url", "buckets", "min_size", "max_size")
 
 

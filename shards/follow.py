@@ -192,6 +192,6 @@ def newest_map(seeds: ShardMap, statuses: Iterable[ShardStatus]) -> ShardMap:
             return seeds
         return ShardMap(seeds.shards, version=seeds.version, home=seeds.home,
                         deployment=deployment, origin=seeds.origin, pool_min=seeds.pool_min,
-                        pool_max=seeds.pool_max)
+                        pool_max=seeds.pool_max, pooler=seeds.pooler)
     return ShardMap.from_layout(best.layout, best.map_version, seeds=seeds,
                                 deployment=best.deployment or deployment)

@@ -15,13 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from shardq.shards.check import ShardStatus, verify_shard
-from shardq.shards.config import Shard, ShardMap
+from shardq.shards.config import Shard, ShardMap, through_pooler
 from shardq.shards.connections import (
     CONNECT_TIMEOUT_S,
     SILENT_PEER_TIMEOUT_S,
@@ -75,6 +76,21 @@ def server_options(options: str | None, statement_timeout_s: float | None) -> st
         return options
     timeout = f"-c statement_timeout={round(statement_timeout_s * 1000)}"
     return f"{options} {timeout}" if options else timeout
+
+
+def pooled_settings(shard: Shard, pooler: str | None,
+                    options: str | None) -> tuple[str, dict[str, Any]]:
+    """Where a shard's pool connects, and the connection settings that depend on it.
+
+    Through a transaction pooler (PgBouncer, ShardMap.pooler) a session is lent for one
+    transaction at a time, so nothing may outlive one: psycopg's server-side prepared
+    statements are off (they would land on a connection another client gets next:
+    `42P05 prepared statement already exists`) and no `options` are sent (PgBouncer
+    refuses the startup parameter; the statement timeout comes from the role there,
+    while the round-trip cap still holds on this side). Directly, both as configured."""
+    if pooler is None:
+        return shard.url, ({"options": options} if options else {})
+    return through_pooler(shard.url, pooler), {"prepare_threshold": None}
 
 
 def round_trip_cap(statement_timeout_s: float | None) -> float | None:
@@ -213,8 +229,9 @@ class ShardPools:
         return self._map
 
     def _new_pool(self, shard: Shard) -> ConnectionPool[GuardedConnection]:
+        url, pooled = pooled_settings(shard, self._map.pooler, self._options)
         return ConnectionPool(
-            shard.url,
+            url,
             min_size=shard.pool_min,
             max_size=shard.pool_max,
             kwargs={
@@ -225,7 +242,7 @@ class ShardPools:
                 "connect_timeout": CONNECT_TIMEOUT_S,
                 "application_name": self._application_name,
                 **tcp_settings(shard.url),
-                **({"options": self._options} if self._options else {}),
+                **pooled,
             },
             connection_class=GuardedConnection,
             configure=guarding(shard.url, self._max_wait_s),

@@ -92,7 +92,7 @@ def worker(
     tune_gc_for_worker()  # the application's modules are imported by now
     # A statement stuck behind a lock, or on a shard too slow to be of use,
     # gives up and is retried, rather than holding a turn thread for good.
-    pools = ShardPools(shard_map, statement_timeout_s=60,
+    pools = ShardPools(shard_map, statement_timeout_s=60, application_name="shardq-worker",
                        on_fatal=lambda _: stop.set(),
                        verified=checked).open()
     # Without --shard the worker follows the map: it serves a shard a newer version adds.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shardq.shards.config import ShardMap, without_password
+from shardq.shards.config import ShardMap, through_pooler, without_password
 from shardq.shards.errors import ConfigError
 from shardq.shards.servers import database_url
 
@@ -123,3 +123,42 @@ def test_database_url_keeps_server_and_credentials() -> None:
 ])
 def test_a_url_is_stored_without_its_password(url: str, stored: str) -> None:
     assert without_password(url) == stored
+
+
+@pytest.mark.parametrize(("url", "pooled"), [
+    ("postgresql://app:pw@db1:5432/shard0", "postgresql://app:pw@pgb:6432/shard0"),
+    ("postgresql://app@db1/shard0?sslmode=require", "postgresql://app@pgb:6432/shard0?sslmode=require"),
+    ("postgresql:///shard0?host=/run/postgresql&port=5433&user=app",
+     "postgresql://pgb:6432/shard0?user=app"),
+    ("postgresql://db1/shard0", "postgresql://pgb:6432/shard0"),
+])
+def test_a_pool_reaches_its_shard_through_the_pooler(url: str, pooled: str) -> None:
+    assert through_pooler(url, "postgresql://pgb:6432") == pooled
+
+
+def test_the_pooler_is_this_process_s_setting_from_env_or_file(tmp_path: Path) -> None:
+    urls = "postgresql://a@h1/db,postgresql://a@h2/db"
+    assert ShardMap.from_env({"SHARDQ_SHARDS": urls}).pooler is None
+    found = ShardMap.from_env({"SHARDQ_SHARDS": urls, "SHARDQ_POOLER": "postgresql://p:6432"})
+    assert found.pooler == "postgresql://p:6432"
+    assert found == ShardMap.from_env({"SHARDQ_SHARDS": urls})  # not part of the map
+    path = tmp_path / "shards.toml"
+    path.write_text('[pool]\npooler = "postgresql://p:6432"\n[[shards]]\n'
+                    'url = "postgresql://a@h1/db"\n')
+    assert ShardMap.from_toml(path).pooler == "postgresql://p:6432"
+
+
+@pytest.mark.parametrize(("pooler", "message"), [
+    ("pgb:6432", "must be a postgresql://host:port URL"),
+    ("postgresql://pgb:6432/shard0", "the pooler's address alone"),
+    ("postgresql://app@pgb:6432", "the pooler's address alone"),
+    ("postgresql://app:sekret@pgb:6432", "the pooler's address alone"),
+    ("postgresql://pgb:notaport", "the pooler's address alone"),
+    ("postgresql://pgb:6432?sslmode=require", "the pooler's address alone"),
+    ("postgresql://", "the pooler's address alone"),
+    ("mysql://pgb:6432", "the pooler's address alone"),
+])
+def test_a_bad_pooler_is_refused_in_one_line(pooler: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        ShardMap.from_env({"SHARDQ_SHARDS": "postgresql://a@h1/db", "SHARDQ_POOLER": pooler})
+    assert "sekret" not in str(info.value) and "\n" not in str(info.value)

@@ -68,9 +68,12 @@ def test_steps_of_two_workers_over_two_shards_start_no_faster_than_the_rate(
     wait_until(lambda: all(client.get(r).state is State.COMPLETED for r in runs),
                timeout=30, what="40 limited runs at 10/s")
     started = sorted(float(client.get(r).output) for r in runs)
-    # 10/s with a burst of 1: slots 0.1 s apart. Any window of 1 s holds at most 11,
-    # and 40 steps take at least 3.9 s from the first to the last.
-    assert max(sum(1 for t in started if s <= t < s + 1.0) for s in started) <= 11
+    # 10/s with a burst of 1: slots 0.1 s apart. Any window of 1 s holds at most 11 slots,
+    # and 40 steps take at least 3.9 s from the first to the last. A step starts at its
+    # slot by its worker's estimate of the database's clock (the claim's now(), read a
+    # round trip before), so two workers' steps may sit a few ms closer than their
+    # slots: one more in a window (seen once in CI on a loaded machine), never a burst.
+    assert max(sum(1 for t in started if s <= t < s + 1.0) for s in started) <= 12
     assert started[-1] - started[0] >= 3.8
     # Some steps waited so long their runs parked for the slot they were given; none
     # was refused or failed.

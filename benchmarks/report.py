@@ -17,6 +17,8 @@ TARGETS = (
     ("wake_p99_ms", "<=", 5.0, "signal -> resumed step, p99"),
     ("wake_after_commit_p99_ms", "<=", 5.0,
      "signal's commit returned -> resumed step, p99 (wake_p99 without the disk's flush)"),
+    ("wake_p99_pgbouncer_over_direct", "<=", 1.2,
+     "wake p99 with the worker and client through PgBouncer (transaction mode) / direct"),
     ("parked_ratio", ">=", 0.9, "drain beside parked runs / drain beside none"),
     ("relay_throughput_ratio", ">=", 0.5, "cross-shard signals/s / same-shard signals/s"),
     ("relay_p99_ratio", "<=", 3.0, "cross-shard p99 / same-shard p99, signal -> resumed"),
@@ -95,6 +97,9 @@ def headline(scenarios: dict[str, Result]) -> Result:
         out.update(wake_p50_ms=w["p50_ms"], wake_p95_ms=w["p95_ms"], wake_p99_ms=w["p99_ms"])
         if "after_commit_ms" in w:
             out["wake_after_commit_p99_ms"] = w["after_commit_ms"]["p99"]
+        if "pgbouncer_over_direct_p99" in w:
+            out["wake_p99_pgbouncer_ms"] = w["pgbouncer"]["p99_ms"]
+            out["wake_p99_pgbouncer_over_direct"] = w["pgbouncer_over_direct_p99"]
     if "cycle" in scenarios:
         out["cycles_per_s"] = scenarios["cycle"]["cycles_per_s"]
     if "steps3" in scenarios:
@@ -429,6 +434,12 @@ def scenario_rows(sc: dict[str, Result]) -> list[tuple[str, str, str, str]]:
             rows.append(("wake", label, f"p50 {s['p50']:.2f} ms",
                          f"p95 {s['p95']:.2f}, p99 {s['p99']:.2f}, max {s['max']:.2f} ms; "
                          f"{w['samples']} samples, 1 worker, poll 60 s"))
+        if "pgbouncer_over_direct_p99" in w:
+            p = w["pgbouncer"]
+            rows.append(("wake", "signal -> resumed step, through PgBouncer",
+                         f"p50 {p['p50_ms']:.2f} ms",
+                         f"p99 {p['p99_ms']:.2f} ms, {w['pgbouncer_over_direct_p99']:.2f}x "
+                         "direct's; worker and client in transaction mode, LISTEN direct"))
     if "relay" in sc:
         r = sc["relay"]
         for side in ("same_shard", "cross_shard"):

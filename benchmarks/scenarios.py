@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from shardq.benchmarks.bench import Bench
@@ -20,10 +21,14 @@ from shardq.benchmarks.http import http_signals
 from shardq.benchmarks.limits import limits
 from shardq.benchmarks.measure import CpuMeter, Progress, percentiles, wait_for
 from shardq.benchmarks.parked import insert_parked
+from shardq.benchmarks.pgbouncer import pgbouncer_binary, running_pgbouncer
 from shardq.benchmarks.reshard import reshard
 from shardq.benchmarks.upgrades import upgrades
 from shardq.benchmarks.visibility import visibility
+from shardq.benchmarks.workflows import registry
+from shardq.client.client import Client
 from shardq.core.models import SignalRequest
+from shardq.shards.config import ShardMap
 
 Scenario = Callable[[Bench], dict[str, Any]]
 
@@ -263,20 +268,37 @@ def _signal_all(b: Bench, ids: list[uuid.UUID], threads: int, batch: int) -> Non
 
 
 def wake(b: Bench) -> dict[str, Any]:
-    """Signal -> resumed-step latency with one idle worker whose safety poll is 60 s."""
+    """Signal -> resumed-step latency with one idle worker whose safety poll is 60 s; then
+    the same with the worker and the client through PgBouncer in transaction mode (the
+    worker's LISTEN still to the server: docs/configuration.md, "Behind PgBouncer"),
+    when Debian's pgbouncer is installed: `pgbouncer_over_direct_p99`."""
+    direct = _wake(b, b.client, ())
+    if pgbouncer_binary() is None:
+        return {**direct, "pgbouncer": {"skipped": "Debian's pgbouncer is not installed"}}
+    pooled = ShardMap.from_urls(b.urls, pool_max=b.client.map.pool_max)
+    with running_pgbouncer(b.urls[0]) as pooler, Client.connect(
+            replace(pooled, pooler=pooler.address), registry) as client:
+        through = _wake(b, client, (("SHARDQ_POOLER", pooler.address),))
+    return {**direct, "pgbouncer": {k: through[k] for k in (
+        "p50_ms", "p95_ms", "p99_ms", "after_commit_ms", "signal_call_ms", "samples")},
+            "pgbouncer_over_direct_p99": round(through["p99_ms"] / direct["p99_ms"], 3)}
+
+
+def _wake(b: Bench, client: Client, env: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The wake samples, signalled by `client`, the worker's environment given `env`."""
     samples = b.sizes.wake_samples
     probes = WAKE_WARMUP + samples
     b.reset()
     # The standard fleet parks the probes; then a single worker with a 60 s safety poll
     # takes over, so nothing but a NOTIFY can wake it within the measurement.
     b.fleet()
-    started = b.client.start_many("wake_probe", [(f"wk-{i}", None) for i in range(probes)])
+    started = client.start_many("wake_probe", [(f"wk-{i}", None) for i in range(probes)])
     with Poller(b.urls) as poller:
         wait_for(lambda: poller.total("parked_runs"), probes,
                  label="wake: parking", timeout=60)
     b.stop_fleet()
     config = FleetConfig(workers=1, concurrency=b.fleet_config.concurrency,
-                         batch_size=b.fleet_config.batch_size, poll_interval=60.0)
+                         batch_size=b.fleet_config.batch_size, poll_interval=60.0, env=env)
     b.spawn_fleet(config).wait_ready()
     b.checkpoint()  # not one started by the earlier scenarios' WAL while latency is timed
     time.sleep(1.5)  # the worker's claim loop is asleep on its 60 s poll
@@ -285,12 +307,12 @@ def wake(b: Bench) -> dict[str, Any]:
     for i, run in enumerate(started):
         time.sleep(0.01)
         t0 = time.time()
-        b.client.signal(run.execution_id, "go")
+        client.signal(run.execution_id, "go")
         t_signal = time.time()
         # Off the server while the worker wakes: a poll racing its claim for the two
         # cores would slow what is being measured.
         time.sleep(QUIET_S)
-        b.client.wait(run.execution_id, timeout=10.0, poll=0.005)
+        client.wait(run.execution_id, timeout=10.0, poll=0.005)
         if i >= WAKE_WARMUP:
             sent[f"wk-{i}"] = (t0, t_signal)
         bar.update(i + 1)

@@ -18,6 +18,7 @@ from psycopg import sql
 
 from shardq.benchmarks.floor import durable_batches
 from shardq.benchmarks.parked import INPUT, insert_parked, parked_run
+from shardq.benchmarks.pgbouncer import pgbouncer_binary
 from shardq.benchmarks.report import table
 from shardq.benchmarks.workflows import registry
 from shardq.client.client import Client
@@ -92,6 +93,10 @@ def test_claim_and_floor_scenarios_run_and_report(pg_server: Server) -> None:
     assert slowest[0][0] == pytest.approx(wake["step_ms"]["max"], abs=0.01)
     assert all(s[2] >= 0 for s in slowest)
     assert wake["completed_ms"]["p50"] >= wake["step_ms"]["p50"]
+    if pgbouncer_binary() is not None:  # the same samples through PgBouncer
+        assert wake["pgbouncer"]["samples"] == 20
+        assert report["wake_p99_pgbouncer_over_direct"] == pytest.approx(
+            wake["pgbouncer"]["p99_ms"] / wake["p99_ms"], abs=0.001)
     # The table a user reads is rendered from the same document.
     text = table(report)
     for line in ("raw SKIP LOCKED k=10", "drain of a backlog", "drain, workers first",

@@ -7,115 +7,49 @@ by a NOTIFY its direct LISTEN heard."""
 
 from __future__ import annotations
 
-import getpass
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from shardq.benchmarks.pgbouncer import Pooler, pgbouncer_binary, running_pgbouncer
 from shardq.client.client import Client
 from shardq.core.models import State
-from shardq.shards.config import ShardMap, through_pooler
+from shardq.shards.config import ShardMap
 from shardq.shards.pools import ShardPools
 from shardq.store.store import Store
 
 from ..app import registry
 from ..support import Daemon, free_port, wait_for_health, wait_until
 
-PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(PGBOUNCER).exists() and os.environ.get("CI") != "true",
+    pytest.mark.skipif(pgbouncer_binary() is None and os.environ.get("CI") != "true",
                        reason="Debian's pgbouncer is not installed (.ci/run installs it: "
                               "apt-get install pgbouncer)"),
 ]
 APP = "shardq.tests.app:registry"
 
 
-@dataclass
-class Bouncer:
-    address: str
-    """postgresql://127.0.0.1:PORT: what SHARDQ_POOLER names."""
-    admin: str
-    """The user its admin console takes."""
-
-    def clients(self) -> set[tuple[str, str]]:
-        """The (database, application_name) of each client connection it holds now (its
-        admin console, which speaks the simple query protocol only)."""
-        console = self.address.replace("://", f"://{self.admin}@") + "/pgbouncer"
-        with psycopg.connect(console, autocommit=True,
-                             cursor_factory=psycopg.ClientCursor) as conn:
-            cur = conn.execute("SHOW CLIENTS")
-            names = [c.name for c in cur.description or ()]
-            return {(row[names.index("database")], row[names.index("application_name")])
-                    for row in cur.fetchall()}
-
-
 @pytest.fixture
-def bouncer(shard_map: ShardMap) -> Iterator[Bouncer]:
-    """PgBouncer in transaction mode in front of the tests' server, on a free port: every
-    database by its own name, trust authentication as the server has."""
-    assert Path(PGBOUNCER).exists(), "Debian's pgbouncer is not installed"
-    server = conninfo_to_dict(shard_map.shards[0].url)
-    user = str(server.get("user") or getpass.getuser())  # libpq's default: the OS user
-    # Readable by the user it switches to: it refuses to run as root.
-    folder = Path(tempfile.mkdtemp(prefix="shardq-pgbouncer-"))
-    folder.chmod(0o777)
-    port = free_port()
-    (folder / "users.txt").write_text("".join(f'"{u}" ""\n' for u in {user, "postgres"}))
-    (folder / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"* = host={server.get('host') or '127.0.0.1'} port={server.get('port') or 5432}\n"
-        "[pgbouncer]\n"
-        f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
-        f"admin_users = {user}\npool_mode = transaction\n"
-        "max_client_conn = 500\ndefault_pool_size = 20\n")
-    for path in folder.iterdir():
-        path.chmod(0o644)
-    as_user = ["-u", "nobody"] if os.geteuid() == 0 else []
-    with (folder / "pgbouncer.err").open("wb") as err:
-        proc = subprocess.Popen([PGBOUNCER, *as_user, str(folder / "pgbouncer.ini")],
-                                stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-    address = f"postgresql://127.0.0.1:{port}"
-    try:
-        def answers() -> bool:
-            try:
-                with psycopg.connect(through_pooler(shard_map.shards[0].url, address),
-                                     prepare_threshold=None, connect_timeout=2) as conn:
-                    return conn.execute("SELECT 1").fetchone() == (1,)
-            except psycopg.OperationalError:
-                assert proc.poll() is None, (folder / "pgbouncer.err").read_text()
-                return False
-
-        wait_until(answers, what="pgbouncer answering", timeout=15)
-        yield Bouncer(address, user)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
+def bouncer(shard_map: ShardMap) -> Iterator[Pooler]:
+    """PgBouncer in transaction mode in front of the tests' server, on a free port."""
+    with running_pgbouncer(shard_map.shards[0].url) as pooler:
+        yield pooler
 
 
-def _env(shard_map: ShardMap, bouncer: Bouncer) -> dict[str, str]:
+def _env(shard_map: ShardMap, bouncer: Pooler) -> dict[str, str]:
     return {"SHARDQ_SHARDS": ",".join(s.url for s in shard_map.shards),
             "SHARDQ_POOLER": bouncer.address}
 
 
 def test_a_deployment_runs_through_pgbouncer_and_wakes_by_its_direct_listen(
-    shard_map: ShardMap, bouncer: Bouncer, daemons: Callable[..., Daemon],
+    shard_map: ShardMap, bouncer: Pooler, daemons: Callable[..., Daemon],
 ) -> None:
     env = _env(shard_map, bouncer)
     worker = daemons(["worker", "--app", APP, "--poll-interval", "30", "--lease", "5"], env)
@@ -155,7 +89,7 @@ def test_a_deployment_runs_through_pgbouncer_and_wakes_by_its_direct_listen(
 
 
 def test_the_http_api_serves_through_pgbouncer(
-    shard_map: ShardMap, bouncer: Bouncer, daemons: Callable[..., Daemon], tmp_path: Path,
+    shard_map: ShardMap, bouncer: Pooler, daemons: Callable[..., Daemon], tmp_path: Path,
 ) -> None:
     from shardq.bin.web.tokens import hash_token
 

@@ -18,7 +18,7 @@ from typing import Any
 from shardq.client.requests import DEFAULT_TENANT
 from shardq.core.errors import InvalidArgument
 from shardq.core.models import Execution, SignalRequest, SignalResult, State
-from shardq.core.rules import Limits, check_label, check_signal
+from shardq.core.rules import Limits, check_label, check_signal, check_state
 from shardq.shards.errors import ShardqError
 
 DEFAULT_MAX_RUNS = 1000
@@ -66,11 +66,8 @@ def bulk_filters(filters: dict[str, Any], max_runs: object, actor: str | None = 
     unknown = set(filters) - _FILTERS
     if unknown:
         raise InvalidArgument(f"unknown filter {', '.join(sorted(unknown))}")
-    state = filters.get("state")
-    if state is not None and state not in {s.value for s in State}:
-        raise InvalidArgument(f"state must be one of {', '.join(s.value for s in State)}, "
-                              f"got {state!r:.40}")
-    if state is not None and State(state).terminal:
+    state = check_state(filters.get("state"))
+    if state is not None and state.terminal:
         raise InvalidArgument("a bulk action acts on live runs: state must be one of "
                               + ", ".join(s.value for s in State if not s.terminal))
     if not any(filters.get(name) not in (None, {}, [], ()) for name in _FILTERS - {"tenant"}):

@@ -203,7 +203,6 @@ class ReadingCalls:
         return _counts(_whole(each_shard(self.map.shards, lambda shard: self.store.count_runs(
             shard, tenant=tenant, workflow=workflow, where=filters)), skip_unavailable))
 
-
     def outbox_of(self, execution_id: str | uuid.UUID, *,
                   tenant: str = DEFAULT_TENANT) -> RunOutbox:
         """A run's signals on their way between shards (docs/signals.md): those it sent,

@@ -56,6 +56,7 @@ from shardq.core.rules import (
     check_page_size,
     check_priority,
     check_signal,
+    check_state,
     check_wait,
     check_waited,
     check_workflow_id,
@@ -200,7 +201,7 @@ def list_query(tenant: str | None, state: State | str | None, workflow: str | No
     check_filters(tenant, workflow)
     return ListQuery(
         tenant=tenant,
-        state=State(state) if state is not None else None,
+        state=check_state(state),
         workflow=workflow,
         limit=limit,
         after=Cursor.decode(cursor) if cursor is not None else None,

@@ -36,6 +36,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 
 from shardq.core.errors import InvalidArgument, NotSerializable, PayloadInvalid
 from shardq.core.flow import RateLimit
+from shardq.core.models import State
 
 # -- names and text ----------------------------------------------------------------
 
@@ -319,6 +320,16 @@ def check_priority(value: object) -> int:
         raise InvalidArgument(f"priority must be a whole number within 0..{MAX_PRIORITY} "
                               f"(higher is claimed first), got {value!r}")
     return value
+
+
+def check_state(value: object) -> State | None:
+    """A filter's run state (None: any): one of State's values."""
+    if value is None or isinstance(value, State):
+        return value
+    if not isinstance(value, str) or value not in {s.value for s in State}:
+        raise InvalidArgument(f"state must be one of {', '.join(s.value for s in State)}, "
+                              f"got {value!r:.40}")
+    return State(value)
 
 
 MAX_CONCURRENCY_KEY = 255

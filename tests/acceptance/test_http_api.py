@@ -193,7 +193,7 @@ def test_runs_are_listed_counted_and_acted_on_by_their_attributes(
     ("cancel", {}, "a bulk action needs a filter"),
     ("cancel", {"workflow": "tagged", "max_runs": 0}, "max_runs must be"),
     ("cancel", {"workflow": "tagged", "max_runs": "9"}, "`max_runs` must be a int"),
-    ("cancel", {"where": "region=eu"}, "`where` must be a list"),
+    ("cancel", {"where": "region=eu"}, "where must be a mapping of attribute names"),
     ("cancel", {"where": ["region>>eu"]}, "is not NAME OP VALUE"),
     ("cancel", {"where": {"region": None}}, "a string, number, boolean or datetime"),
     ("cancel", {"state": "completed"}, "state must be one of"),

@@ -28,8 +28,7 @@ TARGETS = (
      "WAL bytes per one-step job: backlog drain / raw floor at the same k"),
     ("pg_cpu_over_floor", "<=", 1.3,
      "PostgreSQL CPU per one-step job (backlog drain) / the raw floor's whole-job CPU"),
-    ("reshard_drain_ratio", ">=", 0.8,
-     "drain on other buckets while a range moves / before it"),
+    ("reshard_drain_ratio", ">=", 0.8, "drain on other buckets while a range moves / before it"),
     ("reshard_max_pause_ms", "<=", 2000.0,
      "longest Client.signal call to a moving run, during the move"),
     ("reshard_client_errors", "<=", 0.0, "errors clients of moving runs saw"),
@@ -63,6 +62,8 @@ TARGETS = (
      "Client.count_runs (every workflow, by state), 8 shards of 1,000,000 runs: p99 ms"),
     ("visibility_seq_scans", "<=", 0.0,
      "sequential scans of shardq's run tables while the visibility pages were listed"),
+    ("connections_per_worker_64_shards", "<=", 16.0,
+     "a worker's sessions, peak, draining 64 shards (schemas, 32 on each of 2 servers)"),
 )
 
 
@@ -151,14 +152,15 @@ def headline(scenarios: dict[str, Result]) -> Result:
             "cancel_tree_left", "schedules_due_lag_p99_s", "schedule_duplicates",
             "schedule_misses")})
     if "upgrades" in scenarios:
-        u = scenarios["upgrades"]
-        out.update({k: u[k] for k in ("replay_runs_per_s", "replay_runs",
-                                      "replay_check_runs_per_s", "otel_overhead")})
+        out.update({k: scenarios["upgrades"][k] for k in (
+            "replay_runs_per_s", "replay_runs", "replay_check_runs_per_s", "otel_overhead")})
     if "visibility" in scenarios:
         v = scenarios["visibility"]
         out.update({k: val for k, val in v.items() if k.startswith("list_page_") or k in (
             "visibility_runs_per_shard", "visibility_load_s", "visibility_seq_scans",
             "count_by_state_ms", "count_by_workflow_ms")})
+    out.update({k: v for k, v in scenarios.get("connections", {}).items()
+                if k.startswith("connections_")})
     if "http" in scenarios:
         h = scenarios["http"]
         out.update(http_signals_per_s=h["http_signals_per_s"],

@@ -13,6 +13,7 @@ from typing import Any
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.composition import composition
+from shardq.benchmarks.connections import connections
 from shardq.benchmarks.db import BenchError, Poller, analyze_as_autovacuum, query
 from shardq.benchmarks.dbcost import DbMeter
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
@@ -567,6 +568,7 @@ SCENARIOS: dict[str, Scenario] = {
     "composition": composition,
     "upgrades": upgrades,
     "visibility": visibility,
+    "connections": connections,
     "wake": wake,
 }
 """In the order `all` runs them: wake last, as it replaces the fleet with a single worker."""

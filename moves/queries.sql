@@ -411,7 +411,8 @@ SET owned = owned & ~%(bits)s::bit(4096), writable = writable & ~%(bits)s::bit(4
 -- The rows each table's statistics describe (-1: never analyzed).
 SELECT c.relname, c.reltuples
 FROM pg_class c
-WHERE c.relnamespace = 'shardq'::regnamespace AND c.relname = ANY(%(tables)s::text[])
+WHERE c.relnamespace = rtrim('shardq.', '.')::regnamespace  -- the shard's schema
+  AND c.relname = ANY(%(tables)s::text[])
 
 -- name: analyze_lock_timeout
 SET LOCAL lock_timeout = '1s'

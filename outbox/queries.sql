@@ -5,7 +5,7 @@
 
 -- name: listen_outbox_statement
 -- The LISTEN for the channel commits that write outbox rows notify.
-SELECT format('LISTEN %%I', shardq.outbox_channel()) AS statement
+SELECT shardq.outbox_channel() AS channel, format('LISTEN %%I', shardq.outbox_channel()) AS statement
 
 -- name: claim_outbox
 -- Lock up to `limit` due outbox rows for delivery, skipping rows another relay

@@ -89,9 +89,10 @@ class OutboxStore:
             return {r["id"] for r in conn.execute(SQL["requeue_outbox"], {"ids": list(ids)})}
 
 
-def listen_for_outbox(conn: DictConnection) -> None:
-    """Make `conn` (autocommit, outside any pool) receive the NOTIFYs of new outbox rows."""
-    listen(conn, SQL["listen_outbox_statement"])
+def listen_for_outbox(conn: DictConnection) -> str:
+    """Make `conn` (autocommit, outside any pool) receive the NOTIFYs of new outbox rows;
+    returns the channel's name."""
+    return listen(conn, SQL["listen_outbox_statement"])
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from shardq.shards.check import verify_shard
-from shardq.shards.config import Shard, ShardMap
+from shardq.shards.config import Shard, ShardMap, redact
 from shardq.shards.connections import (
     CONNECT_TIMEOUT_S,
     SILENT_PEER_TIMEOUT_S,
@@ -68,8 +68,9 @@ def guarding_async(
 
 
 class AsyncShardPools:
-    """One `AsyncConnectionPool` per shard, made and opened on first use; the map they
-    route by is followed by a sync ShardPools in probe mode (`follower`).
+    """One `AsyncConnectionPool` per database, made and opened on first use (shards in
+    one database share it, as ShardPools' do); the map they route by is followed by a
+    sync ShardPools in probe mode (`follower`).
 
     What shards.pools.ShardPools promises its callers, these keep too:
 
@@ -110,9 +111,9 @@ class AsyncShardPools:
             "connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name}
         self._options = server_options(options, statement_timeout_s)
         self._max_wait_s = round_trip_cap(statement_timeout_s)
-        self._pools: dict[str, AsyncConnectionPool[GuardedAsyncConnection]] = {}
+        self._pools: dict[str, AsyncConnectionPool[GuardedAsyncConnection]] = {}  # by conninfo
         self._outages = Outages()
-        self._users: dict[str, int] = {}
+        self._users: dict[str, int] = {}  # by conninfo
         self._locks: dict[str, asyncio.Lock] = {}
         self._closing: set[asyncio.Task[None]] = set()  # retired pools, closing
         self._swept = self.map.version
@@ -141,8 +142,8 @@ class AsyncShardPools:
         await asyncio.to_thread(self.follower.close)
 
     def pool(self, shard: Shard) -> AsyncConnectionPool[GuardedAsyncConnection] | None:
-        """The shard's pool if one was made (tests read its stats)."""
-        return self._pools.get(shard.name)
+        """The pool of the shard's database if one was made (tests read its stats)."""
+        return self._pools.get(shard.conninfo)
 
     def is_down(self, shard: Shard) -> bool:
         """True while `shard`'s last use failed for want of the shard itself."""
@@ -159,11 +160,11 @@ class AsyncShardPools:
                 f"{shard.label}: not in the shard map any more (version {current.version})")
         if shard.name in self._outages or shard.name not in self._verified:
             await self._reach(shard)
-        pool = self._pools.get(shard.name)
+        pool = self._pools.get(shard.conninfo)
         if pool is None:
             if self._closed:  # while it was reached: a pool made now would never close
                 raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
-            pool = self._pools[shard.name] = self._new_pool(shard)
+            pool = self._pools[shard.conninfo] = self._new_pool(shard)
             await pool.open(wait=False)
         return pool
 
@@ -172,9 +173,9 @@ class AsyncShardPools:
         return AsyncConnectionPool(
             url, min_size=shard.pool_min, max_size=shard.pool_max,
             kwargs={"autocommit": True, "row_factory": dict_row, **self._connect_kwargs,
-                    **tcp_settings(shard.url), **pooled},
+                    **tcp_settings(shard.conninfo), **pooled},
             connection_class=GuardedAsyncConnection,
-            configure=guarding_async(shard.url, self._max_wait_s),
+            configure=guarding_async(shard.conninfo, self._max_wait_s),
             open=False, timeout=self._timeout, name=f"shardq-async-{shard.name}",
         )
 
@@ -201,8 +202,8 @@ class AsyncShardPools:
                 raise
             except SchemaBehind as exc:  # being migrated: wait for it like an outage
                 raise self._outages.mark(shard.name, ShardUnavailable(str(exc))) from exc
-            if down:
-                self._retire(shard.name)  # its old pool may sit in a reconnection backoff
+            if down:  # its database's old pool may sit in a reconnection backoff
+                self._retire(shard.conninfo)
             self._outages.came_back(shard.name)
 
     async def _verify(self, shard: Shard) -> None:
@@ -215,7 +216,7 @@ class AsyncShardPools:
     async def _probe(self, shard: Shard) -> None:
         try:
             conn = await psycopg.AsyncConnection.connect(
-                shard.url, **self._connect_kwargs, **tcp_settings(shard.url))
+                shard.conninfo, **self._connect_kwargs, **tcp_settings(shard.conninfo))
         except psycopg.OperationalError as exc:
             raise describe_connect_error(shard, exc) from exc
         await conn.close()
@@ -224,31 +225,35 @@ class AsyncShardPools:
         """Close the idle pools of shards `current` dropped; the busy ones close after
         their last connection comes back (_done_with)."""
         self._swept = current.version
-        for name in [n for n in self._pools if current.get(n) is None]:
-            if not self._users.get(name):
-                log.info("shard left the map; its pool is closed", extra={"shard": name})
-                self._retire(name)
+        used = {s.conninfo for s in current.shards}
+        for key in [k for k in self._pools if k not in used]:
+            if not self._users.get(key):
+                log.info("shards left the map; their pool is closed",
+                         extra={"database": redact(key)})
+                self._retire(key)
 
-    def _retire(self, name: str) -> None:
-        """Take the shard's pool out of use and close it in the background: connections
+    def _retire(self, key: str) -> None:
+        """Take a database's pool out of use and close it in the background: connections
         still lent out close as they come back."""
-        pool = self._pools.pop(name, None)
+        pool = self._pools.pop(key, None)
         if pool is not None:
             task = asyncio.get_running_loop().create_task(
                 pool.close(timeout=SILENT_PEER_TIMEOUT_S))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
-    def _done_with(self, name: str) -> None:
-        self._users[name] -= 1
-        if not self._users[name] and self.map.get(name) is None:
-            self._retire(name)
+    def _done_with(self, shard: Shard) -> None:
+        key = shard.conninfo
+        self._users[key] -= 1
+        if not self._users[key] and not any(s.conninfo == key for s in self.map.shards):
+            self._retire(key)
 
     @asynccontextmanager
     async def connection(self, shard: Shard) -> AsyncIterator[AsyncDictConnection]:
         """A pooled autocommit connection to `shard`."""
         pool = await self._pool_of(shard)
-        self._users[shard.name] = self._users.get(shard.name, 0) + 1
+        key = shard.conninfo
+        self._users[key] = self._users.get(key, 0) + 1
         try:
             async with contextlib.AsyncExitStack() as stack:
                 first = waited_in_vain(self._timeout)
@@ -256,10 +261,11 @@ class AsyncShardPools:
                     conn = await stack.enter_async_context(pool.connection(timeout=first))
                 except PoolTimeout:
                     # As the sync pools: only a server that answers is waited for longer.
-                    if first is None or not await liveness_of(shard.url).answers_async():
+                    if first is None or not await liveness_of(key).answers_async():
                         raise no_connection(first or self._timeout) from None
                     conn = await stack.enter_async_context(
                         pool.connection(timeout=self._timeout - first))
+                conn.schema = shard.schema
                 yield conn
         except PoolTimeout as exc:
             raise self._outages.went_down(shard.name, describe_connect_error(shard, exc)) from exc
@@ -270,4 +276,4 @@ class AsyncShardPools:
                 raise
             raise self._outages.went_down(shard.name, describe_connect_error(shard, exc)) from exc
         finally:
-            self._done_with(shard.name)
+            self._done_with(shard)

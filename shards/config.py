@@ -42,11 +42,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
 from shardq.shards.errors import ConfigError
+from shardq.shards.layout import split_schema, unsplit
 from shardq.shards.routing import BUCKETS, bucket_of
 
 ENV_SHARDS = "SHARDQ_SHARDS"
@@ -58,16 +59,6 @@ DEFAULT_POOL_MAX = 10
 
 
 _PASSWORD_PARAMETERS = ("password", "sslpassword")
-
-
-def _unsplit(parts: SplitResult) -> str:
-    """urlunsplit, keeping the `//` of a URL that names no host: urlunsplit turns
-    `postgresql:///db?host=/run/postgresql` (a Unix socket) into `postgresql:/db?...`,
-    which libpq refuses."""
-    url = urlunsplit(parts)
-    if parts.netloc or not parts.scheme:
-        return url
-    return f"{parts.scheme}://" + url.removeprefix(f"{parts.scheme}:")
 
 
 def redact(url: str) -> str:
@@ -82,8 +73,7 @@ def redact(url: str) -> str:
         for p in parts.query.split("&")) if parts.query else parts.query
     if (netloc, query) == (parts.netloc, parts.query):
         return url
-    return _unsplit(parts._replace(netloc=netloc, query=query))
-
+    return unsplit(parts._replace(netloc=netloc, query=query))
 
 
 def through_pooler(url: str, pooler: str) -> str:
@@ -95,7 +85,7 @@ def through_pooler(url: str, pooler: str) -> str:
     address = urlsplit(pooler).netloc.rpartition("@")[2]
     query = "&".join(p for p in parts.query.split("&") if p and unquote(
         p.split("=", 1)[0]) not in ("host", "hostaddr", "port"))
-    return _unsplit(parts._replace(netloc=f"{userinfo}@{address}" if userinfo else address,
+    return unsplit(parts._replace(netloc=f"{userinfo}@{address}" if userinfo else address,
                                    query=query))
 
 
@@ -131,7 +121,7 @@ def without_password(url: str) -> str:
         kept = [p for p in query.split("&")
                 if unquote(p.split("=", 1)[0]) not in _PASSWORD_PARAMETERS]
         query = "&".join(kept)
-    return _unsplit(parts._replace(netloc=netloc, query=query))
+    return unsplit(parts._replace(netloc=netloc, query=query))
 
 
 Range = tuple[int, int]
@@ -154,6 +144,16 @@ class Shard:
     def label(self) -> str:
         """How messages name this shard: `shard-0 (postgresql://app:***@db1/shardq)`."""
         return f"{self.name} ({redact(self.url)})"
+
+    @property
+    def conninfo(self) -> str:
+        """The URL libpq connects to: `url` less its `schema=` (shards/layout.py)."""
+        return split_schema(self.url)[0]
+
+    @property
+    def schema(self) -> str:
+        """The schema holding the shard's tables: `shardq` unless its URL names one."""
+        return split_schema(self.url)[1]
 
     @property
     def first_bucket(self) -> int:
@@ -289,7 +289,7 @@ class ShardMap:
         for i, url in enumerate(urls):
             first, last = i * BUCKETS // len(urls), (i + 1) * BUCKETS // len(urls) - 1
             name = f"shard-{i}"
-            shards.append(Shard(i, name, _check_url(url, name), ((first, last),), lo, hi))
+            shards.append(Shard(i, name, check_url(url, name), ((first, last),), lo, hi))
         return cls(tuple(shards), pool_min=lo, pool_max=hi)
 
     @classmethod
@@ -396,7 +396,7 @@ class ShardMap:
         seed_map = seeds.seeds if seeds is not None else None
         shards = []
         for i, entry in enumerate(entries):
-            name, url = entry["name"], _check_url(entry["url"], f"{where}: {entry['name']}")
+            name, url = entry["name"], check_url(entry["url"], f"{where}: {entry['name']}")
             lo = seed_map.pool_min if seed_map else DEFAULT_POOL_MIN
             hi = seed_map.pool_max if seed_map else DEFAULT_POOL_MAX
             configured = seed_map.get(name) if seed_map else None
@@ -438,17 +438,15 @@ def _check_keys(table: Mapping[str, Any], known: Sequence[str], where: str) -> N
 
 def check_url(url: str, name: str) -> str:
     """`url` when it is a PostgreSQL URL naming a database; ConfigError naming `name` else."""
-    return _check_url(url, name)
-
-
-def _check_url(url: str, name: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in ("postgresql", "postgres"):
         raise ConfigError(
             f"{name}: {redact(url)!r} is not a PostgreSQL URL (expected postgresql://...)"
         )
     try:
-        params = conninfo_to_dict(url)
+        params = conninfo_to_dict(split_schema(url)[0])
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
     except Exception as exc:  # psycopg raises ProgrammingError with libpq's text
         raise ConfigError(f"{name}: malformed URL {redact(url)!r}: {exc}") from None
     port = str(params.get("port") or "5432")
@@ -459,20 +457,23 @@ def _check_url(url: str, name: str) -> str:
     return url
 
 
-def _endpoint(url: str) -> tuple[str, str, str]:
-    params = conninfo_to_dict(url)
+def _endpoint(url: str) -> tuple[str, str, str, str]:
+    """Where a shard URL's tables are: host, port, database and schema."""
+    conninfo, schema = split_schema(url)
+    params = conninfo_to_dict(conninfo)
     host = str(params.get("host") or "localhost")
-    return host, str(params.get("port") or "5432"), str(params["dbname"])
+    return host, str(params.get("port") or "5432"), str(params["dbname"]), schema
 
 
 def _check_unique(shards: Sequence[Shard]) -> None:
-    seen: dict[tuple[str, str, str], Shard] = {}
+    seen: dict[tuple[str, str, str, str], Shard] = {}
     names: dict[str, Shard] = {}
     for shard in shards:
         key = _endpoint(shard.url)
         if key in seen:
             raise ConfigError(
-                f"duplicate shard URL: {shard.label} is the same database as {seen[key].label}"
+                f"duplicate shard URL: {shard.label} is the same database and schema as "
+                f"{seen[key].label}"
             )
         if shard.name in names:
             raise ConfigError(f"duplicate shard name {shard.name!r}")
@@ -542,15 +543,15 @@ def _check_ranges(ranges: Sequence[tuple[int, int, str]]) -> None:
 def _with_seed_credentials(url: str, seeds: ShardMap) -> str:
     """`url` with the user and password of a seed on the same host and port, when it
     names neither itself."""
-    host, port, _ = _endpoint(url)
-    given = conninfo_to_dict(url)
+    host, port, _, _ = _endpoint(url)
+    given = conninfo_to_dict(split_schema(url)[0])
     if given.get("password"):
         return url
     for seed in seeds.shards:
-        seed_host, seed_port, _ = _endpoint(seed.url)
+        seed_host, seed_port, _, _ = _endpoint(seed.url)
         if (seed_host, seed_port) != (host, port):
             continue
-        params = conninfo_to_dict(seed.url)
+        params = conninfo_to_dict(seed.conninfo)
         user, password = params.get("user"), params.get("password")
         if not password or (given.get("user") and given["user"] != user):
             continue

@@ -87,16 +87,17 @@ def connect(shard: Shard, *, autocommit: bool = False) -> GuardedConnection:
     its round trips bounded like a pooled one's."""
     try:
         conn = GuardedConnection.connect(
-            shard.url,
+            shard.conninfo,
             autocommit=autocommit,
             row_factory=dict_row,
             connect_timeout=CONNECT_TIMEOUT_S,
             application_name="shardq",
-            **tcp_settings(shard.url),
+            **tcp_settings(shard.conninfo),
         )
     except psycopg.OperationalError as exc:
         raise describe_connect_error(shard, exc) from exc
-    conn.guard(liveness_of(shard.url))
+    conn.guard(liveness_of(shard.conninfo))
+    conn.schema = shard.schema
     return conn
 
 

@@ -40,7 +40,10 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq.abc import PGconn
+from psycopg.rows import tuple_row
 
+from shardq.shards.layout import DEFAULT_SCHEMA, AsyncSchemaCursor, SchemaCursor
 from shardq.shards.sqlfile import load_queries
 
 RV = TypeVar("RV")
@@ -211,9 +214,17 @@ class GuardedConnection(psycopg.Connection[dict[str, Any]]):
 
     Unguarded until `guard()` is called: pools call it as they open each connection.
     A wait given its own timeout (`notifies(timeout=...)`, a cancel) keeps it.
+
+    `schema` is the schema of the shard it is lent to: its statements are rendered for
+    it (shards/layout.py).
     """
 
     _guard: _Guard | None = None
+    schema: str = DEFAULT_SCHEMA
+
+    def __init__(self, pgconn: PGconn, row_factory: Any = tuple_row) -> None:
+        super().__init__(pgconn, row_factory)
+        self.cursor_factory = SchemaCursor
 
     def guard(self, liveness: Liveness | None, *, max_wait_s: float | None = None) -> None:
         self._guard = _Guard.of(liveness, max_wait_s)
@@ -256,6 +267,11 @@ class GuardedAsyncConnection(psycopg.AsyncConnection[dict[str, Any]]):
     """GuardedConnection for asyncio: the same bounds, the probe on a thread."""
 
     _guard: _Guard | None = None
+    schema: str = DEFAULT_SCHEMA
+
+    def __init__(self, pgconn: PGconn, row_factory: Any = tuple_row) -> None:
+        super().__init__(pgconn, row_factory)
+        self.cursor_factory = AsyncSchemaCursor
 
     def guard(self, liveness: Liveness | None, *, max_wait_s: float | None = None) -> None:
         self._guard = _Guard.of(liveness, max_wait_s)

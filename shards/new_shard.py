@@ -29,10 +29,13 @@ def check_new_database(current: ShardMap, new: Shard, *, allow_nonempty: bool) -
     """Raise unless `new` may become a shard of `current`; True when it has no shardq
     schema yet (a failed migration may then drop the one it made)."""
     server = _server_of(new)
+    siblings = set()  # schemas of shards in the same database (shards/layout.py)
     for shard in current.shards:
         if _server_of(shard) == server:
-            raise ConfigError(f"{new.label} is the database of shard {shard.label} under "
-                              "another spelling")
+            raise ConfigError(f"{new.label} is the database and schema of shard "
+                              f"{shard.label} under another spelling")
+        if _server_of(shard)[:2] == server[:2]:
+            siblings.add(shard.schema)
     with connect(new, autocommit=True) as conn:
         version = conn.execute(SQL["server_version_num"]).fetchone()
         assert version is not None
@@ -41,7 +44,7 @@ def check_new_database(current: ShardMap, new: Shard, *, allow_nonempty: bool) -
                               "needs 15 or newer")
         contents = list(conn.execute(SQL["database_contents"]))
         ours = recorded = None
-        if any(c["schema"] == "shardq" for c in contents):
+        if any(c["schema"] == new.schema for c in contents):
             # Half a schema, or one shardq did not make, fails to read: refused below.
             with suppress(psycopg.Error):
                 ours, recorded = _recorded(conn)
@@ -52,9 +55,9 @@ def check_new_database(current: ShardMap, new: Shard, *, allow_nonempty: bool) -
                                  recorded["fingerprint"] != current.seeds.fingerprint):
         raise MapMismatch(f"{new.label}: the database holds another deployment's shardq "
                           f"schema (recorded as {recorded['shard_name']})")
-    _check_contents(new, contents, ours=ours is not None or recorded is not None,
-                    allow_nonempty=allow_nonempty)
-    return not any(c["schema"] == "shardq" for c in contents)
+    _check_contents(new, [c for c in contents if c["schema"] not in siblings],
+                    ours=ours is not None or recorded is not None, allow_nonempty=allow_nonempty)
+    return not any(c["schema"] == new.schema for c in contents)
 
 
 def _recorded(conn: DictConnection) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -72,18 +75,19 @@ def _recorded(conn: DictConnection) -> tuple[dict[str, Any] | None, dict[str, An
 def _check_contents(new: Shard, contents: list[dict[str, Any]], *, ours: bool,
                     allow_nonempty: bool) -> None:
     """Refuse a database holding what shardq did not put there: a shard's tables are
-    migrated, renamed, vacuumed and deleted from as shardq's, and a `shardq` schema
-    it did not make would be migrated over half-way."""
+    migrated, renamed, vacuumed and deleted from as shardq's, and a schema of the
+    shard's name it did not make would be migrated over half-way. The schemas of
+    other shards in the same database are not in `contents`."""
     def what(c: dict[str, Any]) -> str:
         counted = [f"{c[k]} {k[:-1]}(s)" for k in ("relations", "functions", "types") if c[k]]
         tables = f", tables {c['some_tables']}" if c["some_tables"] else ""
         return f"schema {c['schema']} ({', '.join(counted) or 'empty'}{tables})"
 
     for c in contents:
-        if c["schema"] == "shardq" and not ours:
+        if c["schema"] == new.schema and not ours:
             raise ConfigError(f"{new.label}: the database holds a {what(c)} that no shardq "
                               "deployment recorded: drop it, or give another database")
-    held = [c for c in contents if c["schema"] != "shardq" and (
+    held = [c for c in contents if c["schema"] != new.schema and (
         c["schema"] != "public" or c["relations"] or c["functions"] or c["types"])]
     if held and not allow_nonempty:
         raise ConfigError(f"{new.label}: the database is not empty ({'; '.join(map(what, held))}):"
@@ -118,8 +122,9 @@ def drop_new_schema(shard: Shard) -> None:
                     extra={"shard": shard.name, "error": str(exc)})
 
 
-def _server_of(shard: Shard) -> tuple[str, str]:
+def _server_of(shard: Shard) -> tuple[str, str, str]:
+    """Where the shard's tables are: its server, database and schema."""
     with connect(shard, autocommit=True) as conn:
         row = conn.execute(SQL["server_identity"]).fetchone()
     assert row is not None
-    return str(row["server"]), str(row["dbname"])
+    return str(row["server"]), str(row["dbname"]), shard.schema

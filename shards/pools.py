@@ -89,8 +89,8 @@ def pooled_settings(shard: Shard, pooler: str | None,
     refuses the startup parameter; the statement timeout comes from the role there,
     while the round-trip cap still holds on this side). Directly, both as configured."""
     if pooler is None:
-        return shard.url, ({"options": options} if options else {})
-    return through_pooler(shard.url, pooler), {"prepare_threshold": None}
+        return shard.conninfo, ({"options": options} if options else {})
+    return through_pooler(shard.conninfo, pooler), {"prepare_threshold": None}
 
 
 def round_trip_cap(statement_timeout_s: float | None) -> float | None:
@@ -138,7 +138,11 @@ class Outages:
 
 
 class ShardPools:
-    """One connection pool per shard of the current map version, opened without waiting.
+    """One connection pool per database of the current map version, opened without waiting.
+
+    Shards in one database (schemas of it, shards/layout.py) share its pool, sized by
+    the first of them to be reached: a connection is lent for one shard at a time,
+    its statements rendered for that shard's schema.
 
     Pools open in the background so an unreachable shard does not stop a
     process serving the others; `connection()` raises ShardUnavailable for it.
@@ -211,8 +215,8 @@ class ShardPools:
         self._refreshing = threading.RLock()  # a shard first reached in a refresh may refresh
         self._locks: dict[str, threading.Lock] = {}
         self._outages = Outages()
-        self._pools: dict[str, ConnectionPool[GuardedConnection]] = {}
-        self._users: dict[str, int] = {}
+        self._pools: dict[str, ConnectionPool[GuardedConnection]] = {}  # by conninfo
+        self._users: dict[str, int] = {}  # by conninfo
         self._retired: set[str] = set()
         self._left: dict[str, Shard] = {}  # shards versions dropped, by name
         self._newest_seen = self._map.version
@@ -241,29 +245,30 @@ class ShardPools:
                 "row_factory": dict_row,
                 "connect_timeout": CONNECT_TIMEOUT_S,
                 "application_name": self._application_name,
-                **tcp_settings(shard.url),
+                **tcp_settings(shard.conninfo),
                 **pooled,
             },
             connection_class=GuardedConnection,
-            configure=guarding(shard.url, self._max_wait_s),
+            configure=guarding(shard.conninfo, self._max_wait_s),
             open=False,
             timeout=self._timeout,
             name=f"shardq-{shard.name}",
         )
 
     def _pool_of(self, shard: Shard) -> ConnectionPool[GuardedConnection]:
-        """The shard's pool, made (and opened, for pools that do not probe) on first use."""
+        """The pool of the shard's database, made (and opened, for pools that do not
+        probe) on first use."""
         with self._guard:
-            pool = self._pools.get(shard.name)
-            if pool is not None:
-                return pool
             if self._closed:
                 raise ShardUnavailable(f"{shard.label}: the process's pools are closed")
             if shard.name in self._retired or self._map.get(shard.name) is None:
                 raise ShardRetired(
                     f"{shard.label}: not in the shard map any more (version {self._map.version})")
+            pool = self._pools.get(shard.conninfo)
+            if pool is not None:
+                return pool
             pool = self._new_pool(shard)
-            self._pools[shard.name] = pool
+            self._pools[shard.conninfo] = pool
             self._locks.setdefault(shard.name, threading.Lock())
             if self._open and not self._probe:
                 pool.open(wait=False)
@@ -326,8 +331,9 @@ class ShardPools:
                 # A shard reached late holds a newer version: follow it before routing more.
                 self.refresh(at_least=newer, via=shard)
             pool = self._pool_of(shard)  # renewed if it came back
+        key = shard.conninfo
         with self._guard:
-            self._users[shard.name] = self._users.get(shard.name, 0) + 1
+            self._users[key] = self._users.get(key, 0) + 1
         try:
             with contextlib.ExitStack() as stack:
                 first = waited_in_vain(self._timeout)
@@ -336,9 +342,10 @@ class ShardPools:
                 except PoolTimeout:
                     # No connection yet: a pool whose new connections hang in their
                     # connect, or one busy with work. Only the first waits on.
-                    if first is None or not liveness_of(shard.url).answers():
+                    if first is None or not liveness_of(key).answers():
                         raise no_connection(first or self._timeout) from None
                     conn = stack.enter_context(pool.connection(timeout=self._timeout - first))
+                conn.schema = shard.schema
                 yield conn
         except PoolTimeout as exc:
             raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
@@ -350,15 +357,17 @@ class ShardPools:
                 raise
             raise self._went_down(shard, describe_connect_error(shard, exc)) from exc
         finally:
-            self._done_with(shard.name)
+            self._done_with(shard)
 
-    def _done_with(self, name: str) -> None:
+    def _done_with(self, shard: Shard) -> None:
+        key = shard.conninfo
         with self._guard:
-            self._users[name] -= 1
-            idle = self._users[name] == 0 and name in self._retired
-            pool = self._pools.pop(name, None) if idle else None
+            self._users[key] -= 1
+            idle = (self._users[key] == 0 and shard.name in self._retired
+                    and not any(s.conninfo == key for s in self._map.shards))
+            pool = self._pools.pop(key, None) if idle else None
         if pool is not None:
-            log.info("shard left the map; its pool is closed", extra={"shard": name})
+            log.info("shard left the map; its pool is closed", extra={"shard": shard.name})
             pool.close()
 
     def _reach(self, shard: Shard) -> int | None:
@@ -425,14 +434,15 @@ class ShardPools:
             return self._outages.went_down(shard.name, error)
 
     def _renew_pool(self, shard: Shard) -> None:
-        """Swap in a fresh pool: the old one may sit in a reconnection backoff of minutes."""
+        """Swap in a fresh pool for the shard's database: the old one may sit in a
+        reconnection backoff of minutes."""
         with self._guard:
-            if self._closed or shard.name not in self._pools:
+            if self._closed or shard.conninfo not in self._pools:
                 return
-            old = self._pools[shard.name]
+            old = self._pools[shard.conninfo]
             fresh = self._new_pool(shard)
             fresh.open(wait=False)
-            self._pools[shard.name] = fresh
+            self._pools[shard.conninfo] = fresh
         # Its connections still lent out are closed as they come back.
         threading.Thread(target=old.close, kwargs={"timeout": SILENT_PEER_TIMEOUT_S},
                          name=f"shardq-pool-retire-{shard.name}", daemon=True).start()
@@ -494,8 +504,9 @@ class ShardPools:
             self._left.update({s.name: s for s in old.shards if s.name in dropped})
             self._retired |= dropped
             self._retired -= {s.name for s in new.shards}
-            idle = [self._pools.pop(n) for n in dropped
-                    if n in self._pools and self._users.get(n, 0) == 0]
+            unused = {s.conninfo for s in old.shards} - {s.conninfo for s in new.shards}
+            idle = [self._pools.pop(k) for k in unused
+                    if k in self._pools and self._users.get(k, 0) == 0]
         log.info("following map version", extra={"from": old.version, "to": new.version})
         for pool in idle:
             pool.close()

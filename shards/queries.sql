@@ -10,7 +10,9 @@ SELECT pg_advisory_lock(%(key)s)
 SELECT pg_advisory_unlock(%(key)s)
 
 -- name: create_bookkeeping
-CREATE SCHEMA IF NOT EXISTS shardq;
+-- The schema is named as `shardq.` is written, so that a shard in a schema of its own
+-- (shards/layout.py) makes that one.
+DO $$ BEGIN EXECUTE format('CREATE SCHEMA IF NOT EXISTS %I', rtrim('shardq.', '.')); END $$;
 CREATE TABLE IF NOT EXISTS shardq.schema_migrations (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
@@ -43,7 +45,9 @@ VALUES (%(version)s, %(name)s, %(checksum)s)
 SELECT name, checksum FROM shardq.schema_functions
 
 -- name: existing_functions
-SELECT p.proname AS name FROM pg_proc p WHERE p.pronamespace = 'shardq'::regnamespace
+-- (the schema's name as `shardq.` is written, so that a shard's own schema is read)
+SELECT p.proname AS name FROM pg_proc p
+WHERE p.pronamespace = rtrim('shardq.', '.')::regnamespace
 
 -- name: record_function
 INSERT INTO shardq.schema_functions (name, checksum) VALUES (%(name)s, %(checksum)s)
@@ -169,7 +173,7 @@ ORDER BY n.nspname
 -- name: drop_new_shard_schema
 -- Only on a database `shards add` found without a shardq schema, after its
 -- migration failed: everything in it is what that migration created.
-DROP SCHEMA IF EXISTS shardq CASCADE
+DO $$ BEGIN EXECUTE format('DROP SCHEMA IF EXISTS %I CASCADE', rtrim('shardq.', '.')); END $$
 
 -- name: liveness_probe
 -- A server's answer to "do you answer at all" (shards/liveness.py), on a fresh connection.

@@ -30,6 +30,7 @@ from shardq.shards.errors import (
     ShardUnavailable,
 )
 from shardq.shards.follow import newest_map
+from shardq.shards.layout import split_schema
 from shardq.shards.migrations import migrate
 from shardq.shards.new_shard import check_new_database, copy_settings, drop_new_schema
 from shardq.shards.schema_files import Schema, load_schema
@@ -113,7 +114,7 @@ def check_shard_name(name: str) -> str:
 def check_new_url(name: str, url: str) -> str:
     """A new shard's URL: PostgreSQL, names a database, carries no password."""
     check_url(url, name)
-    params = conninfo_to_dict(url)
+    params = conninfo_to_dict(split_schema(url)[0])
     if params.get("password") or params.get("sslpassword"):
         raise ConfigError(
             f"{name}: {redact(url)} carries a password: shard URLs are stored in every shard "

@@ -195,7 +195,7 @@ SELECT 1 AS alive
 
 -- name: listen_statement
 -- The LISTEN for the wake channel, built where the channel's name is defined.
-SELECT format('LISTEN %%I', shardq.wake_channel()) AS statement
+SELECT shardq.wake_channel() AS channel, format('LISTEN %%I', shardq.wake_channel()) AS statement
 
 -- name: claim_tasks
 -- Lease up to `limit` due tasks with what replay needs; the last row carries

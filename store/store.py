@@ -478,9 +478,10 @@ class Store(FlowControlStore, ScheduleStore, BuildStore):
         raise statements.kept_changing(shard.name, execution_id, what)
 
 
-def listen_for_wakes(conn: DictConnection) -> None:
-    """Make `conn` (autocommit, outside any pool) receive the shard's wake NOTIFYs."""
-    listen(conn, SQL["listen_statement"])
+def listen_for_wakes(conn: DictConnection) -> str:
+    """Make `conn` (autocommit, outside any pool) receive the shard's wake NOTIFYs;
+    returns the channel's name."""
+    return listen(conn, SQL["listen_statement"])
 
 
 def ping(conn: DictConnection) -> None:
@@ -488,11 +489,13 @@ def ping(conn: DictConnection) -> None:
     conn.execute(SQL["ping"]).fetchone()
 
 
-def listen(conn: DictConnection, query: str) -> None:
-    """Run the LISTEN that `query` builds (the channel's name is defined in SQL)."""
+def listen(conn: DictConnection, query: str) -> str:
+    """Run the LISTEN that `query` builds (the channel's name is defined in SQL); returns
+    the channel's name."""
     statement = conn.execute(query, {}).fetchone()
     assert statement is not None
     conn.execute(statement["statement"])
+    return str(statement["channel"])
 
 
 def _claim(row: tuple[Any, ...]) -> Claim:

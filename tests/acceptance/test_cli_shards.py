@@ -257,6 +257,19 @@ CASES = [
     Case("add-half-a-shardq-schema", ("add", "shard-2", "{new}"), 2,
          "that no shardq deployment recorded",
          "CREATE SCHEMA shardq; CREATE TABLE shardq.schema_migrations (version int)"),
+    # Shards as schemas (shards/layout.py): `{new}` names its socket folder as a
+    # query parameter already, so a schema is one more.
+    Case("add-url-bad-schema", ("add", "shard-2", "{new}&schema=Shard2"), 2,
+         "is not a lower-case identifier"),
+    Case("add-url-schema-injection", ("add", "shard-2", "{new}&schema=s2;drop%20schema%20x"),
+         2, "is not a lower-case identifier"),
+    Case("add-url-two-schemas", ("add", "shard-2", "{new}&schema=a&schema=b"), 2,
+         "names schema= 2 times"),
+    Case("add-url-of-a-shard-its-schema-named", ("add", "shard-2", "{shard0_schema}"), 2,
+         "duplicate shard URL"),
+    Case("add-conflicting-named-schema", ("add", "shard-2", "{new}&schema=s2"), 2,
+         "holds a schema s2 (1 relation(s), tables executions) that no shardq deployment "
+         "recorded", "CREATE SCHEMA s2; CREATE TABLE s2.executions (id int)"),
     Case("add-allow-nonempty-with-a-value", ("add", "shard-2", "{new}", "--allow-nonempty=1"),
          2, "does not take a value"),
     Case("remove-unknown", ("remove", "shard-9"), 2, "unknown shard 'shard-9'"),
@@ -285,6 +298,8 @@ def test_hostile_inputs_are_refused_in_one_line_and_store_nothing(
         "with_password": new.replace("postgres@", "postgres:s3cret@", 1),
         "password_query": f"{new}&password=s3cret",
         "shard0": deployment.urls[0],
+        "shard0_schema": deployment.urls[0] + ("&" if "?" in deployment.urls[0] else "?")
+        + "schema=shardq",
         "respelled": _other_spelling(deployment.urls[0]),
         "missing": new_parts._replace(path="/no_such_database_here").geturl(),
         "foreign": foreign,

@@ -31,6 +31,18 @@ def test_env_map_splits_buckets_and_reads_pool_sizes() -> None:
         ("postgresql://h:notaport/db", "malformed URL"),
         ("postgresql://h", "names no database"),
         ("postgresql://u@h/db,postgresql://u@h:5432/db", "duplicate shard URL"),
+        # Shards as schemas (shards/layout.py): the schema is written into statements.
+        ("postgresql://h/db?schema=a,postgresql://h/db?schema=a", "duplicate shard URL"),
+        ("postgresql://h/db?schema=", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=Shard1", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=s1;drop%20table%20x", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=s-1", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=pg_temp", "not pg_"),
+        ("postgresql://h/db?schema=information_schema", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=" + "s" * 64, "at most 63"),
+        ("postgresql://h/db?schema=s%00", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=1s", "is not a lower-case identifier"),
+        ("postgresql://h/db?schema=a&schema=b", "names schema= 2 times"),
     ],
 )
 def test_bad_env_maps_are_refused(value: str, message: str) -> None:

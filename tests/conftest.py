@@ -29,7 +29,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,14 @@ from shardq.workflow.registry import Registry
 
 from .support import Daemon, TcpProxy
 
+ENV_TEST_POOLER = "SHARDQ_TEST_POOLER"
 TABLES = ("history", "signals", "waits", "tasks", "outbox", "executions", "concurrency_keys",
           "key_queue", "tenant_weights", "rate_limiters", "rate_reservations", "children",
           "schedules", "workflow_builds", "ended_runs", "run_counts", "run_count_changes",
           "run_attributes")
+STORED = tuple(t for t in TABLES if t not in ("run_counts", "run_count_changes"))
+"""The tables a request that stores nothing leaves as they were: a worker folds the
+count changes into the counts every few seconds (schema/0029), whatever requests come."""
 LAYERS = ("unit", "store", "integration", "acceptance", "migration")
 
 
@@ -345,10 +349,35 @@ def shard_urls(pg_server: Server) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def migrated_map(shard_urls: list[str]) -> ShardMap:
+def test_pooler(pg_server: Server) -> Iterator[str | None]:
+    """With SHARDQ_TEST_POOLER=1, a PgBouncer in transaction mode in front of the session's
+    server: the session's shard map and every daemon started by `daemons` connect
+    through it (docs/development.md). None otherwise."""
+    if os.environ.get(ENV_TEST_POOLER) != "1":
+        yield None
+        return
+    from shardq.benchmarks.pgbouncer import running_pgbouncer
+
+    with running_pgbouncer(pg_server.admin_dsn) as pooler:
+        yield pooler.address
+
+
+def _on_session_server(args: Sequence[str], env: dict[str, str], server: Server) -> bool:
+    """Whether the shards a daemon is given (`--shards`, SHARDQ_SHARDS) are all on `server`."""
+    given = list(args)
+    urls = (given[given.index("--shards") + 1] if "--shards" in given
+            else env.get("SHARDQ_SHARDS", "")).split(",")
+    home = conninfo_to_dict(server.admin_dsn)
+    return all(url.strip() and all(
+        conninfo_to_dict(ShardMap.from_urls([url.strip()]).shards[0].conninfo).get(k) == home.get(k)
+        for k in ("host", "port")) for url in urls)
+
+
+@pytest.fixture(scope="session")
+def migrated_map(shard_urls: list[str], test_pooler: str | None) -> ShardMap:
     shard_map = ShardMap.from_urls(shard_urls, pool_max=20)
     migrate(shard_map)
-    return shard_map
+    return replace(shard_map, pooler=test_pooler)
 
 
 @pytest.fixture
@@ -403,11 +432,16 @@ def client(pools: ShardPools, request: pytest.FixtureRequest) -> Client:
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Start `shardq` processes (args after `shardq`); each still running is killed after."""
+def daemons(tmp_path: Path, test_pooler: str | None,
+            pg_server: Server) -> Iterator[Callable[..., Daemon]]:
+    """Start `shardq` processes (args after `shardq`); each still running is killed after.
+    Under SHARDQ_TEST_POOLER=1 those whose shards are all on the session's server connect
+    through its PgBouncer (which knows no other server)."""
     started: list[Daemon] = []
 
     def start(args: Sequence[str], env: dict[str, str] | None = None) -> Daemon:
+        if test_pooler is not None and _on_session_server(args, env or {}, pg_server):
+            env = {"SHARDQ_POOLER": test_pooler, **(env or {})}
         daemon = Daemon(f"daemon-{len(started)}", args, tmp_path, env)
         started.append(daemon)
         return daemon

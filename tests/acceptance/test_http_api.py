@@ -20,7 +20,7 @@ from shardq.core.models import State
 from shardq.shards.config import ShardMap
 from shardq.worker.worker import Worker
 
-from ..conftest import TABLES
+from ..conftest import STORED
 from ..support import Daemon, all_rows, start_api, wait_until
 
 pytestmark = pytest.mark.slow
@@ -381,7 +381,7 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, object], int]] = [
 
 def counts(shard_map: ShardMap) -> dict[str, int]:
     return {t: sum(n for (n,) in all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}"))
-            for t in TABLES}
+            for t in STORED}
 
 
 def test_malformed_requests_are_4xx_one_json_error_and_store_nothing(

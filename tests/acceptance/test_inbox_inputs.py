@@ -15,7 +15,7 @@ from shardq.shards.config import ShardMap
 from shardq.worker.worker import Worker
 
 from ..app import registry
-from ..conftest import TABLES
+from ..conftest import STORED
 from ..support import Daemon, all_rows, start_api, wait_until
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def test_hostile_requests_get_a_4xx_page_and_store_nothing(
     signed = http.post("/inbox/login", data={"token": TOKEN, "actor": "ann",
                                              "csrf": http.cookies["shardq_csrf"]})
     assert signed.status_code == 303
-    before = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in TABLES}
+    before = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in STORED}
     for case, method, path, body, headers, status in CASES:
         target = path.replace("{run}", str(run.execution_id))
         if isinstance(body, dict):
@@ -133,7 +133,7 @@ def test_hostile_requests_get_a_4xx_page_and_store_nothing(
     state = f"/inbox/runs/{run.execution_id}/interrupts/manager_review/state"
     signed_out = httpx.get(str(http.base_url.join(state)), timeout=30)
     assert (signed_out.status_code, signed_out.json()) == (401, {"error": "sign in first"})
-    after = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in TABLES}
+    after = {t: all_rows(shard_map, f"SELECT count(*) FROM shardq.{t}") for t in STORED}
     # A refused decision attempt is audited (interrupt.refused): the only row it may add.
     refused = all_rows(shard_map, "SELECT count(*) FROM shardq.events "
                                   "WHERE kind = 'interrupt.refused'")[0][0]

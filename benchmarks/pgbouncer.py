@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +53,10 @@ class Pooler:
 
 
 @contextmanager
-def running_pgbouncer(server_url: str) -> Iterator[Pooler]:
-    """PgBouncer in front of the server `server_url` (any database of it) reaches."""
+def running_pgbouncer(server_url: str, routes: Mapping[str, str] | None = None
+                      ) -> Iterator[Pooler]:
+    """PgBouncer in front of the server `server_url` (any database of it) reaches, and of
+    the servers `routes` names for some databases (database name -> a URL of its server)."""
     binary = pgbouncer_binary()
     if binary is None:
         raise RuntimeError("Debian's pgbouncer is not installed (apt-get install pgbouncer)")
@@ -67,8 +69,11 @@ def running_pgbouncer(server_url: str) -> Iterator[Pooler]:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     (folder / "users.txt").write_text("".join(f'"{u}" ""\n' for u in sorted({user, "postgres"})))
+    routed = "".join(
+        f"{name} = host={where.get('host') or '127.0.0.1'} port={where.get('port') or 5432}\n"
+        for name, where in ((n, conninfo_to_dict(u)) for n, u in (routes or {}).items()))
     (folder / "pgbouncer.ini").write_text(
-        "[databases]\n"
+        "[databases]\n" + routed +
         f"* = host={server.get('host') or '127.0.0.1'} port={server.get('port') or 5432}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"

@@ -25,6 +25,7 @@ create network namespaces, except under CI=true, where that is a failure.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -101,6 +102,8 @@ class Rig:
     dbname: str
     folder: Path
     daemons: Callable[..., Daemon]
+    pooled: bool = False
+    """The daemons' pools reach the shards through a PgBouncer (SHARDQ_TEST_POOLER=1)."""
     lines: list[str] = field(default_factory=list)
 
     @property
@@ -135,17 +138,32 @@ class Rig:
 @pytest.fixture
 def rig(
     faultable: FaultableServer, pg_server: Server, daemons: Callable[..., Daemon],
-    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *, test_pooler: str | None,
 ) -> Iterator[Rig]:
     healthy = pg_server.create_databases(2, tag="chaos")
     dbname = f"shardq_chaos_{secrets.token_hex(4)}"
     faultable.create_database(dbname)
+    stack = contextlib.ExitStack()
+    pooler = None
+    if test_pooler is not None:
+        # SHARDQ_TEST_POOLER=1: the daemons' pools reach every shard through a PgBouncer
+        # of the rig's own, which reaches the faultable shard over the faulty path.
+        from shardq.benchmarks.pgbouncer import running_pgbouncer
+
+        pooler = stack.enter_context(running_pgbouncer(
+            pg_server.admin_dsn, routes={dbname: faultable.url(dbname)}))
+        daemons = functools.partial(_pooled, daemons, pooler.address)
     rig = Rig(faultable, [*healthy, faultable.url(dbname)],
-              [*healthy, faultable.local_url(dbname)], dbname, tmp_path, daemons)
+              [*healthy, faultable.local_url(dbname)], dbname, tmp_path, daemons,
+              pooled=test_pooler is not None)
     try:
         migrated = run_cli(*rig.shards_arg(), "migrate", timeout=120)
         assert migrated.returncode == 0, migrated.stderr
         yield rig
+        if pooler is not None and rig.lines:  # the daemons still run: they are its clients
+            clients = pooler.clients()
+            assert any(db == dbname for db, _ in clients), (
+                f"the rig's PgBouncer served no client of the faultable shard: {clients}")
     finally:
         with capsys.disabled():
             for line in rig.lines:
@@ -153,7 +171,13 @@ def rig(
             if rig.lines:
                 print()
         faultable.reset()
+        stack.close()
         faultable.drop_database(dbname)
+
+
+def _pooled(daemons: Callable[..., Daemon], pooler: str, args: list[str],
+            env: dict[str, str] | None = None) -> Daemon:
+    return daemons(args, {"SHARDQ_POOLER": pooler, **(env or {})})
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -417,6 +441,8 @@ def test_a_read_only_shard_is_reported_plainly_and_recovers(rig: Rig) -> None:
 
 
 def test_a_slow_shard_does_not_slow_the_others(rig: Rig) -> None:
+    if rig.pooled:
+        pytest.skip("the slow path is a proxy the rig's PgBouncer does not go through")
     failures: list[str] = []
     slow_url, proxy = rig.server.slow_url(rig.dbname, 0.0)
     urls = [*rig.urls[:FAULTY], slow_url]

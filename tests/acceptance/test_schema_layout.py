@@ -6,6 +6,7 @@ worker's connections to a database do not grow with the shards in it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,8 @@ from shardq.shards.layout import with_schema
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.store.store import Store
+from shardq.worker.config import WorkerConfig
+from shardq.worker.worker import Worker
 
 from ..app import registry
 from ..conftest import Server
@@ -164,3 +167,32 @@ def test_runs_move_from_a_database_onto_a_schema_shard_while_a_worker_runs(
         left = conn.execute("SELECT count(*) FROM shardq.executions").fetchone()
     assert (in_s01, in_s00, left) == ((13,), (0,), (0,))
     assert worker.proc.poll() is None, worker.stderr()[-2000:]
+
+
+def test_the_async_client_shares_a_pool_per_database_and_reads_each_schema(
+    schema_map: ShardMap,
+) -> None:
+    from shardq.client.async_client import AsyncClient
+
+    async def scenario() -> None:
+        async with AsyncClient.connect(schema_map, registry) as aclient:
+            started = await aclient.start_many("noop", [(f"a-{i}", None) for i in range(24)])
+            for run in started:
+                assert (await aclient.wait(run.execution_id, timeout=20)).state \
+                    is State.COMPLETED
+            for i, run in enumerate(started[:4]):
+                assert (await aclient.get(run.execution_id)).workflow_id == f"a-{i}"
+            pools = aclient.store.pools
+            s00a, s01a, s00b, s01b = schema_map.shards
+            assert pools.pool(s00a) is pools.pool(s01a) is not None
+            assert pools.pool(s00b) is pools.pool(s01b) is not pools.pool(s00a)
+
+    with ShardPools(schema_map) as pools:
+        worker = Worker(Store(pools), registry, config=WorkerConfig(poll_interval_s=0.2))
+        worker.start()
+        try:
+            asyncio.run(scenario())
+        finally:
+            worker.stop(drain_timeout_s=5)
+    placed = _rows_by_schema(schema_map, "executions")
+    assert sum(placed.values()) >= 24 and all(placed.values()), placed

@@ -31,10 +31,11 @@ def check_new_database(current: ShardMap, new: Shard, *, allow_nonempty: bool) -
     server = _server_of(new)
     siblings = set()  # schemas of shards in the same database (shards/layout.py)
     for shard in current.shards:
-        if _server_of(shard) == server:
+        where = _server_of(shard)
+        if where == server:
             raise ConfigError(f"{new.label} is the database and schema of shard "
                               f"{shard.label} under another spelling")
-        if _server_of(shard)[:2] == server[:2]:
+        if where[:2] == server[:2]:
             siblings.add(shard.schema)
     with connect(new, autocommit=True) as conn:
         version = conn.execute(SQL["server_version_num"]).fetchone()

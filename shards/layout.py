@@ -105,7 +105,10 @@ class SchemaCursor(Cursor[Any]):
     """A cursor that renders each statement for the schema its connection is lent to.
 
     psycopg turns every statement into its wire form in `_convert_query` (execute,
-    executemany, stream and copy alike): the one place to render them all."""
+    executemany, stream and copy alike): the one place to render them all. It is not
+    psycopg's public API (pinned < 4 in pyproject.toml): should a release stop calling
+    it, a shard's statements would name `shardq.`, a schema its database lacks, and
+    tests/acceptance/test_schema_layout.py fails."""
 
     def _convert_query(self, query: Query, params: Params | None = None) -> Any:
         schema = getattr(self._conn, "schema", DEFAULT_SCHEMA)

@@ -2,16 +2,17 @@
 
 64 shards on 2 PostgreSQL servers (the suite's, and an embedded one started for the
 scenario), as schemas of one database per server (shards/layout.py): 32 each. One
-worker process, started as an operator starts it, serves all 64 while the scenario
-starts one-step runs on every shard (500 a call) and waits for them; a sampler counts
-the worker's sessions on both servers every 20 ms (its pools are `shardq-worker`, its
-LISTEN connections `shardq`; the scenario's own client is named otherwise). The same
-is measured at 8 shards (4 a server) for the other half of the claim: a process's
-connections do not grow with the shards.
+worker process, started as an operator starts it (`SHARDQ_POOL_MAX=6`, a 60 s safety
+poll), serves all 64 while the scenario starts one-step runs on every shard (500 a
+call) and waits for them; a sampler counts the worker's sessions on both servers every
+20 ms (its pools are `shardq-worker`, its LISTEN connections `shardq`; the scenario's
+own client is named otherwise). Then 100 parked probes are signalled one at a time:
+signal -> resumed latency, every wake-up a NOTIFY heard on a shared LISTEN connection.
 
-A shard per database cannot get there: a connection is bound to one database, so a
-worker holds at least a LISTEN and a pooled connection per shard, 128 at 64 (17-20 at
-8 shards was the issue's measurement).
+The same at 8 shards as schemas (4 a server), and at 8 and 64 shards as databases
+(today's default layout) for what the schemas change: connections that do not grow
+with the shards, and the wake path's one thread hand-off more
+(`connections_<n>_wake_p99_schemas_over_databases`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import ENV_DSN
 from shardq.benchmarks.fleet import Fleet, FleetConfig
-from shardq.benchmarks.measure import Progress
-from shardq.benchmarks.workflows import registry
+from shardq.benchmarks.measure import Progress, percentiles
+from shardq.benchmarks.workflows import WAKE_SIGNAL, registry
 from shardq.client.client import Client
 from shardq.core.models import State
 from shardq.shards.config import ShardMap
@@ -46,37 +48,55 @@ POOL_MAX = 6
 """The worker's pool per database: `SHARDQ_POOL_MAX`, what an operator sizes once per
 server, whatever the shards on it."""
 RUNS_PER_SHARD = 40
+WAKE_SAMPLES = 100
+LATE_MS = 10_000
+"""A wake-up slower than this came from the safety poll, not a NOTIFY."""
 SAMPLE_S = 0.02
 SESSIONS = """SELECT count(*) FROM pg_stat_activity
-WHERE datname = %s AND application_name IN ('shardq', 'shardq-worker')"""
+WHERE datname = ANY(%s) AND application_name IN ('shardq', 'shardq-worker')"""
 
 
 def connections(b: Bench) -> dict[str, Any]:
     b.stop_fleet()  # the suite's workers hold sessions of their own
     admin = b.shards.admin_dsn or os.environ.get(ENV_DSN) or LOCAL_DSN
     out: dict[str, Any] = {"connections_pool_max": POOL_MAX}
-    with EmbeddedPostgres() as second, _databases([admin, second.dsn()]) as servers:
-        for per_server in (4, 32):
-            urls = [with_schema(db, f"c{i:02d}") for db in servers for i in range(per_server)]
-            peak, idle, rate = _serve(urls, servers, f"{len(urls)} shards")
-            out[f"connections_per_worker_{len(urls)}_shards"] = peak
-            out[f"connections_per_worker_{len(urls)}_shards_idle"] = idle
-            out[f"connections_{len(urls)}_shards_runs_per_s"] = round(rate, 1)
+    with EmbeddedPostgres() as second:
+        admins = [admin, second.dsn()]
+        layouts = [(f"{2 * per}_{kind}", [[DATABASE]] * 2, per) if kind == "shards" else
+                   (f"{2 * per}_{kind}", [[f"{DATABASE}_{i}" for i in range(per)]] * 2, None)
+                   for per in (4, 32) for kind in ("databases", "shards")]
+        for label, names, schemas in layouts:
+            with _databases(admins, names) as servers:
+                urls = [u for dbs in servers for u in dbs] if schemas is None else [
+                    with_schema(dbs[0], f"c{i:02d}") for dbs in servers for i in range(schemas)]
+                served = _serve(urls, servers, label.replace("_", " "))
+            out.update({f"connections_per_worker_{label}": served["peak"],
+                        f"connections_per_worker_{label}_idle": served["idle"],
+                        f"connections_{label}_runs_per_s": served["rate"],
+                        f"connections_{label}_wake_p50_ms": served["wake_p50_ms"],
+                        f"connections_{label}_wake_p99_ms": served["wake_p99_ms"],
+                        f"connections_{label}_wakes_late": served["wakes_late"]})
+    for n in (8, 64):
+        out[f"connections_{n}_wake_p99_schemas_over_databases"] = round(
+            out[f"connections_{n}_shards_wake_p99_ms"]
+            / out[f"connections_{n}_databases_wake_p99_ms"], 3)
     return out
 
 
 @contextmanager
-def _databases(admins: Sequence[str]) -> Iterator[list[str]]:
-    """A fresh database on each server, dropped on the way out."""
+def _databases(admins: Sequence[str], names: Sequence[Sequence[str]]) -> Iterator[list[list[str]]]:
+    """Fresh databases `names[i]` on server `admins[i]`, dropped on the way out."""
     made: list[tuple[str, str]] = []
     try:
-        for admin in admins:
+        for admin, dbs in zip(admins, names, strict=True):
             with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(DATABASE)))
-                made.append((admin, DATABASE))
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-        yield [database_url(admin, DATABASE) for admin in admins]
+                for name in dbs:
+                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        sql.Identifier(name)))
+                    made.append((admin, name))
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        yield [[database_url(admin, n) for n in dbs] for admin, dbs in zip(admins, names,
+                                                                            strict=True)]
     finally:
         for admin, name in made:
             with psycopg.connect(admin, autocommit=True) as conn:
@@ -84,12 +104,13 @@ def _databases(admins: Sequence[str]) -> Iterator[list[str]]:
                     sql.Identifier(name)))
 
 
-def _serve(urls: list[str], servers: list[str], label: str) -> tuple[int, int, float]:
+def _serve(urls: list[str], servers: list[list[str]], label: str) -> dict[str, Any]:
     """The worker's peak sessions while it drains runs on every shard, its sessions once
-    idle, and the runs it drained a second."""
+    idle, the runs it drained a second, and signal -> resumed latency (its safety poll is
+    60 s: a NOTIFY its LISTEN connection heard woke each)."""
     shard_map = ShardMap.from_urls(urls)
     migrate(shard_map)
-    config = FleetConfig(workers=1, concurrency=16, batch_size=16,
+    config = FleetConfig(workers=1, concurrency=16, batch_size=16, poll_interval=60.0,
                          env=(("SHARDQ_POOL_MIN", "1"), ("SHARDQ_POOL_MAX", str(POOL_MAX))))
     with Fleet(urls, config) as fleet, ShardPools(shard_map, application_name="bench") as pools, \
             _Sampler(servers) as sampler:
@@ -110,11 +131,31 @@ def _serve(urls: list[str], servers: list[str], label: str) -> tuple[int, int, f
         peak = sampler.stop()
         time.sleep(2.0)  # idle: claim loops asleep on their wakes
         idle = sum(sampler.count())
-    for url in servers:
-        with psycopg.connect(url, autocommit=True) as conn:
-            for i in range(len(urls) // len(servers)):
-                conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(f"c{i:02d}")))
-    return peak, idle, rate
+        lags = _wakes(client, label)
+        wake = percentiles(lags)
+    return {"peak": peak, "idle": idle, "rate": round(rate, 1),
+            "wake_p50_ms": round(wake["p50"], 2), "wake_p99_ms": round(wake["p99"], 2),
+            "wakes_late": sum(1 for lag in lags if lag > LATE_MS)}
+
+
+def _wakes(client: Client, label: str) -> list[float]:
+    """Signal -> resumed milliseconds of WAKE_SAMPLES parked probes, one at a time."""
+    probes = client.start_many("wake_probe", [(f"w-{i}", None) for i in range(WAKE_SAMPLES)])
+    deadline = time.monotonic() + 60
+    while any(client.get(p.execution_id).state is not State.WAITING for p in probes):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{label}: the wake probes did not park")
+        time.sleep(0.1)
+    time.sleep(1.0)  # the claim loops asleep
+    lags = []
+    for probe in probes:
+        sent = time.time()
+        client.signal(probe.execution_id, WAKE_SIGNAL)
+        # Past the 60 s safety poll: a wake-up no NOTIFY brought is counted, not fatal.
+        output = client.wait(probe.execution_id, timeout=90, poll=0.005).output
+        lags.append((output["resumed_at"] - sent) * 1000)
+        time.sleep(0.02)
+    return lags
 
 
 def _wait_serving(fleet: Fleet, timeout: float = 60.0) -> None:
@@ -129,9 +170,10 @@ def _wait_serving(fleet: Fleet, timeout: float = 60.0) -> None:
 class _Sampler:
     """The worker's sessions on every server, counted every SAMPLE_S; the peak kept."""
 
-    def __init__(self, servers: list[str]) -> None:
-        self._conns = [psycopg.connect(url, autocommit=True) for url in servers]
-        self._names = [str(c.info.dbname) for c in self._conns]
+    def __init__(self, servers: list[list[str]]) -> None:
+        """`servers`: the URLs of the databases on each server."""
+        self._conns = [psycopg.connect(dbs[0], autocommit=True) for dbs in servers]
+        self._names = [[str(conninfo_to_dict(u)["dbname"]) for u in dbs] for dbs in servers]
         self._stop = threading.Event()
         self._peak = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -151,8 +193,8 @@ class _Sampler:
 
     def count(self) -> list[int]:
         counts = []
-        for conn, name in zip(self._conns, self._names, strict=True):
-            row = conn.execute(SESSIONS, (name,)).fetchone()
+        for conn, names in zip(self._conns, self._names, strict=True):
+            row = conn.execute(SESSIONS, (names,)).fetchone()
             counts.append(int(row[0]) if row else 0)
         return counts
 

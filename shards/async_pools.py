@@ -245,7 +245,8 @@ class AsyncShardPools:
     def _done_with(self, shard: Shard) -> None:
         key = shard.conninfo
         self._users[key] -= 1
-        if not self._users[key] and not any(s.conninfo == key for s in self.map.shards):
+        if (not self._users[key] and self.map.get(shard.name) is None
+                and not any(s.conninfo == key for s in self.map.shards)):
             self._retire(key)
 
     @asynccontextmanager

@@ -370,6 +370,8 @@ class DatabaseListener:
         except psycopg.Error as exc:
             self._lost(exc)
             return None
+        if pending:  # a NOTIFY that came during the LISTENs is in psycopg's backlog,
+            self._drain(conn)  # which the socket's select() never shows
         self._backoff = 0.5
         return conn
 

@@ -41,6 +41,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from shardq.client.client import Client
 from shardq.outbox.relay import Relay, RelayConfig
 from shardq.shards.config import ShardMap
+from shardq.shards.layout import split_schema
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
 from shardq.shards.servers import LOCAL_DSN, answers, database_url
@@ -369,7 +370,7 @@ def _on_session_server(args: Sequence[str], env: dict[str, str], server: Server)
             else env.get("SHARDQ_SHARDS", "")).split(",")
     home = conninfo_to_dict(server.admin_dsn)
     return all(url.strip() and all(
-        conninfo_to_dict(ShardMap.from_urls([url.strip()]).shards[0].conninfo).get(k) == home.get(k)
+        conninfo_to_dict(split_schema(url.strip())[0]).get(k) == home.get(k)
         for k in ("host", "port")) for url in urls)
 
 

@@ -62,9 +62,13 @@ BEGIN
         VALUES (run, now(), p_priority, p_concurrency_key, p_tenant, task_build);
         PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(p_priority));
     ELSE
+        -- A one-value range in the unique index's order: the probe no plan can
+        -- turn into a scan of the workflow's runs (store/queries.sql,
+        -- find_executions, says why).
         SELECT x.id INTO run FROM shardq.executions x
         WHERE x.tenant = p_tenant AND x.workflow_name = p_workflow_name
-          AND x.workflow_id = p_workflow_id;
+          AND x.workflow_id >= p_workflow_id AND x.workflow_id <= p_workflow_id
+        ORDER BY x.workflow_id LIMIT 1;
     END IF;
 
     RETURN QUERY

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from shardq.core.flow import RateLimit
 from shardq.core.models import Claim, CommitOutcome, StartResult, State, TurnCommit
-from shardq.core.schedules import Plan, Schedule
+from shardq.core.schedules import DueSchedule, Plan
 from shardq.shards.config import Shard, ShardMap
 from shardq.store.params import Lease, StartBatch
 
@@ -108,7 +108,7 @@ class TickerStore(Protocol):
     def map(self) -> ShardMap: ...
 
     def claim_schedules(self, limit: int) -> AbstractContextManager[
-        tuple[list[Schedule], datetime, Callable[[str, Plan, Any], None]]]: ...
+        tuple[list[DueSchedule], datetime, Callable[[str, Plan, Any], None]]]: ...
 
     def next_schedule_in(self) -> float | None: ...
 

@@ -9,8 +9,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from psycopg.rows import args_row
+
 from shardq.core.models import State
-from shardq.core.schedules import Plan, Schedule, ScheduleSpec
+from shardq.core.schedules import DueSchedule, Plan, Schedule, ScheduleSpec
 from shardq.shards.config import Shard
 from shardq.store import schedule_statements as ops
 from shardq.store import statements
@@ -39,22 +41,22 @@ class ScheduleStore(StorePart):
             return statements.run(conn, ops.change_schedule(tenant, name, action))
 
     @contextmanager
-    def claim_schedules(self, limit: int) -> Iterator[tuple[list[Schedule], datetime,
+    def claim_schedules(self, limit: int) -> Iterator[tuple[list[DueSchedule], datetime,
                                                             Callable[[str, Plan, Any], None]]]:
         """A ticker's round on the home shard: the claimed schedules, the shard's now, and
         how to record what was done with one; all of it is written in one statement and
         committed when the block ends (the rows stay locked until then), nothing when
         it raises."""
         with self.transaction(self.map.home_shard) as conn:
-            rows = conn.execute(SQL["claim_schedules"], {"limit": limit}).fetchall()
-            now = rows[0]["db_now"] if rows else statements.run(conn, ops.db_now())
+            cursor = conn.cursor(row_factory=args_row(DueSchedule))
+            rows = cursor.execute(SQL["claim_schedules"], {"limit": limit}).fetchall()
+            now = rows[0].claimed_at if rows else statements.run(conn, ops.db_now())
             moved: list[tuple[str, Plan, Any]] = []
 
             def advance(name: str, plan: Plan, last_run: Any) -> None:
                 moved.append((name, plan, last_run))
 
-            yield [ops.schedule_of({k: v for k, v in r.items() if k != "db_now"})
-                   for r in rows], now, advance
+            yield rows, now, advance
             if moved:
                 conn.execute(SQL["advance_schedules"], _advanced(moved))
 

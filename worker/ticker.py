@@ -22,7 +22,8 @@ from datetime import datetime
 
 from shardq.core.errors import UnknownWorkflow
 from shardq.core.models import StartResult
-from shardq.core.schedules import Plan, Schedule, plan, tick_workflow_id
+from shardq.core.schedules import DueSchedule, Plan, plan, tick_workflow_id
+from shardq.shards.config import Shard
 from shardq.shards.errors import ShardqError
 from shardq.shards.routing import bucket_of
 from shardq.store.params import NewRun, StartBatch, placed_run
@@ -81,7 +82,7 @@ class Ticker:
                 advance(schedule.name, chosen, started.get(schedule.name))
             return len(schedules)
 
-    def _knows(self, schedule: Schedule) -> bool:
+    def _knows(self, schedule: DueSchedule) -> bool:
         try:
             self.registry.get(schedule.workflow)
         except UnknownWorkflow:
@@ -106,12 +107,14 @@ class Ticker:
             live.update(i for i, state in states.items() if not state.terminal)
         return live
 
-    def _start(self, plans: list[tuple[Schedule, Plan]]) -> dict[str, uuid.UUID]:
+    def _start(self, plans: list[tuple[DueSchedule, Plan]]) -> dict[str, uuid.UUID]:
         """Start every planned tick's run: one start per workflow, tenant and shard. The
         run of each schedule's latest tick started, by schedule name."""
         groups: dict[tuple[str, str, str], list[tuple[str, datetime, NewRun]]] = defaultdict(
             list)
         definitions: dict[str, WorkflowDef] = {}
+        shard_map = self.store.map  # one map for the round, read once
+        shards: dict[str, Shard] = {}
         for schedule, chosen in plans:
             definition = definitions.get(schedule.workflow)
             if definition is None:  # once a workflow per round, not once a schedule
@@ -120,19 +123,21 @@ class Ticker:
             ticks = [(t, False) for t in chosen.starts]
             if chosen.manual is not None:
                 ticks.append((chosen.manual, True))
-            input_json = json.dumps(schedule.input)
+            # The input is parsed only for a workflow whose concurrency key reads it.
+            concurrency = (None if definition.concurrency is None else
+                           definition.concurrency_of(json.loads(schedule.input_json)))
             for tick, manual in ticks:
                 run = placed_run(schedule.tenant, definition.name,
                                  tick_workflow_id(schedule.name, tick, manual=manual),
-                                 input_json, definition.concurrency_of(schedule.input))
-                shard = self.store.map.for_bucket(run.bucket)
+                                 schedule.input_json, concurrency)
+                shard = shard_map.for_bucket(run.bucket)
+                shards[shard.name] = shard
                 groups[(schedule.tenant, definition.name, shard.name)].append(
                     (schedule.name, tick, run))
         last: dict[str, tuple[datetime, uuid.UUID]] = {}
         for (tenant, workflow, shard_name), members in groups.items():
             definition = definitions[workflow]
-            shard = next(s for s in self.store.map.shards if s.name == shard_name)
-            results: list[StartResult] = self.store.start_executions(shard, StartBatch(
+            results: list[StartResult] = self.store.start_executions(shards[shard_name], StartBatch(
                 tenant, definition.name, definition.version, [r for _, _, r in members],
                 definition.gates, definition.priority))
             for (name, tick, _), result in zip(members, results, strict=True):

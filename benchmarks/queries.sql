@@ -331,6 +331,11 @@ ins AS (
 )
 SELECT extract(epoch FROM (SELECT at FROM tick))::float8 AS tick
 
+-- name: tick_count
+-- The runs a shard holds: the schedules scenario's progress poll (the shards hold
+-- nothing else then), as cheap as a count can be.
+SELECT count(*) AS n FROM shardq.executions
+
 -- name: tick_runs
 -- The runs a schedule prefix's ticks started: how many, of how many schedules, and
 -- each one's start (its creation) after the tick, in seconds.

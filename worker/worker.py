@@ -43,7 +43,7 @@ from shardq.worker.limiters import HomeRateSlots
 from shardq.worker.logcontext import about_run
 from shardq.worker.retention import RetentionPlan, fold_counts_served, purge_served
 from shardq.worker.slots import InFlight, Reservation, TurnItem, TurnQueue
-from shardq.worker.ticker import Ticker
+from shardq.worker.ticker import ROUNDS_IN_FLIGHT, Ticker
 from shardq.worker.turn import failing_commit, run_turn
 from shardq.workflow.control import CommitRejected
 from shardq.workflow.registry import Registry
@@ -159,7 +159,9 @@ class Worker:
                 fold_counts_served, self.store, lambda: self.shards,
                 self.config.count_fold_interval_s, self._drained))
         if self.config.schedules and isinstance(self.store, TickerStore):
-            spawn("shardq-ticker", Ticker(self.store, self.registry, self._stopping).loop)
+            ticker = Ticker(self.store, self.registry, self._stopping)
+            for i in range(ROUNDS_IN_FLIGHT):
+                spawn(f"shardq-ticker-{i}", ticker.loop)
         self._follower.start()  # the claim loops, and the map thread
         log.info("worker started", extra={
             "owner": self.config.owner, "shards": ",".join(s.name for s in self.shards),

@@ -1,12 +1,13 @@
 """How many connections a worker holds at 64 shards: `connections_per_worker_64_shards`.
 
-64 shards on 2 PostgreSQL servers (the suite's, and an embedded one started for the
-scenario), as schemas of one database per server (shards/layout.py): 32 each. One
-worker process, started as an operator starts it (`SHARDQ_POOL_MAX=6`, a 60 s safety
-poll), serves all 64 while the scenario starts one-step runs on every shard (500 a
-call) and waits for them; a sampler counts the worker's sessions on both servers every
-20 ms (its pools are `shardq-worker`, its LISTEN connections `shardq`; the scenario's
-own client is named otherwise). Then 100 parked probes are signalled one at a time:
+64 shards on 2 PostgreSQL servers (embedded ones started for the scenario: at 64
+shards as databases it opens about 100 sessions a server), as schemas of one
+database per server (shards/layout.py): 32 each. One worker process, started as an
+operator starts it (`SHARDQ_POOL_MAX=6`, a 60 s safety poll), serves all 64 while the
+scenario starts one-step runs on every shard (500 a call) and waits for them; a
+sampler counts the worker's sessions on both servers every 20 ms (its pools are
+`shardq-worker`, its LISTEN connections `shardq`; the scenario's own client is named
+otherwise). Then 100 parked probes are signalled one at a time:
 signal -> resumed latency, every wake-up a NOTIFY heard on a shared LISTEN connection.
 
 The same at 8 shards as schemas (4 a server), and at 8 and 64 shards as databases
@@ -17,7 +18,6 @@ with the shards, and the wake path's one thread hand-off more
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,7 +29,6 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from shardq.benchmarks.bench import Bench
-from shardq.benchmarks.db import ENV_DSN
 from shardq.benchmarks.fleet import Fleet, FleetConfig
 from shardq.benchmarks.measure import Progress, percentiles
 from shardq.benchmarks.workflows import WAKE_SIGNAL, registry
@@ -40,7 +39,7 @@ from shardq.shards.embedded import EmbeddedPostgres
 from shardq.shards.layout import with_schema
 from shardq.shards.migrations import migrate
 from shardq.shards.pools import ShardPools
-from shardq.shards.servers import LOCAL_DSN, database_url
+from shardq.shards.servers import database_url
 from shardq.store.store import Store
 
 DATABASE = "connbench"
@@ -58,10 +57,13 @@ WHERE datname = ANY(%s) AND application_name IN ('shardq', 'shardq-worker')"""
 
 def connections(b: Bench) -> dict[str, Any]:
     b.stop_fleet()  # the suite's workers hold sessions of their own
-    admin = b.shards.admin_dsn or os.environ.get(ENV_DSN) or LOCAL_DSN
     out: dict[str, Any] = {"connections_pool_max": POOL_MAX}
-    with EmbeddedPostgres() as second:
-        admins = [admin, second.dsn()]
+    # Two servers of the scenario's own: at 64 shards as databases, the worker's pools
+    # and LISTEN connections, and the scenario's client, open about 100 sessions a
+    # server, more than a default max_connections of 100 leaves (the embedded one
+    # allows 300).
+    with EmbeddedPostgres() as first, EmbeddedPostgres() as second:
+        admins = [first.dsn(), second.dsn()]
         layouts = [(f"{2 * per}_{kind}", [[DATABASE]] * 2, per) if kind == "shards" else
                    (f"{2 * per}_{kind}", [[f"{DATABASE}_{i}" for i in range(per)]] * 2, None)
                    for per in (4, 32) for kind in ("databases", "shards")]

@@ -84,7 +84,7 @@ class Worker:
     - Step-attempt threads (`shardq-step`), one per attempt of a step with a
       `timeout`: run the step function and touch no worker state.
 
-    `_inflight`, `_turning`, `_settling` and `_starved` change only under
+    `_inflight`, `_turning`, `_settling`, `_starved` and `_coalescing` change only under
     `_lock` (`_idle` is a condition on it). A claim is queued with its own
     `InFlight` entry, and the end of its turn removes that entry only: the
     run may be claimed again (a signal woke it) between its last commit
@@ -121,6 +121,7 @@ class Worker:
         self._turning = 0
         self._settling = 0
         self._starved: set[str] = set()  # claim loops that last found no free slot
+        self._coalescing: set[str] = set()  # claim loops waiting for a full batch of slots
         self._claiming: dict[str, Reservation] = {}  # by shard: the claims in flight
         self._lend_at: float | None = None  # when a stalled claim's slots may be lent next
         self._lock = threading.Lock()
@@ -367,11 +368,13 @@ class Worker:
                 self._starved.add(shard.name)
                 return 0, None
             if backlog and free < self._claim_threshold and (partial is None or free > partial):
+                self._coalescing.add(shard.name)
                 return 0, free
             limit = min(self.config.batch_size, free)
             self._turning += limit
             self._claiming[shard.name] = Reservation(limit, time.monotonic())
             self._starved.discard(shard.name)
+            self._coalescing.discard(shard.name)
             return limit, None
 
     def _lend_stalled(self) -> None:
@@ -563,14 +566,18 @@ class Worker:
         """Claim loops a change of free slots concerns (the caller holds the lock).
 
         A freed slot may serve any shard, not only the one it came from: a
-        worthwhile batch of free slots wakes every loop, and the first free slot
-        wakes the loops that had found none (they sleep until the safety poll
-        otherwise). Loops waiting for a partial batch look again on their own.
+        worthwhile batch of free slots wakes the loops that wait for one (they
+        look again on their own after COALESCE_S otherwise) and those that had
+        found none, and the first free slot wakes the latter (they sleep until
+        the safety poll otherwise). Not every loop: an idle one has nothing due
+        (a NOTIFY or its timer wakes it), and at 64 shards waking all 64 on every
+        turn that freed a batch put 64 empty claims ahead of the next wake-up's.
         """
         free = self._free_slots()
         if free >= self._claim_threshold:
-            self._starved.clear()
-            return list(self._wakes)  # a copy: the map loop adds shards as it runs
+            woken = self._starved | self._coalescing
+            self._starved, self._coalescing = set(), set()
+            return woken
         if free > 0 and self._starved:
             starved, self._starved = self._starved, set()
             return starved

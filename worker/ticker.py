@@ -2,13 +2,13 @@
 
 There is no scheduler process. Each round claims up to `batch` due schedules on
 the home shard (SKIP LOCKED: the rounds of a worker's threads and of other
-workers share the work), asks
-core/schedules.py's `plan` what each must start, starts those runs on their own
-shards (grouped into one start per workflow and shard), and moves the rows on,
-all before the round's home-shard transaction commits. A tick's run is named by
-the schedule and the tick's time, so a ticker killed between the starts and
-its commit leaves rows that the next round claims again, and whose runs it
-finds already there: one run per tick, whatever crashes (docs/schedules.md).
+workers share the work), asks core/schedules.py's `plan` what each must start,
+starts those runs on their own shards (grouped into one start per workflow and
+shard), and moves the rows on, all before the round's home-shard transaction
+commits. A tick's run is named by the schedule and the tick's time, so a ticker
+killed between the starts and its commit leaves rows that the next round claims
+again, and whose runs it finds already there: one run per tick, whatever
+crashes (docs/schedules.md).
 """
 
 from __future__ import annotations

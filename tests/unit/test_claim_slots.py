@@ -172,11 +172,28 @@ def test_waking_every_claim_loop_survives_a_shard_added_meanwhile(
     try:
         worker._wakes = {name: _AddsAShard(worker) for name in originals}  # type: ignore[misc]
         with worker._lock:
-            woken = worker._claimers_to_wake()  # every slot free: every loop
+            worker._starved = set(originals)  # every loop found no free slot
+            woken = worker._claimers_to_wake()  # every slot free: every loop waiting
         worker._wake(woken)  # raised "dictionary changed size during iteration"
         assert set(woken) == set(originals)
     finally:
         worker._wakes = originals
+
+
+def test_a_freed_batch_wakes_the_loops_waiting_for_slots_not_an_idle_one(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """At 64 shards, waking every loop on each freed batch put 64 empty claims ahead of
+    the next wake-up's claim (docs/configuration.md): an idle loop sleeps on, a NOTIFY
+    or its timer wakes it."""
+    worker = make_worker(100, 100)
+    waiting = worker.shards[0]  # the other shard's loop is idle
+    for kind in ("starved", "coalescing"):  # found no slot; waits for a batch of them
+        with worker._lock:
+            setattr(worker, f"_{kind}", {waiting.name})
+            woken = worker._claimers_to_wake()  # every slot free
+            assert (worker._starved, worker._coalescing) == (set(), set())
+        assert set(woken) == {waiting.name}, kind  # not the idle loop
 
 
 def claim_of(execution_id: uuid.UUID) -> Claim:

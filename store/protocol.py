@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from shardq.core.flow import RateLimit
@@ -108,7 +107,7 @@ class TickerStore(Protocol):
     def map(self) -> ShardMap: ...
 
     def claim_schedules(self, limit: int) -> AbstractContextManager[
-        tuple[list[DueSchedule], datetime, Callable[[str, Plan, Any], None]]]: ...
+        tuple[list[DueSchedule], Callable[[str, Plan, Any], None]]]: ...
 
     def next_schedule_in(self) -> float | None: ...
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any
 
 from psycopg.rows import args_row
@@ -41,22 +40,21 @@ class ScheduleStore(StorePart):
             return statements.run(conn, ops.change_schedule(tenant, name, action))
 
     @contextmanager
-    def claim_schedules(self, limit: int) -> Iterator[tuple[list[DueSchedule], datetime,
+    def claim_schedules(self, limit: int) -> Iterator[tuple[list[DueSchedule],
                                                             Callable[[str, Plan, Any], None]]]:
-        """A ticker's round on the home shard: the claimed schedules, the shard's now, and
-        how to record what was done with one; all of it is written in one statement and
-        committed when the block ends (the rows stay locked until then), nothing when
-        it raises."""
+        """A ticker's round on the home shard: the claimed schedules (each with the shard's
+        clock at the claim), and how to record what was done with one; all of it is
+        written in one statement and committed when the block ends (the rows stay
+        locked until then), nothing when it raises."""
         with self.transaction(self.map.home_shard) as conn:
             cursor = conn.cursor(row_factory=args_row(DueSchedule))
             rows = cursor.execute(SQL["claim_schedules"], {"limit": limit}).fetchall()
-            now = rows[0].claimed_at if rows else statements.run(conn, ops.db_now())
             moved: list[tuple[str, Plan, Any]] = []
 
             def advance(name: str, plan: Plan, last_run: Any) -> None:
                 moved.append((name, plan, last_run))
 
-            yield rows, now, advance
+            yield rows, advance
             if moved:
                 conn.execute(SQL["advance_schedules"], _advanced(moved))
 

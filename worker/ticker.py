@@ -79,7 +79,7 @@ class Ticker:
     def round(self) -> int:
         """One claim of due schedules, their runs started and their rows moved on;
         how many schedules it claimed."""
-        with self.store.claim_schedules(self.batch) as (schedules, now, advance):
+        with self.store.claim_schedules(self.batch) as (schedules, advance):
             if not schedules:
                 return 0
             # Whether the last run still runs matters to skip and buffer_one only.
@@ -89,7 +89,7 @@ class Ticker:
             # has it starts its ticks. Asked once a workflow, not once a schedule.
             first = {s.workflow: s for s in reversed(schedules)}
             known = {w for w, s in first.items() if self._knows(s)}
-            plans = [(s, plan(s, now, s.last_run in live)) for s in schedules
+            plans = [(s, plan(s, s.claimed_at, s.last_run in live)) for s in schedules
                      if s.workflow in known]
             started = self._start(plans)
             for schedule, chosen in plans:
@@ -138,8 +138,8 @@ class Ticker:
             if chosen.manual is not None:
                 ticks.append((chosen.manual, True))
             # The input is parsed only for a workflow whose concurrency key reads it.
-            concurrency = (None if definition.concurrency is None else
-                           definition.concurrency_of(json.loads(schedule.input_json)))
+            concurrency = definition.concurrency_of(
+                json.loads(schedule.input_json) if callable(definition.concurrency) else None)
             for tick, manual in ticks:
                 run = placed_run(schedule.tenant, definition.name,
                                  tick_workflow_id(schedule.name, tick, manual=manual),

@@ -45,6 +45,16 @@ def typed(ctx: WorkflowContext) -> Any:
     return ctx.input
 
 
+@registry.workflow("keyed_tick", concurrency=lambda i: (f"region:{i['region']}", 1))
+def keyed_tick(ctx: WorkflowContext) -> Any:
+    return ctx.input
+
+
+@registry.workflow("fixed_key_tick", concurrency=("reports", 1))
+def fixed_key_tick(ctx: WorkflowContext) -> Any:
+    return ctx.input
+
+
 def _runs(client: Client, workflow: str, name: str) -> list[tuple[str, str]]:
     """(workflow id, state) of the runs a schedule started, over every shard."""
     return sorted((r[0], r[1]) for s in client.map.shards for r in rows(
@@ -270,3 +280,25 @@ def test_the_command_line_refuses_bad_schedules_in_one_line(
     assert error in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "x" not in [s.name for s in client.schedules()]
+
+
+def test_a_tick_of_a_limited_workflow_runs_under_the_key_its_input_names(
+    client: Client, start_worker: StartWorker
+) -> None:
+    """The ticker reads a schedule's input as text and parses it only for a workflow
+    whose concurrency key is a function of it: the tick's run still gets its key."""
+    start_worker(registry)
+    client.create_schedule("keyed", "keyed_tick", {"region": "eu"}, every=3600)
+    client.create_schedule("fixed", "fixed_key_tick", {"n": 1}, every=3600)
+    client.trigger_schedule("keyed")
+    client.trigger_schedule("fixed")
+    def ended(workflow: str, name: str) -> bool:
+        return [state for _, state in _runs(client, workflow, name)] == ["completed"]
+
+    wait_until(lambda: ended("keyed_tick", "keyed") and ended("fixed_key_tick", "fixed"),
+               timeout=15, what="both triggers' runs")
+    keys = sorted(r for s in client.map.shards for r in rows(
+        s.url, "SELECT workflow_name, concurrency_key, input::text FROM shardq.executions "
+        "WHERE workflow_name IN ('keyed_tick', 'fixed_key_tick')"))
+    assert keys == [("fixed_key_tick", "reports", '{"n": 1}'),
+                    ("keyed_tick", "region:eu", '{"region": "eu"}')]

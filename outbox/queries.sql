@@ -9,49 +9,28 @@ SELECT shardq.outbox_channel() AS channel, format('LISTEN %%I', shardq.outbox_ch
 
 -- name: claim_outbox
 -- Lock up to `limit` due outbox rows for delivery, skipping rows another relay
--- holds. A row is due only when no earlier row from its sender to its target
--- is pending, so one sender's signals to one target arrive in send order. The
--- row locks are the relay's lease: held until its transaction settles the
--- rows, gone with its connection if it dies. Rows of a sender a move froze or
--- moved away are not this shard's to send: the copy on the sender's new
--- shard is.
-SELECT o.id, o.source_execution_id, o.source_position, o.target_execution_id,
-       o.target_bucket, o.tenant, o.signal_name, o.payload::text AS payload,
-       o.idempotency_key, o.attempts,
-       extract(epoch FROM now() - o.queued_at)::float8 AS queued_s, o.trace
-FROM shardq.outbox o
-WHERE o.state = 'pending' AND o.next_attempt_at <= now()
-  AND ((SELECT shardq.unclean_writable()) IS NULL
-       OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(o.source_execution_id)) = 1)
-  AND NOT EXISTS (
-      SELECT 1 FROM shardq.outbox e
-      WHERE e.source_execution_id = o.source_execution_id
-        AND e.target_execution_id = o.target_execution_id
-        AND e.state = 'pending' AND e.id < o.id
-  )
-ORDER BY o.next_attempt_at, o.id
-LIMIT %(limit)s
-FOR UPDATE OF o SKIP LOCKED
+-- holds; one sender's rows to one target in send order. Body and why it is a
+-- function: schema/functions/claim_outbox.sql.
+SELECT id, source_execution_id, source_position, target_execution_id, target_bucket,
+       tenant, signal_name, payload, idempotency_key, attempts, queued_s, trace
+FROM shardq.claim_outbox(%(limit)s)
 
 -- name: outbox_next_due
 -- Seconds until the next row a claim could take is due (negative: overdue; null:
 -- none): the first of its sender and target still pending. The rows queued
 -- behind one that backs off keep the time they were queued at, long past, and
 -- would otherwise have the relay claim again and again, finding nothing, for as
--- long as the first one retries.
-SELECT extract(epoch FROM o.next_attempt_at - now())::float8 AS seconds
-FROM shardq.outbox o
-WHERE o.state = 'pending'
-  AND ((SELECT shardq.unclean_writable()) IS NULL
-       OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(o.source_execution_id)) = 1)
-  AND NOT EXISTS (
-      SELECT 1 FROM shardq.outbox e
-      WHERE e.source_execution_id = o.source_execution_id
-        AND e.target_execution_id = o.target_execution_id
-        AND e.state = 'pending' AND e.id < o.id
-  )
-ORDER BY o.next_attempt_at
-LIMIT 1
+-- long as the first one retries. One pass over the pending rows, as the claim;
+-- no join, so no plan of it reads a row twice.
+SELECT extract(epoch FROM min(f.next_attempt_at) - now())::float8 AS seconds
+FROM (
+    SELECT DISTINCT ON (e.source_execution_id, e.target_execution_id)
+           e.source_execution_id, e.next_attempt_at
+    FROM shardq.outbox e WHERE e.state = 'pending'
+    ORDER BY e.source_execution_id, e.target_execution_id, e.id
+) f
+WHERE (SELECT shardq.unclean_writable()) IS NULL
+   OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(f.source_execution_id)) = 1
 
 -- name: outbox_target_back
 -- A target shard takes writes again: the rows deferred while it was down are

@@ -411,6 +411,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.claim_fair(after_tenant text, want integer, claimable bit, OUT runs uuid[], OUT cursor_at text, OUT rest integer)
 --   RETURNS record
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
+-- FUNCTION shardq.claim_outbox(p_limit integer)
+--   RETURNS TABLE(id bigint, source_execution_id uuid, source_position integer, target_execution_id uuid, target_bucket smallint, tenant text, signal_name text, payload text, idempotency_key text, attempts integer, queued_s double precision, trace text)
+--   LANGUAGE sql VOLATILE SET enable_nestloop=off
 -- FUNCTION shardq.claim_pinned(build text, min_priority smallint, want integer, claimable bit, taken uuid[])
 --   RETURNS uuid[]
 --   LANGUAGE plpgsql VOLATILE SET enable_seqscan=off, jit=off

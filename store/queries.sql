@@ -414,10 +414,17 @@ UPDATE shardq.executions SET priority = %(priority)s WHERE id = %(id)s
 
 -- name: deliver_signals
 -- One tenant's signals to runs on this shard, in one transaction; a row per
--- signal in input order. Body: schema/functions/deliver_signals.sql.
+-- signal in input order. Body: schema/functions/deliver_signals.sql. The
+-- payloads travel as one JSON array, not as a jsonb[] parameter: the driver
+-- writes an array's text form in Python, escaping every quote of every
+-- document by a regex callback, which cost the relay as much as the target's
+-- statement (500 children's start documents a round).
 SELECT ord, signal_id, earlier_id, earlier_name, reason_code, detail
 FROM shardq.deliver_signals(
-    %(tenant)s, %(ids)b::uuid[], %(names)s::text[], %(payloads)s::jsonb[], %(keys)s::text[],
+    %(tenant)s, %(ids)b::uuid[], %(names)s::text[],
+    ARRAY(SELECT v FROM jsonb_array_elements(%(payloads)s::jsonb)
+          WITH ORDINALITY AS t(v, i) ORDER BY i),
+    %(keys)s::text[],
     %(max_pending)s, %(max_pending_total)s, %(origins)s::text[], %(traces)s::text[]
 )
 ORDER BY ord

@@ -468,7 +468,7 @@ def deliver_signals(tenant: str, signals: Sequence[SignalDelivery]) -> Op[list[S
         "tenant": tenant,
         "ids": [s.target for s in signals],
         "names": [s.name for s in signals],
-        "payloads": [s.payload_json for s in signals],
+        "payloads": f"[{','.join(s.payload_json for s in signals)}]",
         "keys": [s.idempotency_key for s in signals],
         "max_pending": MAX_PENDING_SIGNALS,
         "max_pending_total": MAX_PENDING_SIGNALS_TOTAL,

@@ -413,7 +413,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_bitmapscan=off
 -- FUNCTION shardq.claim_outbox(p_limit integer)
 --   RETURNS TABLE(id bigint, source_execution_id uuid, source_position integer, target_execution_id uuid, target_bucket smallint, tenant text, signal_name text, payload text, idempotency_key text, attempts integer, queued_s double precision, trace text)
---   LANGUAGE sql VOLATILE SET enable_nestloop=off
+--   LANGUAGE sql VOLATILE SET enable_nestloop=off, jit=off
 -- FUNCTION shardq.claim_pinned(build text, min_priority smallint, want integer, claimable bit, taken uuid[])
 --   RETURNS uuid[]
 --   LANGUAGE plpgsql VOLATILE SET enable_seqscan=off, jit=off
@@ -462,6 +462,9 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 -- FUNCTION shardq.holds_exactly(mine bit)
 --   RETURNS boolean
 --   LANGUAGE plpgsql STABLE
+-- FUNCTION shardq.lock_runs(p_tasks uuid[], p_runs uuid[])
+--   RETURNS void
+--   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan, enable_seqscan=off, jit=off
 -- FUNCTION shardq.outbox_channel()
 --   RETURNS text
 --   LANGUAGE sql IMMUTABLE
@@ -482,7 +485,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql STABLE
 -- FUNCTION shardq.runs_ended(p_ids uuid[])
 --   RETURNS void
---   LANGUAGE plpgsql VOLATILE
+--   LANGUAGE plpgsql VOLATILE SET enable_seqscan=off, jit=off
 -- FUNCTION shardq.send_control(p_source uuid, p_position integer, p_target uuid, p_tenant text, p_name text, p_payload jsonb, p_key text, p_here boolean)
 --   RETURNS boolean
 --   LANGUAGE plpgsql VOLATILE

@@ -21,24 +21,31 @@ RETURNS TABLE (id bigint, source_execution_id uuid, source_position integer,
                target_execution_id uuid, target_bucket smallint, tenant text,
                signal_name text, payload text, idempotency_key text, attempts integer,
                queued_s float8, trace text)
-LANGUAGE sql VOLATILE SET enable_nestloop = off AS $$
+LANGUAGE sql VOLATILE SET enable_nestloop = off SET jit = off AS $$
+    WITH claimed AS (
+        -- Ids only through the sort and the limit: a row's payload (a child's start
+        -- document) is read for the rows claimed, not for every pending row.
+        SELECT o.id FROM shardq.outbox o
+        WHERE o.id IN (
+            SELECT f.id FROM (
+                SELECT DISTINCT ON (e.source_execution_id, e.target_execution_id)
+                       e.id, e.next_attempt_at
+                FROM shardq.outbox e WHERE e.state = 'pending'
+                ORDER BY e.source_execution_id, e.target_execution_id, e.id
+            ) f WHERE f.next_attempt_at <= now()
+        )
+          AND o.state = 'pending' AND o.next_attempt_at <= now()
+          AND ((SELECT shardq.unclean_writable()) IS NULL
+               OR get_bit((SELECT shardq.unclean_writable()),
+                          shardq.bucket(o.source_execution_id)) = 1)
+        ORDER BY o.next_attempt_at, o.id
+        LIMIT p_limit
+        FOR UPDATE OF o SKIP LOCKED
+    )
     SELECT o.id, o.source_execution_id, o.source_position, o.target_execution_id,
            o.target_bucket, o.tenant, o.signal_name, o.payload::text,
            o.idempotency_key, o.attempts,
            extract(epoch FROM now() - o.queued_at)::float8, o.trace
-    FROM shardq.outbox o
-    WHERE o.id IN (
-        SELECT f.id FROM (
-            SELECT DISTINCT ON (e.source_execution_id, e.target_execution_id)
-                   e.id, e.next_attempt_at
-            FROM shardq.outbox e WHERE e.state = 'pending'
-            ORDER BY e.source_execution_id, e.target_execution_id, e.id
-        ) f WHERE f.next_attempt_at <= now()
-    )
-      AND o.state = 'pending' AND o.next_attempt_at <= now()
-      AND ((SELECT shardq.unclean_writable()) IS NULL
-           OR get_bit((SELECT shardq.unclean_writable()), shardq.bucket(o.source_execution_id)) = 1)
+    FROM shardq.outbox o WHERE o.id = ANY(ARRAY(SELECT c.id FROM claimed c))
     ORDER BY o.next_attempt_at, o.id
-    LIMIT p_limit
-    FOR UPDATE OF o SKIP LOCKED
 $$;

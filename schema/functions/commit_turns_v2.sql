@@ -138,10 +138,7 @@ BEGIN
         FROM jsonb_array_elements(rare->'local') AS r;
     END IF;
     IF rare ? 'local' OR cardinality(family) > 0 THEN
-        PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(c_ids || x_targets || family)
-        ORDER BY t.execution_id FOR UPDATE;
-        PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(x_targets || family)
-        ORDER BY x.id FOR UPDATE;
+        PERFORM shardq.lock_runs(c_ids || x_targets || family, x_targets || family);
     END IF;
 
     -- A batch in which every commit ends its run (its task deleted, nothing

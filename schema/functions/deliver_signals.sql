@@ -58,10 +58,7 @@ BEGIN
     -- Every target's bucket must be writable here, or nothing is delivered: the
     -- caller (client, relay) follows the refusal to the target's owner.
     PERFORM shardq.fence(p_ids);
-    PERFORM 1 FROM shardq.tasks t WHERE t.execution_id = ANY(p_ids)
-    ORDER BY t.execution_id FOR UPDATE;
-    PERFORM 1 FROM shardq.executions x WHERE x.id = ANY(p_ids)
-    ORDER BY x.id FOR UPDATE;
+    PERFORM shardq.lock_runs(p_ids, p_ids);
 
     -- Messages between parents and children (schema/0023) take their own path
     -- (deliver_control), under the locks just taken.

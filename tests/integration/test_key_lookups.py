@@ -1,4 +1,5 @@
-"""Finding a run by its workflow key reads that key's entry, whatever the statistics.
+"""Finding a run by its workflow key, or locking runs by id, reads those rows,
+whatever the statistics and whenever the plan was made.
 
 A start whose key already has a run, a signal-with-start of a running key and
 `Client.find` look the key up in executions_workflow_key. On a shard whose tables
@@ -6,12 +7,14 @@ were never analyzed (a new deployment's first minute, CI's server without
 autovacuum), the planner once read the listing index executions_workflow
 (tenant, workflow_name, id) instead and filtered every run of the workflow for
 each key: a ticker re-starting the 2,000 ticks of a killed worker's round stalled
-for seconds. These tests count the rows such a lookup reads, in its own
-transaction, on a shard that has never been analyzed.
+for seconds. A delivery of signals locks its targets with plans its connection
+made on its first calls: made on an empty shard, they scanned every run. These
+tests count the rows such a statement reads, in its own transaction.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +25,13 @@ from shardq.shards.config import ShardMap
 from shardq.shards.connections import connect
 from shardq.shards.migrations import migrate
 from shardq.store import statements
-from shardq.store.params import NewRun, StartBatch, StartSignalled, placed_run
+from shardq.store.params import (
+    NewRun,
+    SignalDelivery,
+    StartBatch,
+    StartSignalled,
+    placed_run,
+)
 
 RUNS = 3_000
 """Runs of the one workflow the shard holds: a scan of them per key would read
@@ -92,3 +101,34 @@ def test_a_signal_with_start_of_a_running_key_reads_that_key(unanalyzed: ShardMa
     assert (result.execution_id, result.created, result.delivered) == (existing["id"], False,
                                                                        True)
     assert read < 50, read  # a probe reads about ten; the walk read the 3,000 runs
+
+
+SIGNALS = 30
+
+
+def test_a_delivery_locks_its_targets_by_key_with_plans_made_on_an_empty_shard(
+        fresh_databases: Callable[[int], list[str]]) -> None:
+    """deliver_signals (a client's or the relay's) locks its targets' rows, with plans
+    a connection keeps from its first calls: made on an empty shard, they scanned
+    every run for each delivery once the shard filled up."""
+    shard_map = ShardMap.from_urls(fresh_databases(1))
+    migrate(shard_map)
+    nobody = [SignalDelivery(uuid.uuid4(), "poke", "{}", None)]
+    with connect(shard_map.shards[0], autocommit=True) as conn:
+        for _ in range(8):  # plans made now, and kept
+            (refused,) = statements.run(conn, statements.deliver_signals("default", nobody))
+            assert refused.error is not None
+        for first in range(0, RUNS, 1_000):
+            statements.run(conn, statements.start_executions(_batch(range(first,
+                                                                          first + 1_000))))
+        targets = [r["id"] for r in conn.execute(
+            "SELECT id FROM shardq.executions ORDER BY workflow_id LIMIT %s", [SIGNALS])]
+        with conn.transaction():
+            before = _rows_read(conn)
+            results = statements.run(conn, statements.deliver_signals(
+                "default", [SignalDelivery(t, "poke", '{"n": 1}', None) for t in targets]))
+            read = _rows_read(conn) - before
+    assert [r.error for r in results] == [None] * SIGNALS
+    # A probe per target reads its task, its run and what the delivery checks; a
+    # scan reads all RUNS runs and their RUNS tasks.
+    assert read < 20 * SIGNALS, read

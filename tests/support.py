@@ -23,6 +23,7 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import tuple_row
 
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for
@@ -83,6 +84,18 @@ def seq_scans(conn: psycopg.Connection[Any], tables: Sequence[str]) -> dict[str,
     return dict(conn.execute(
         "SELECT relname::text, seq_scan FROM pg_stat_user_tables "
         "WHERE schemaname = 'shardq' AND relname = ANY(%s)", [list(tables)]).fetchall())
+
+
+def rows_read(conn: psycopg.Connection[Any]) -> int:
+    """Rows this session read from shardq's tables and indexes and has not reported yet
+    (the server reports them at most once a second): read before and after a statement,
+    in one transaction, to count its own."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(
+            "SELECT sum(pg_stat_get_xact_tuples_fetched(c.oid)"
+            " + pg_stat_get_xact_tuples_returned(c.oid)) FROM pg_class c"
+            " WHERE c.relnamespace = 'shardq'::regnamespace").fetchone()
+    return int(row[0] or 0) if row else 0
 
 
 def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[Any]]:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
 
-import psycopg
 import pytest
 
 from shardq.shards.config import ShardMap
@@ -33,6 +31,8 @@ from shardq.store.params import (
     placed_run,
 )
 
+from ..support import rows_read
+
 RUNS = 3_000
 """Runs of the one workflow the shard holds: a scan of them per key would read
 RUNS x keys rows."""
@@ -42,15 +42,6 @@ KEYS = 300
 def _batch(keys: range) -> StartBatch:
     runs: list[NewRun] = [placed_run("default", "w", f"k{i}", "null", None) for i in keys]
     return StartBatch("default", "w", 1, runs)
-
-
-def _rows_read(conn: psycopg.Connection[dict[str, Any]]) -> int:
-    """Rows this transaction read from shardq's tables and indexes so far."""
-    row = conn.execute(
-        "SELECT sum(pg_stat_get_xact_tuples_fetched(c.oid)"
-        " + pg_stat_get_xact_tuples_returned(c.oid)) AS n FROM pg_class c"
-        " WHERE c.relnamespace = 'shardq'::regnamespace").fetchone()
-    return int(row["n"] or 0) if row else 0
 
 
 @pytest.fixture
@@ -76,9 +67,9 @@ def test_a_start_of_existing_keys_reads_each_key_not_the_workflow(
         ids = {r["workflow_id"]: r["id"] for r in conn.execute(
             "SELECT workflow_id, id FROM shardq.executions")}
     with connect(shard) as conn, conn.transaction():
-        before = _rows_read(conn)
+        before = rows_read(conn)
         results = statements.run(conn, statements.start_executions(_batch(range(KEYS))))
-        read = _rows_read(conn) - before
+        read = rows_read(conn) - before
     assert [r.created for r in results] == [False] * KEYS
     assert [r.execution_id for r in results] == [ids[f"k{i}"] for i in range(KEYS)]
     # A probe per key reads a few rows (its index entry, the run, its state); a scan
@@ -95,9 +86,9 @@ def test_a_signal_with_start_of_a_running_key_reads_that_key(unanalyzed: ShardMa
     # The newest key: a walk of the workflow's runs in id order finds it last.
     request = StartSignalled(_batch(range(RUNS - 1, RUNS)), "poke", '{"n": 1}', None)
     with connect(shard) as conn, conn.transaction():
-        before = _rows_read(conn)
+        before = rows_read(conn)
         result = statements.run(conn, statements.signal_with_start(request))
-        read = _rows_read(conn) - before
+        read = rows_read(conn) - before
     assert (result.execution_id, result.created, result.delivered) == (existing["id"], False,
                                                                        True)
     assert read < 50, read  # a probe reads about ten; the walk read the 3,000 runs
@@ -124,10 +115,10 @@ def test_a_delivery_locks_its_targets_by_key_with_plans_made_on_an_empty_shard(
         targets = [r["id"] for r in conn.execute(
             "SELECT id FROM shardq.executions ORDER BY workflow_id LIMIT %s", [SIGNALS])]
         with conn.transaction():
-            before = _rows_read(conn)
+            before = rows_read(conn)
             results = statements.run(conn, statements.deliver_signals(
                 "default", [SignalDelivery(t, "poke", '{"n": 1}', None) for t in targets]))
-            read = _rows_read(conn) - before
+            read = rows_read(conn) - before
     assert [r.error for r in results] == [None] * SIGNALS
     # A probe per target reads its task, its run and what the delivery checks; a
     # scan reads all RUNS runs and their RUNS tasks.

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
 
-import psycopg
 import pytest
 
 from shardq.outbox.store import SQL
 from shardq.shards.config import ShardMap
 from shardq.shards.connections import connect
 from shardq.shards.migrations import migrate
+
+from ..support import rows_read
 
 PENDING = 3_000
 LIMIT = 500
@@ -39,16 +39,6 @@ SELECT CASE WHEN %(one_sender)s THEN %(sender)s ELSE gen_random_uuid() END, g, %
        0, 'default', 'outcome', '{}'
 FROM generate_series(1, %(n)s) g
 """
-
-
-def _rows_read(conn: psycopg.Connection[dict[str, Any]]) -> int:
-    """Rows this session read from shardq's tables and indexes and has not reported yet
-    (the server reports them at most once a second): callers take differences."""
-    row = conn.execute(
-        "SELECT sum(pg_stat_get_xact_tuples_fetched(c.oid)"
-        " + pg_stat_get_xact_tuples_returned(c.oid)) AS n FROM pg_class c"
-        " WHERE c.relnamespace = 'shardq'::regnamespace").fetchone()
-    return int(row["n"] or 0) if row else 0
 
 
 @pytest.fixture
@@ -78,12 +68,12 @@ def test_a_burst_after_an_empty_analyze_is_claimed_in_linear_reads(
             "SELECT id FROM shardq.outbox ORDER BY id").fetchall()]
         for _ in range(CLAIMS):
             with conn.transaction():
-                before = _rows_read(conn)
+                before = rows_read(conn)
                 claimed = [r["id"] for r in conn.execute(
                     SQL["claim_outbox"], {"limit": LIMIT}).fetchall()]
-                claim_reads = _rows_read(conn) - before
+                claim_reads = rows_read(conn) - before
                 due = conn.execute(SQL["outbox_next_due"]).fetchone()
-                next_due_reads = _rows_read(conn) - before - claim_reads
+                next_due_reads = rows_read(conn) - before - claim_reads
             # One sender's rows to one target go in send order: only the first is due.
             assert claimed == (queued[:1] if one_sender else queued[:LIMIT])
             assert due is not None and due["seconds"] is not None and due["seconds"] <= 0

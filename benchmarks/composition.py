@@ -20,6 +20,12 @@ the time runs from just before `Client.cancel` until no run of the tree is live
 wait row left means every run ended). `cancel_tree_left` must be 0: a count
 left after CANCEL_TIMEOUT_S is runs that escaped the cancel.
 
+`fanin_cpu_over_drain`: the CPU-seconds the workers, the relay and PostgreSQL spent
+during the fan-in over those they spent during the drain (`fanin_cpu`, `drain_cpu`:
+CpuMeter's breakdowns, the relay counted with the workers). On two cores the fan-in
+cannot be much faster than its CPU allows: this says how much of `fanin_over_drain`
+is work rather than waiting.
+
 The standard fleet, and one relay process (its safety poll 60 s: it moves rows
 on the outbox's NOTIFY).
 """
@@ -33,7 +39,7 @@ from typing import Any
 from shardq.benchmarks.bench import Bench
 from shardq.benchmarks.db import BenchError, Poller, query
 from shardq.benchmarks.fleet import FleetConfig, RelayFleet
-from shardq.benchmarks.measure import percentiles, wait_for
+from shardq.benchmarks.measure import CpuMeter, percentiles, wait_for
 
 SCHEDULE_LEAD_S = 8.0
 """How far ahead the schedules' common tick is set: the fleet is up and idle by then."""
@@ -52,16 +58,21 @@ def composition(b: Bench) -> dict[str, Any]:
     """fanin_10k_s beside the drain of as many runs, cancel_tree_s, then the schedules."""
     if len(b.urls) < 2:
         raise BenchError("children needs two shards or more")
-    b.fleet()
+    fleet = b.fleet()
     relays = RelayFleet(b.urls, FleetConfig(workers=1, concurrency=0, batch_size=500,
                                             poll_interval=60.0)).start()
     try:
         relays.wait_ready()
         n = b.sizes.fanin_children
+        processes = [*fleet.pids, *relays.pids]
         b.reset()
+        meter = CpuMeter(processes).start()
         drain_s = _drain(b, n)
+        drain_cpu = meter.stop(n)
         b.reset()
+        meter = CpuMeter(processes).start()
         fanin_s, timeline = _fanin(b, n)
+        fanin_cpu = meter.stop(n)
         b.reset()
         same_s = _fanin_one_shard(b, n)
         b.reset()
@@ -75,9 +86,18 @@ def composition(b: Bench) -> dict[str, Any]:
     return {"fanin_children": n, "fanin_10k_s": round(fanin_s, 3),
             "drain_same_runs_s": round(drain_s, 3),
             "fanin_over_drain": round(fanin_s / drain_s, 3) if drain_s > 0 else None,
-            "fanin_timeline": timeline, "fanin_one_shard_s": round(same_s, 3),
+            "fanin_timeline": timeline, "drain_cpu": drain_cpu, "fanin_cpu": fanin_cpu,
+            "fanin_cpu_over_drain": _cpu_ratio(fanin_cpu, drain_cpu),
+            "fanin_one_shard_s": round(same_s, 3),
             "fanin_one_shard_over_drain": round(same_s / drain_s, 3) if drain_s > 0 else None,
             **tree, **ticks}
+
+
+def _cpu_ratio(fanin: dict[str, Any], drain: dict[str, Any]) -> float | None:
+    """The fan-in's CPU-seconds (workers, relay, PostgreSQL) over the drain's."""
+    def spent(cpu: dict[str, Any]) -> float:
+        return float(cpu["workers_cpu_s"]) + float(cpu["postgres_cpu_s"])
+    return round(spent(fanin) / spent(drain), 3) if spent(drain) > 0 else None
 
 
 def _schedules(b: Bench, n: int) -> dict[str, Any]:

@@ -417,8 +417,8 @@ UPDATE shardq.executions SET priority = %(priority)s WHERE id = %(id)s
 -- signal in input order. Body: schema/functions/deliver_signals.sql. The
 -- payloads travel as one JSON array, not as a jsonb[] parameter: the driver
 -- writes an array's text form in Python, escaping every quote of every
--- document by a regex callback, which cost the relay as much as the target's
--- statement (500 children's start documents a round).
+-- document by a regex callback (a profile of the relay delivering 500 children's
+-- start documents a round found it beside the target's statement).
 SELECT ord, signal_id, earlier_id, earlier_name, reason_code, detail
 FROM shardq.deliver_signals(
     %(tenant)s, %(ids)b::uuid[], %(names)s::text[],

@@ -66,6 +66,16 @@ def leaf(ctx: WorkflowContext) -> Any:
     return ctx.step("work", lambda: "done")
 
 
+@registry.workflow("failing")
+def failing(ctx: WorkflowContext) -> Any:
+    """One step that raises, not retried: the run fails."""
+    return ctx.step("explode", _explode, retry=1)
+
+
+def _explode() -> None:
+    raise ValueError("no such order")
+
+
 def _handle(got: Any) -> Any:
     log.warning("handling the forwarded signal")
     return got
@@ -185,6 +195,29 @@ def test_a_fan_out_s_children_continue_the_starting_turn_s_trace(
     assert len(children) == 2, [(s.name, s.attributes) for s in found]
     for child in children:  # the one on shard 1 through the outbox row's trace
         _parent(child, starting)
+
+
+def test_a_failing_step_s_span_records_the_error_and_ends(
+    client: Client, start_worker: StartWorker, spans: InMemorySpanExporter,
+) -> None:
+    """The step's span is ended whatever the step did, and carries what the step raised
+    to the workflow (StepFailed, naming the step's own error) and an error status; the
+    turn's span ends without one: the run's failure is its outcome, not the turn's."""
+    start_worker(registry, poll_interval_s=0.2)
+    run = client.start("failing", "f-1").execution_id
+    assert client.wait(run, timeout=30).state is State.FAILED
+    found = list(spans.get_finished_spans())
+    step = _one(found, "shardq.step", **{"shardq.step": "explode"})
+    turn = _one(found, "shardq.turn", **{"shardq.execution_id": str(run)})
+    _parent(step, turn)
+    assert step.status.status_code is trace.StatusCode.ERROR
+    assert step.status.description == (
+        "StepFailed: step 'explode' failed after 1 attempt(s): ValueError: no such order")
+    (event,) = [e for e in step.events if e.name == "exception"]
+    assert (event.attributes or {}).get("exception.type") == "shardq.core.errors.StepFailed"
+    assert turn.status.status_code is not trace.StatusCode.ERROR
+    times = (turn.start_time, step.start_time, step.end_time, turn.end_time)
+    assert None not in times and sorted(times) == list(times), times  # type: ignore[type-var]
 
 
 def test_a_webhook_request_continues_its_callers_trace(

@@ -160,7 +160,10 @@ def _drain(b: Bench, n: int) -> float:
 
 def _fanin(b: Bench, n: int) -> tuple[float, dict[str, Any]]:
     """The parent's seconds, and where they went: from its start to each shard's
-    first and last child created, the last child ended, and the parent ended."""
+    first and last child created and ended, the last child ended, and the parent
+    ended. A child is created at its creating transaction's start: the children
+    on the parent's shard all read as created when the parent's commit began,
+    and are first seen by workers when it ends, which their first end bounds."""
     started = time.time()
     run = b.client.start("fanin_parent", "fanin-root", {"n": n, "prefix": "fc-"})
     done = b.client.wait(run.execution_id, timeout=max(300.0, n / 20), poll=0.05)
@@ -172,11 +175,12 @@ def _fanin(b: Bench, n: int) -> tuple[float, dict[str, Any]]:
     timeline: dict[str, Any] = {"last_child_ended_s": round(last_child - started, 3),
                                 "parent_ended_s": round(ended - started, 3)}
     for index, url in enumerate(b.urls):
-        (span,) = query(url, "created_span", {"workflow": "noop", "prefix": "fc-%"})
-        if span["first_created"] is not None:
-            timeline[f"shard{index}_children_created_s"] = [
-                round(span["first_created"] - started, 3),
-                round(span["last_created"] - started, 3)]
+        (span,) = query(url, "children_span", {"workflow": "noop", "prefix": "fc-%"})
+        for what in ("created", "ended"):
+            if span[f"first_{what}"] is not None:
+                timeline[f"shard{index}_children_{what}_s"] = [
+                    round(span[f"first_{what}"] - started, 3),
+                    round(span[f"last_{what}"] - started, 3)]
     return ended - started, timeline
 
 

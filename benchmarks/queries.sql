@@ -311,11 +311,19 @@ WITH src AS (
 )
 SELECT count(*) AS n FROM src
 
--- name: created_span
--- When the first and the last run of a workflow and key prefix were created.
+-- name: children_span
+-- When the first and the last run of a workflow and key prefix were created, and
+-- when the first and the last of them ended. Both are the writing transaction's
+-- start (now()): a run created at t may be seen by workers only once its
+-- creator commits, much later when that commit is large; its first run's end
+-- bounds that from above.
 SELECT extract(epoch FROM min(x.created_at))::float8 AS first_created,
-       extract(epoch FROM max(x.created_at))::float8 AS last_created
+       extract(epoch FROM max(x.created_at))::float8 AS last_created,
+       extract(epoch FROM min(o.recorded_at))::float8 AS first_ended,
+       extract(epoch FROM max(o.recorded_at))::float8 AS last_ended
 FROM shardq.executions x
+LEFT JOIN shardq.history o ON o.execution_id = x.id
+    AND o.kind IN ('run.completed', 'run.failed', 'run.cancelled', 'run.timed_out')
 WHERE x.tenant = 'default' AND x.workflow_name = %(workflow)s AND x.workflow_id LIKE %(prefix)s
 
 -- name: bulk_schedules

@@ -29,14 +29,14 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, ValidationError
+from typing import TYPE_CHECKING, Any
 
 from shardq.core.errors import InvalidArgument, NotSerializable, PayloadInvalid
 from shardq.core.flow import RateLimit
 from shardq.core.models import State
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 # -- names and text ----------------------------------------------------------------
 
@@ -203,6 +203,11 @@ def check_schema(schema: object, what: str) -> dict[str, Any]:
         raise InvalidArgument(
             f"{what}: a schema must be a JSON object, got {type(schema).__name__}"
         )
+    # Imported here: jsonschema is a twentieth of a second to import, and most
+    # processes (a CLI command, a worker of workflows without schemas) never use it.
+    from jsonschema import Draft202012Validator  # noqa: PLC0415
+    from jsonschema.exceptions import SchemaError  # noqa: PLC0415
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -219,6 +224,8 @@ def validate(
     `summary` is the refusal's one-line title (the HTTP API's `error`)."""
     if schema is None:
         return
+    from jsonschema import Draft202012Validator  # noqa: PLC0415 - see check_schema
+
     validator = Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(payload), key=lambda e: list(map(str, e.absolute_path)))
     if errors:

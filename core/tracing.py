@@ -123,7 +123,8 @@ def span(name: str, *, kind: str = INTERNAL, attributes: dict[str, Any] | None =
 class _Current:
     """Makes a started span current for a block, and ends it after. What the API's
     `start_as_current_span` does, without its three layers of generator-based context
-    managers: a worker makes two spans a run, and the layers cost a tenth of each."""
+    managers: a worker makes two spans a run, and in one process a turn's span took
+    22 us with them and 18.5 without (docs/operations.md, "Tracing")."""
 
     __slots__ = ("_span", "_token")
 

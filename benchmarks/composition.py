@@ -10,7 +10,10 @@ outbox and the relay; each child's outcome comes back the same way, and the
 parent's one wait row counts them down. `fanin_over_drain` (target <= 1.5)
 divides it by the time the same fleet takes, in the same run, to drain as many
 independent `noop` runs started by one `start_many` call (the same work without
-a parent: start, one step, commit).
+a parent: start, one step, commit). Each is measured twice, alternated (drain,
+fan-in, fan-in, drain), and each key is the median of its two: one fan-in against
+one drain swung from 1.96 to 2.64 between runs on one machine, mostly with the
+drain (`drain_rounds_s`, `fanin_rounds_s`, `fanin_timelines` give every round).
 
 `cancel_tree_s`: a tree of `tree_node` runs, the root on shard 0 with TREE_WIDTHS
 children per level (1 + 9 + 990 = 1,000 runs over three levels, on every
@@ -21,8 +24,8 @@ wait row left means every run ended). `cancel_tree_left` must be 0: a count
 left after CANCEL_TIMEOUT_S is runs that escaped the cancel.
 
 `fanin_cpu_over_drain`: the CPU-seconds the workers, the relay and PostgreSQL spent
-during the fan-in over those they spent during the drain (`fanin_cpu`, `drain_cpu`:
-CpuMeter's breakdowns, the relay counted with the workers). On two cores the fan-in
+during the fan-ins over those they spent during the drains (`fanin_cpu`, `drain_cpu`:
+CpuMeter's breakdowns of each round, the relay counted with the workers). On two cores the fan-in
 cannot be much faster than its CPU allows: this says how much of `fanin_over_drain`
 is work rather than waiting.
 
@@ -33,6 +36,7 @@ on the outbox's NOTIFY).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any
 
@@ -52,6 +56,9 @@ POLL_S = 0.05
 TICK_POLL_S = 0.5
 """How often the schedules' count is read once a worker is killed: it only ends the wait."""
 CANCEL_TIMEOUT_S = 300.0
+PAIRS_ORDER = ("drain", "fanin", "fanin", "drain")
+"""The drain and the fan-in alternated, each twice, each first once: a drift of the
+machine over the scenario weighs on both sides alike."""
 
 
 def composition(b: Bench) -> dict[str, Any]:
@@ -65,14 +72,19 @@ def composition(b: Bench) -> dict[str, Any]:
         relays.wait_ready()
         n = b.sizes.fanin_children
         processes = [*fleet.pids, *relays.pids]
-        b.reset()
-        meter = CpuMeter(processes).start()
-        drain_s = _drain(b, n)
-        drain_cpu = meter.stop(n)
-        b.reset()
-        meter = CpuMeter(processes).start()
-        fanin_s, timeline = _fanin(b, n)
-        fanin_cpu = meter.stop(n)
+        drains: list[tuple[float, dict[str, Any]]] = []
+        fanins: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
+        for side in PAIRS_ORDER:
+            b.reset()
+            meter = CpuMeter(processes).start()
+            if side == "drain":
+                drain_took = _drain(b, n)
+                drains.append((drain_took, meter.stop(n)))
+            else:
+                fanin_took, timeline = _fanin(b, n)
+                fanins.append((fanin_took, meter.stop(n), timeline))
+        drain_s = statistics.median(d[0] for d in drains)
+        fanin_s = statistics.median(f[0] for f in fanins)
         b.reset()
         same_s = _fanin_one_shard(b, n)
         b.reset()
@@ -86,17 +98,21 @@ def composition(b: Bench) -> dict[str, Any]:
     return {"fanin_children": n, "fanin_10k_s": round(fanin_s, 3),
             "drain_same_runs_s": round(drain_s, 3),
             "fanin_over_drain": round(fanin_s / drain_s, 3) if drain_s > 0 else None,
-            "fanin_timeline": timeline, "drain_cpu": drain_cpu, "fanin_cpu": fanin_cpu,
-            "fanin_cpu_over_drain": _cpu_ratio(fanin_cpu, drain_cpu),
+            "drain_rounds_s": [round(d[0], 3) for d in drains],
+            "fanin_rounds_s": [round(f[0], 3) for f in fanins],
+            "fanin_timelines": [f[2] for f in fanins],
+            "drain_cpu": [d[1] for d in drains], "fanin_cpu": [f[1] for f in fanins],
+            "fanin_cpu_over_drain": _cpu_ratio([f[1] for f in fanins], [d[1] for d in drains]),
             "fanin_one_shard_s": round(same_s, 3),
             "fanin_one_shard_over_drain": round(same_s / drain_s, 3) if drain_s > 0 else None,
             **tree, **ticks}
 
 
-def _cpu_ratio(fanin: dict[str, Any], drain: dict[str, Any]) -> float | None:
-    """The fan-in's CPU-seconds (workers, relay, PostgreSQL) over the drain's."""
-    def spent(cpu: dict[str, Any]) -> float:
-        return float(cpu["workers_cpu_s"]) + float(cpu["postgres_cpu_s"])
+def _cpu_ratio(fanin: list[dict[str, Any]], drain: list[dict[str, Any]]) -> float | None:
+    """The fan-ins' CPU-seconds (workers, relay, PostgreSQL) over the drains', summed
+    over the rounds of each."""
+    def spent(cpus: list[dict[str, Any]]) -> float:
+        return sum(float(cpu["workers_cpu_s"]) + float(cpu["postgres_cpu_s"]) for cpu in cpus)
     return round(spent(fanin) / spent(drain), 3) if spent(drain) > 0 else None
 
 

@@ -99,23 +99,36 @@ def percentiles(
 
 def _proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) a process has used, 0 if it is gone."""
+    sample = _proc_sample(pid)
+    return 0.0 if sample is None else sample[1]
+
+
+def _proc_sample(pid: int) -> tuple[int, float] | None:
+    """(start time, CPU seconds) of a process, None if it is gone. The start time tells
+    a process from a later one given the same pid."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+        return None
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / _TICKS
 
 
-def _postgres_pids() -> list[int]:
-    pids = []
+def _postgres_cpu() -> dict[tuple[int, int], float]:
+    """CPU seconds of every `postgres` process, by (pid, start time). A backend that
+    exits between the listing and the read is left out, not read as 0 (which made a
+    phase's PostgreSQL CPU negative while other tests' backends came and went)."""
+    found: dict[tuple[int, int], float] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "postgres":
-                    pids.append(int(entry.name))
+                if (entry / "comm").read_text().strip() != "postgres":
+                    continue
             except OSError:
                 continue
-    return pids
+            sample = _proc_sample(int(entry.name))
+            if sample is not None:
+                found[(int(entry.name), sample[0])] = sample[1]
+    return found
 
 
 def _machine() -> tuple[float, float]:
@@ -139,9 +152,9 @@ class CpuMeter:
 
     worker_pids: Sequence[int] = ()
     _start: dict[str, float] = field(default_factory=dict)
-    _pg_start: dict[int, float] = field(default_factory=dict)
+    _pg_start: dict[tuple[int, int], float] = field(default_factory=dict)
 
-    def _sample(self) -> tuple[dict[str, float], dict[int, float]]:
+    def _sample(self) -> tuple[dict[str, float], dict[tuple[int, int], float]]:
         busy, total = _machine()
         times = os.times()
         return {
@@ -149,7 +162,7 @@ class CpuMeter:
             "machine_total": total,
             "workers": sum(_proc_cpu(p) for p in self.worker_pids),
             "bench": times.user + times.system,
-        }, {pid: _proc_cpu(pid) for pid in _postgres_pids()}
+        }, _postgres_cpu()
 
     def start(self) -> CpuMeter:
         self._start, self._pg_start = self._sample()
@@ -158,7 +171,7 @@ class CpuMeter:
     def stop(self, jobs: int | None = None) -> dict[str, Any]:
         end, pg_end = self._sample()
         d = {k: end[k] - self._start.get(k, 0.0) for k in end}
-        d["postgres"] = sum(cpu - self._pg_start.get(pid, 0.0) for pid, cpu in pg_end.items())
+        d["postgres"] = sum(cpu - self._pg_start.get(key, 0.0) for key, cpu in pg_end.items())
         wall_cpu = d["machine_total"]
         out: dict[str, Any] = {
             "machine_busy_pct": round(100 * d["machine_busy"] / wall_cpu, 1) if wall_cpu else None,

@@ -24,10 +24,10 @@ wait row left means every run ended). `cancel_tree_left` must be 0: a count
 left after CANCEL_TIMEOUT_S is runs that escaped the cancel.
 
 `fanin_cpu_over_drain`: the CPU-seconds the workers, the relay and PostgreSQL spent
-during the fan-ins over those they spent during the drains (`fanin_cpu`, `drain_cpu`:
-CpuMeter's breakdowns of each round, the relay counted with the workers). On two cores the fan-in
-cannot be much faster than its CPU allows: this says how much of `fanin_over_drain`
-is work rather than waiting.
+during the fan-ins over those they spent during the drains (`fanin_cpu`,
+`drain_cpu`: CpuMeter's breakdowns of each round, the relay counted with the
+workers). On two cores the fan-in cannot be much faster than its CPU allows: this
+says how much of `fanin_over_drain` is work rather than waiting.
 
 The standard fleet, and one relay process (its safety poll 60 s: it moves rows
 on the outbox's NOTIFY).
@@ -72,19 +72,20 @@ def composition(b: Bench) -> dict[str, Any]:
         relays.wait_ready()
         n = b.sizes.fanin_children
         processes = [*fleet.pids, *relays.pids]
-        drains: list[tuple[float, dict[str, Any]]] = []
-        fanins: list[tuple[float, dict[str, Any], dict[str, Any]]] = []
+        took: dict[str, list[float]] = {"drain": [], "fanin": []}
+        cpu: dict[str, list[dict[str, Any]]] = {"drain": [], "fanin": []}
+        timelines: list[dict[str, Any]] = []
         for side in PAIRS_ORDER:
             b.reset()
             meter = CpuMeter(processes).start()
             if side == "drain":
-                drain_took = _drain(b, n)
-                drains.append((drain_took, meter.stop(n)))
+                took[side].append(_drain(b, n))
             else:
-                fanin_took, timeline = _fanin(b, n)
-                fanins.append((fanin_took, meter.stop(n), timeline))
-        drain_s = statistics.median(d[0] for d in drains)
-        fanin_s = statistics.median(f[0] for f in fanins)
+                seconds, timeline = _fanin(b, n)
+                took[side].append(seconds)
+                timelines.append(timeline)
+            cpu[side].append(meter.stop(n))
+        drain_s, fanin_s = statistics.median(took["drain"]), statistics.median(took["fanin"])
         b.reset()
         same_s = _fanin_one_shard(b, n)
         b.reset()
@@ -98,11 +99,10 @@ def composition(b: Bench) -> dict[str, Any]:
     return {"fanin_children": n, "fanin_10k_s": round(fanin_s, 3),
             "drain_same_runs_s": round(drain_s, 3),
             "fanin_over_drain": round(fanin_s / drain_s, 3) if drain_s > 0 else None,
-            "drain_rounds_s": [round(d[0], 3) for d in drains],
-            "fanin_rounds_s": [round(f[0], 3) for f in fanins],
-            "fanin_timelines": [f[2] for f in fanins],
-            "drain_cpu": [d[1] for d in drains], "fanin_cpu": [f[1] for f in fanins],
-            "fanin_cpu_over_drain": _cpu_ratio([f[1] for f in fanins], [d[1] for d in drains]),
+            "drain_rounds_s": [round(t, 3) for t in took["drain"]],
+            "fanin_rounds_s": [round(t, 3) for t in took["fanin"]],
+            "fanin_timelines": timelines, "drain_cpu": cpu["drain"], "fanin_cpu": cpu["fanin"],
+            "fanin_cpu_over_drain": _cpu_ratio(cpu["fanin"], cpu["drain"]),
             "fanin_one_shard_s": round(same_s, 3),
             "fanin_one_shard_over_drain": round(same_s / drain_s, 3) if drain_s > 0 else None,
             **tree, **ticks}

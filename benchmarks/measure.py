@@ -125,9 +125,10 @@ def _postgres_cpu() -> dict[tuple[int, int], float]:
                     continue
             except OSError:
                 continue
-            sample = _proc_sample(int(entry.name))
+            pid = int(entry.name)
+            sample = _proc_sample(pid)
             if sample is not None:
-                found[(int(entry.name), sample[0])] = sample[1]
+                found[(pid, sample[0])] = sample[1]
     return found
 
 

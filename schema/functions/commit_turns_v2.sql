@@ -144,8 +144,11 @@ BEGIN
     -- A batch in which every commit ends its run (its task deleted, nothing
     -- parked, sent or granted) on a clean shard, a drain's usual batch, is
     -- fenced by deleting its task rows: each row is written once, not locked
-    -- and then deleted (shardq.finish_tasks, which keeps the id order).
-    fused := rare IS NULL AND c_actions <@ ARRAY['delete']
+    -- and then deleted (shardq.finish_tasks, which keeps the id order). Runs of
+    -- a family (`ends`: a fan-in's children ending) take it too: lock_runs
+    -- above locked their task rows with their parents', in the global order,
+    -- and deleting rows this transaction holds waits on no one.
+    fused := (rare IS NULL OR rare - 'ends' = '{}'::jsonb) AND c_actions <@ ARRAY['delete']
              AND NOT (c_states && ARRAY['waiting', 'input_required'])
              AND NOT (e_kinds && ARRAY['signal.timed_out', 'condition.timed_out',
                                        'interrupt.timed_out'])

@@ -3,12 +3,22 @@
 -- parent's live children of policy `cancel` are asked to cancel.
 --
 -- Outcomes to parents whose buckets are writable here are delivered in this
--- transaction, one deliver_signals call per tenant for all of them (the
--- parents' rows locked in id order there); the others get an outbox row each.
--- Cancels always go through the outbox, to a child of this shard too: a
--- parent's commit never locks a child's rows, so it cannot close a lock cycle
--- with the child's own commit, which locks the parent's. Set-based: a batch of
--- a thousand ended children is a handful of statements.
+-- transaction, by one deliver_outcomes call per tenant for all of them, under
+-- the parents' task and executions rows (locked here in id order, the order
+-- deliver_signals takes; a worker's commit took them already, with the rest of
+-- its locks, and taking them again costs nothing). The other outcomes get an
+-- outbox row each. Cancels always go through the outbox, to a child of this
+-- shard too: a parent's commit never locks a child's rows, so it cannot close
+-- a lock cycle with the child's own commit, which locks the parent's.
+-- Set-based: a batch of a thousand ended children is a handful of statements.
+--
+-- The outcomes are read once (child_outcomes joins each child to its outcome
+-- event) and split by where their parents are. They went through
+-- deliver_signals and deliver_control before, as the relay's do: that fenced
+-- each outcome's parent again and copied the batch's arrays twice, a fifth of a
+-- fan-in's commit time for 10,000 children (docs/composition.md, "Measured").
+-- The fence is this function's own ownership read, taken after the
+-- transaction's xid (shardq.fence says why that order).
 --
 -- Every statement here finds rows by key; a plan made while the shard was
 -- small, and kept (commit_turns_v2 plans once per connection), scanned the
@@ -22,31 +32,37 @@ DECLARE
     added        bigint;
     r            record;
 BEGIN
+    PERFORM pg_current_xact_id();
     SELECT o.writable INTO own_writable FROM shardq.ownership o;
     FOR r IN
-        SELECT m.tenant, array_agg(m.parent ORDER BY m.parent, m.child) AS parents,
+        SELECT m.tenant, m.here,
+               array_agg(m.parent ORDER BY m.parent, m.child) AS parents,
+               array_agg(m.child ORDER BY m.parent, m.child) AS children,
                array_agg(m.body ORDER BY m.parent, m.child) AS bodies,
                array_agg(m.key ORDER BY m.parent, m.child) AS keys
-        FROM shardq.child_outcomes(p_ids) m
-        WHERE own_writable IS NULL OR get_bit(own_writable, shardq.bucket(m.parent)) = 1
-        GROUP BY m.tenant
+        FROM (SELECT o.*, own_writable IS NULL
+                          OR get_bit(own_writable, shardq.bucket(o.parent)) = 1 AS here
+              FROM shardq.child_outcomes(p_ids) o) m
+        GROUP BY m.tenant, m.here
+        ORDER BY m.here DESC, m.tenant
     LOOP
-        PERFORM shardq.deliver_signals(
-            r.tenant, r.parents, array_fill('shardq:run:child'::text,
-                                            ARRAY[cardinality(r.parents)]),
-            r.bodies, r.keys, 1, 1, NULL::text[]);
+        IF r.here THEN
+            PERFORM shardq.lock_runs(ARRAY(SELECT DISTINCT unnest(r.parents)),
+                                     ARRAY(SELECT DISTINCT unnest(r.parents)));
+            PERFORM shardq.deliver_outcomes(r.tenant, r.parents, r.bodies, r.keys, NULL);
+        ELSE
+            INSERT INTO shardq.outbox (source_execution_id, source_position,
+                                       target_execution_id, target_bucket, tenant,
+                                       signal_name, payload, idempotency_key)
+            SELECT m.child, -1, m.parent, shardq.bucket(m.parent)::smallint, r.tenant,
+                   'shardq:run:child', m.body, m.key
+            FROM unnest(r.children, r.parents, r.bodies, r.keys) AS m(child, parent, body, key)
+            ORDER BY m.child
+            ON CONFLICT (source_execution_id, source_position) DO NOTHING;
+            GET DIAGNOSTICS added = ROW_COUNT;
+            queued := queued + added;
+        END IF;
     END LOOP;
-
-    INSERT INTO shardq.outbox (source_execution_id, source_position, target_execution_id,
-                               target_bucket, tenant, signal_name, payload, idempotency_key)
-    SELECT m.child, -1, m.parent, shardq.bucket(m.parent)::smallint, m.tenant,
-           'shardq:run:child', m.body, m.key
-    FROM shardq.child_outcomes(p_ids) m
-    WHERE own_writable IS NOT NULL AND get_bit(own_writable, shardq.bucket(m.parent)) = 0
-    ORDER BY m.child
-    ON CONFLICT (source_execution_id, source_position) DO NOTHING;
-    GET DIAGNOSTICS added = ROW_COUNT;
-    queued := queued + added;
 
     -- A parent's cancel of the child it started at position p goes at -2 - p
     -- (send_control's positions).

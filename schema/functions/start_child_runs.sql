@@ -17,6 +17,7 @@ DECLARE
     created integer;
     queued  boolean := false;
     top     smallint;
+    skipped uuid[];
     r       record;
 BEGIN
     -- One statement, the created runs joined by hash: a filter `id = ANY(created)`
@@ -46,21 +47,28 @@ BEGIN
                jsonb_build_object('parent', m.parent, 'position', m.pos)
         FROM made m ORDER BY m.o
     )
-    SELECT count(*), max(m.priority) INTO created, top FROM made m;
+    SELECT count(*), max(m.priority),
+           (SELECT array_agg(d.id) FROM doc d LEFT JOIN made k ON k.id = d.id
+            WHERE k.id IS NULL)
+    INTO created, top, skipped FROM made m;
 
     IF created > 0 THEN
         PERFORM pg_notify(shardq.wake_channel(), shardq.wake_note(top));
     END IF;
 
-    -- A statement of its own: it sees a key a racing start committed meanwhile.
-    -- A child created above holds its own key, so only refused ones are found.
+    -- Only a child the insert skipped can be refused: its key was held, by
+    -- another run or by itself (the start sent again), usually by none. A
+    -- statement of its own: it sees a key a racing start committed meanwhile.
+    IF skipped IS NULL THEN
+        RETURN;
+    END IF;
     FOR r IN
         SELECT d.id, d.parent, d.tenant, d.workflow, d.workflow_id, x.id AS holder
         FROM shardq.child_docs(p_docs) d
         JOIN shardq.executions x
           ON x.tenant = d.tenant AND x.workflow_name = d.workflow
          AND x.workflow_id = d.workflow_id
-        WHERE x.id <> d.id
+        WHERE d.id = ANY(skipped) AND x.id <> d.id
         ORDER BY d.o
     LOOP
         queued := shardq.send_control(

@@ -440,7 +440,7 @@ CREATE INDEX waits_interrupts ON shardq.waits USING btree (started_at, execution
 --   LANGUAGE plpgsql VOLATILE
 -- FUNCTION shardq.deliver_outcomes(p_tenant text, p_ids uuid[], p_payloads jsonb[], p_keys text[], p_origins text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, reason_code text, detail text, woken bigint)
---   LANGUAGE sql VOLATILE
+--   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan
 -- FUNCTION shardq.deliver_signals(p_tenant text, p_ids uuid[], p_names text[], p_payloads jsonb[], p_keys text[], p_max_pending integer, p_max_pending_total integer, p_origins text[], p_traces text[] DEFAULT NULL::text[])
 --   RETURNS TABLE(ord integer, signal_id bigint, earlier_id bigint, earlier_name text, reason_code text, detail text, woken bigint)
 --   LANGUAGE plpgsql VOLATILE SET plan_cache_mode=force_generic_plan

@@ -74,7 +74,7 @@ def test_a_call_of_a_marked_function_is_found(tmp_path: Path) -> None:
     queries.write_text("-- name: x\n-- shardq.run_state() in prose is no call\n"
                        "SELECT * FROM shardq.deliver_signals(%(a)s)\n")
     callers = [f"functions/{name}.sql" for name in (
-        "commit_turns_v2", "deliver_control", "runs_ended", "send_control",
+        "commit_turns_v2", "deliver_control", "send_control",
         "signal_with_start_v2")] + [f"{tmp_path.name}/queries.sql"]
     calls = [f"{caller} calls shardq.deliver_signals, marked to be dropped by "
              "0099_drop_deliver_signals.sql" for caller in callers]

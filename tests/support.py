@@ -28,6 +28,8 @@ from psycopg.rows import tuple_row
 from shardq.shards.config import ShardMap
 from shardq.shards.routing import bucket_for
 
+from . import warm_cli
+
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,9 +51,13 @@ def query_files() -> list[Path]:
 def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run `shardq` as a user would, in a separate process (`stdin` is its input)."""
+    """Run `shardq` as a user would, in a separate process (`stdin` is its input): one
+    forked from a warm server (tests/warm_cli.py), or a fresh interpreter with
+    SHARDQ_TEST_FRESH_CLI=1."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SHARDQ_")}
     full_env.update(env or {})
+    if os.environ.get("SHARDQ_TEST_FRESH_CLI") != "1":
+        return warm_cli.run(list(args), full_env, ROOT, stdin, timeout)
     return subprocess.run(
         [sys.executable, "-m", "shardq.bin.cli", *args],
         check=False, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT,

@@ -70,6 +70,10 @@ class Event(StrEnum):
     """No position: an operator re-queued a queued signal that had failed for good."""
     CHILD_STARTED = "child.started"
     """At the call's position: ctx.start_child (the child's id, workflow, workflow id)."""
+    CHILDREN_STARTED = "children.started"
+    """At the first of a ctx.start_children call's positions, for all of its children at
+    once: their ids, workflows, workflow ids and policies as lists in call order, the
+    i-th child at the first position + i. Replay reads it as a `child.started` each."""
     CHILD_OF = "child.of"
     """No position, in the child's history: the parent that started it, and where."""
     RUN_CONTINUED = "run.continued"

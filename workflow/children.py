@@ -138,6 +138,7 @@ class ChildCalls:
                                       "appears twice in one call")
             seen.add(key)
         handles = []
+        started: list[tuple[int, ChildHandle]] = []
         new = iter(zip(fresh, starts, strict=True))
         for request, (position, recorded) in zip(requests, calls, strict=True):
             if recorded:
@@ -146,8 +147,10 @@ class ChildCalls:
                 handles.append(self._keep(_handle_of(recorded[0].payload)))
                 continue
             (fresh_request, _), (definition, input_json) = next(new)
-            handles.append(self._keep(self._record_start(fresh_request, position, definition,
-                                                         input_json)))
+            handle = self._keep(self._start(fresh_request, position, definition, input_json))
+            handles.append(handle)
+            started.append((position, handle))
+        self._record_starts(started)
         return handles
 
     def wait_child(self, handle: ChildHandle) -> Any:
@@ -263,21 +266,40 @@ class ChildCalls:
                 request.workflow_id, request.input, self._limits)))
         return checked
 
-    def _record_start(self, request: ChildRequest, position: int, definition: ChildDefinition,
-                      input_json: str) -> ChildHandle:
+    def _start(self, request: ChildRequest, position: int, definition: ChildDefinition,
+               input_json: str) -> ChildHandle:
+        """The child the call at `position` starts: its handle, and its start for the
+        turn's commit."""
         claim = self._claim
         bucket = bucket_for(claim.tenant, definition.name, request.workflow_id)
         child = child_execution_id(claim.execution_id, position, bucket)
-        handle = ChildHandle(child, definition.name, request.workflow_id, request.policy)
-        self._journal.events.append(NewEvent(
-            position, Event.CHILD_STARTED, request.workflow_id,
-            {"child": str(child), "workflow": definition.name,
-             "workflow_id": request.workflow_id, "policy": request.policy}))
         here = self._on_this_shard is not None and self._on_this_shard(child)
         self._journal.start_child(ChildStart(
             position, child, here, definition.name, definition.version, request.workflow_id,
             input_json, definition.priority, request.policy, definition.gates))
-        return handle
+        return ChildHandle(child, definition.name, request.workflow_id, request.policy)
+
+    def _record_starts(self, started: Sequence[tuple[int, ChildHandle]]) -> None:
+        """The history of the children one call started: a `child.started` for one child,
+        else one `children.started` for all of them (one row, not one per child: a
+        fan-out of 10,000 wrote 10,000), read back by replay as a `child.started` each.
+        Their positions follow each other (only a call's first positions can have been
+        recorded before); should they not, each gets its own event."""
+        if not started:
+            return
+        first = started[0][0]
+        if len(started) > 1 and all(p == first + i for i, (p, _) in enumerate(started)):
+            self._journal.events.append(NewEvent(first, Event.CHILDREN_STARTED, "children", {
+                "child": [str(h.execution_id) for _, h in started],
+                "workflow": [h.workflow for _, h in started],
+                "workflow_id": [h.workflow_id for _, h in started],
+                "policy": [h.policy for _, h in started]}))
+            return
+        for position, handle in started:
+            self._journal.events.append(NewEvent(
+                position, Event.CHILD_STARTED, handle.workflow_id,
+                {"child": str(handle.execution_id), "workflow": handle.workflow,
+                 "workflow_id": handle.workflow_id, "policy": handle.policy}))
 
 
 def child_execution_id(parent: uuid.UUID, position: int, bucket: int) -> uuid.UUID:

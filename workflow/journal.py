@@ -188,6 +188,6 @@ def family_of(claim: Claim) -> tuple[uuid.UUID | None] | None:
     for event in claim.history:
         if event.kind == Event.CHILD_OF:
             return (uuid.UUID(event.payload["parent"]),)
-        if event.kind == Event.CHILD_STARTED:
+        if event.kind in (Event.CHILD_STARTED, Event.CHILDREN_STARTED):
             family = (None,)
     return family

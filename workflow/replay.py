@@ -63,7 +63,11 @@ class Replay:
             if event.kind == Event.RUN_CONTINUED:
                 self.generation = int(event.payload["generation"])
                 self._position = self._base = int(event.payload["base"])
-            if event.position is not None:
+            if event.kind == Event.CHILDREN_STARTED:
+                for start in each_child_started(event):
+                    assert start.position is not None
+                    self._recorded.setdefault(start.position, []).append(start)
+            elif event.position is not None:
                 self._recorded.setdefault(event.position, []).append(event)
             if event.kind in _CONSUMING:
                 consumed.add(int(event.payload["signal_id"]))
@@ -170,3 +174,18 @@ class Replay:
                 f"history recorded a call at position {leftover}",
                 position=leftover, recorded=f"{first.kind.split('.', 1)[0]} {first.name!r}",
             )
+
+
+def each_child_started(batch: HistoryEvent) -> list[HistoryEvent]:
+    """A `children.started` event as the `child.started` event of each of its children,
+    at their positions: what a start_children call of one child records, and what an
+    earlier release recorded for every child."""
+    first = batch.position if batch.position is not None else 0
+    payload = batch.payload
+    return [HistoryEvent(batch.seq, first + i, Event.CHILD_STARTED, workflow_id,
+                         {"child": child, "workflow": workflow, "workflow_id": workflow_id,
+                          "policy": policy}, batch.recorded_at)
+            for i, (child, workflow, workflow_id, policy) in enumerate(zip(
+                payload["child"], payload["workflow"], payload["workflow_id"],
+                payload["policy"], strict=True))]
+

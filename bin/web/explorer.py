@@ -132,6 +132,13 @@ def _to(p: dict[str, Any]) -> str:
     return f"to {p.get('target')}" + (f": {reason}" if reason else "")
 
 
+def _children(workflows: list[str], ids: list[str]) -> str:
+    """A batch of starts in a line: how many, of which workflows, the first and last id."""
+    names = ", ".join(sorted(set(workflows)))
+    shown = ids[0] if len(ids) == 1 else f"{ids[0]} .. {ids[-1]}" if ids else ""
+    return f"{len(ids)} children of {names}: {shown}"
+
+
 _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     Event.STEP_FAILED: lambda p: f"attempt {p.get('attempt')}: {_failure(p)}"
                                  + ("" if p.get("final") else f", again in {p.get('retry_in')} s"),
@@ -140,6 +147,8 @@ _SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
     Event.INTERRUPT_DECIDED: lambda p: f"{p.get('action')} by {p.get('actor')}",
     Event.EXTERNAL_SENT: _to, Event.EXTERNAL_QUEUED: _to, Event.EXTERNAL_FAILED: _to,
     Event.CHILD_STARTED: lambda p: f"{p.get('workflow')} {p.get('workflow_id')}",
+    Event.CHILDREN_STARTED: lambda p: _children(p.get("workflow") or [],
+                                                p.get("workflow_id") or []),
     Event.ATTRIBUTES_SET: lambda p: ", ".join(
         f"{k}={json.dumps(v)}" for k, v in sorted((p.get("values") or {}).items())),
     "run.failed": _failure, "run.timed_out": _failure,

@@ -4,11 +4,13 @@ back exactly once, fan-in on one wait row, and trees cancelled with their parent
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from shardq.client.client import Client
+from shardq.client.recorded import recorded_runs
 from shardq.core.children import ChildHandle, ChildRequest
 from shardq.core.errors import ChildFailed, ExecutionNotFound
 from shardq.core.models import State
@@ -16,6 +18,7 @@ from shardq.outbox.relay import Relay
 from shardq.worker.worker import Worker
 from shardq.workflow.context import WorkflowContext
 from shardq.workflow.registry import Registry
+from shardq.workflow.replayer import check_run
 
 from ..support import key_on, rows, wait_until
 
@@ -223,6 +226,21 @@ def test_a_parent_gets_two_hundred_children_s_outputs_across_shards(
     counts = [rows(s.url, "SELECT count(*) FROM shardq.executions WHERE workflow_name = 'add'"
                    " AND parent_id = %s", run.execution_id)[0][0] for s in client.map.shards]
     assert sum(counts) == 200 and all(counts)
+    # One history event for the call's 200 starts, which every later turn replayed
+    # (the parent's second turn returned their outputs in order), and so does the
+    # offline check; a run's children are the ones it names, at positions 0..199.
+    history = client.history(run.execution_id)
+    (batch,) = [e for e in history if e.kind in ("child.started", "children.started")]
+    assert (batch.kind, batch.position, batch.payload["workflow_id"]) == (
+        "children.started", 0, ids)
+    assert sorted(str(c.child_id) for c in client.describe(run.execution_id).children) == sorted(
+        batch.payload["child"])
+    (recorded,) = [r for r in recorded_runs(client, workflows=["fan"])
+                   if r.execution_id == run.execution_id]
+    assert check_run(registry, recorded).ok
+    assert not check_run(registry, replace(recorded, history=tuple(
+        replace(e, payload={**e.payload, "workflow_id": ["kid-0", "other", *ids[2:]]})
+        if e.kind == "children.started" else e for e in recorded.history))).ok
 
 
 def test_a_parent_is_woken_once_when_its_last_child_ends_not_per_child(
@@ -246,13 +264,14 @@ def test_a_parent_is_woken_once_when_its_last_child_ends_not_per_child(
     wait_until(lambda: rows(url, wait, run.execution_id) == [("children", 1, False)],
                timeout=20, what="39 outcomes counted")
     assert [e.kind for e in client.history(run.execution_id)
-            if e.kind.startswith("children.")] == ["children.waiting"]
+            if e.kind.startswith("children.")] == ["children.started", "children.waiting"]
     client.signal(kids[-1], "go", 1)
     assert client.wait(run.execution_id, timeout=20).output == [1] * 40
     # Two turns: the one that started the children and parked, the one the last woke.
     assert TURNS[client.get(run.execution_id).workflow_id] == 2
     assert [e.kind for e in client.history(run.execution_id)
-            if e.kind.startswith("children.")] == ["children.waiting", "children.ended"]
+            if e.kind.startswith("children.")] == ["children.started", "children.waiting",
+                                                   "children.ended"]
 
 
 def test_a_quorum_wait_returns_once_enough_children_ended(

@@ -166,3 +166,45 @@ def test_strict_replay_compares_recorded_arguments_and_lenient_replay_keeps_them
                                                   "code now gives 60"):
         strict.argument(0, "sleep 'nap'", "seconds", 5, 60)
     assert strict.fatal is not None
+
+
+def batch_of_starts(first: int, ids: list[str]) -> HistoryEvent:
+    """What a start_children call of len(ids) children records at its first position."""
+    return recorded(first, Event.CHILDREN_STARTED, "children",
+                    child=[f"00000000-0000-8000-8000-{n:012d}" for n in range(len(ids))],
+                    workflow=["add"] * len(ids), workflow_id=ids,
+                    policy=["cancel"] * (len(ids) - 1) + ["abandon"])
+
+
+def test_a_batch_of_starts_replays_as_a_start_at_each_of_its_positions() -> None:
+    replay = Replay((recorded(0, Event.STEP_COMPLETED, "prepare", result=None),
+                     batch_of_starts(1, ["a", "b", "c"]),
+                     recorded(4, Event.CHILDREN_WAITING, "children", count=3, of=3)))
+    assert replay.next("step", "prepare")[0] == 0
+    starts = [replay.next("child", name) for name in ("a", "b", "c")]
+    assert [position for position, _ in starts] == [1, 2, 3]
+    assert [(e.kind, e.name, e.payload["workflow"], e.payload["policy"])
+            for _, (e,) in starts] == [("child.started", "a", "add", "cancel"),
+                                       ("child.started", "b", "add", "cancel"),
+                                       ("child.started", "c", "add", "abandon")]
+    assert starts[2][1][0].payload["child"] == "00000000-0000-8000-8000-000000000002"
+    assert replay.next("children", "children")[0] == 4
+    replay.finish()
+
+
+def test_a_batch_replayed_by_code_that_starts_another_child_diverges_at_that_position(
+) -> None:
+    replay = Replay((batch_of_starts(0, ["a", "b", "c"]),))
+    replay.next("child", "a")
+    with pytest.raises(NonDeterminismError) as caught:
+        replay.next("child", "x")
+    assert caught.value.position == 1
+    assert caught.value.recorded == "child 'b'"
+
+
+def test_code_that_stops_inside_a_batch_diverges_at_the_first_start_it_skipped() -> None:
+    replay = Replay((batch_of_starts(0, ["a", "b", "c"]),))
+    replay.next("child", "a")
+    with pytest.raises(NonDeterminismError) as caught:
+        replay.finish()
+    assert caught.value.position == 1

@@ -96,6 +96,8 @@ def serve(path: str) -> None:
     while True:
         ready, _, _ = select.select([listener, sys.stdin], [], [])
         if sys.stdin in ready:  # the test process is gone
+            os.unlink(path)
+            os.rmdir(os.path.dirname(path))
             os._exit(0)
         conn, _ = listener.accept()
         if os.fork() == 0:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shardq.core.models import Execution, HistoryEvent
+from shardq.core.models import Event, Execution, HistoryEvent
 
 FORMAT = 1
 
@@ -119,8 +119,23 @@ def _event(doc: Any, index: int) -> HistoryEvent:
     payload = doc.get("payload")
     if not isinstance(payload, Mapping):
         raise ExportError(f"{where}payload must be an object")
-    return HistoryEvent(_int(doc, "seq", where), position, _text(doc, "kind", where),
+    kind = _text(doc, "kind", where)
+    if kind == Event.CHILDREN_STARTED:
+        _batch_of_starts(payload, position, where)
+    return HistoryEvent(_int(doc, "seq", where), position, kind,
                         _text(doc, "name", where), dict(payload), _time(doc, "recorded_at", where))
+
+
+def _batch_of_starts(payload: Mapping[str, Any], position: int | None, where: str) -> None:
+    """A `children.started` is read back a start per child (workflow/replay.py): a
+    position, and four lists of as many non-empty strings."""
+    if position is None:
+        raise ExportError(f"{where}position must be set for children.started")
+    lists = [payload.get(key) for key in ("child", "workflow", "workflow_id", "policy")]
+    if not all(isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+               for v in lists) or len({len(v) for v in lists if isinstance(v, list)}) != 1:
+        raise ExportError(f"{where}payload of children.started must hold child, workflow, "
+                          "workflow_id and policy: lists of as many non-empty strings")
 
 
 def _text(doc: Mapping[str, Any], key: str, where: str = "") -> str:

@@ -178,8 +178,8 @@ class Replay:
 
 def each_child_started(batch: HistoryEvent) -> list[HistoryEvent]:
     """A `children.started` event as the `child.started` event of each of its children,
-    at their positions: what a start_children call of one child records, and what an
-    earlier release recorded for every child."""
+    at their positions: what a start_children call of one child records, and what every
+    call recorded before this event existed."""
     first = batch.position if batch.position is not None else 0
     payload = batch.payload
     return [HistoryEvent(batch.seq, first + i, Event.CHILD_STARTED, workflow_id,
@@ -188,4 +188,3 @@ def each_child_started(batch: HistoryEvent) -> list[HistoryEvent]:
             for i, (child, workflow, workflow_id, policy) in enumerate(zip(
                 payload["child"], payload["workflow"], payload["workflow_id"],
                 payload["policy"], strict=True))]
-

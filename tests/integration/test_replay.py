@@ -167,6 +167,16 @@ def _hostile_files(tmp_path: Path) -> dict[str, Path]:
         "payload_not_object": json.dumps({**good, "events": [
             {"seq": 1, "position": 0, "kind": "step.completed", "name": "a", "payload": 1}]}),
         "naive_time": json.dumps({**good, "created_at": "2026-01-01T00:00:00"}),
+        **{f"children_started_{name}": json.dumps({**good, "events": [
+            {"seq": 1, "position": position, "kind": "children.started", "name": "children",
+             "payload": payload}]}) for name, position, payload in [
+                ("no_position", None, {"child": ["c"], "workflow": ["w"],
+                                       "workflow_id": ["i"], "policy": ["cancel"]}),
+                ("no_lists", 0, {}),
+                ("uneven", 0, {"child": ["c", "d"], "workflow": ["w"],
+                               "workflow_id": ["i"], "policy": ["cancel"]}),
+                ("not_text", 0, {"child": [1], "workflow": ["w"], "workflow_id": ["i"],
+                                 "policy": ["cancel"]})]},
     }
     paths = {}
     for name, text in docs.items():

@@ -283,23 +283,25 @@ class ChildCalls:
         """The history of the children one call started: a `child.started` for one child,
         else one `children.started` for all of them (one row, not one per child: a
         fan-out of 10,000 wrote 10,000), read back by replay as a `child.started` each.
-        Their positions follow each other (only a call's first positions can have been
-        recorded before); should they not, each gets its own event."""
+
+        Their positions follow each other: the call took consecutive positions, and
+        what history recorded of it is a prefix (a recorded start the code no longer
+        makes where it did diverges in replay.next before this)."""
         if not started:
             return
-        first = started[0][0]
-        if len(started) > 1 and all(p == first + i for i, (p, _) in enumerate(started)):
-            self._journal.events.append(NewEvent(first, Event.CHILDREN_STARTED, "children", {
-                "child": [str(h.execution_id) for _, h in started],
-                "workflow": [h.workflow for _, h in started],
-                "workflow_id": [h.workflow_id for _, h in started],
-                "policy": [h.policy for _, h in started]}))
-            return
-        for position, handle in started:
+        first, handle = started[0]
+        if len(started) == 1:
             self._journal.events.append(NewEvent(
-                position, Event.CHILD_STARTED, handle.workflow_id,
+                first, Event.CHILD_STARTED, handle.workflow_id,
                 {"child": str(handle.execution_id), "workflow": handle.workflow,
                  "workflow_id": handle.workflow_id, "policy": handle.policy}))
+            return
+        assert all(p == first + i for i, (p, _) in enumerate(started)), started
+        self._journal.events.append(NewEvent(first, Event.CHILDREN_STARTED, "children", {
+            "child": [str(h.execution_id) for _, h in started],
+            "workflow": [h.workflow for _, h in started],
+            "workflow_id": [h.workflow_id for _, h in started],
+            "policy": [h.policy for _, h in started]}))
 
 
 def child_execution_id(parent: uuid.UUID, position: int, bucket: int) -> uuid.UUID:

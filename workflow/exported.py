@@ -132,8 +132,9 @@ def _batch_of_starts(payload: Mapping[str, Any], position: int | None, where: st
     if position is None:
         raise ExportError(f"{where}position must be set for children.started")
     lists = [payload.get(key) for key in ("child", "workflow", "workflow_id", "policy")]
-    if not all(isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
-               for v in lists) or len({len(v) for v in lists if isinstance(v, list)}) != 1:
+    texts = all(isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+                for v in lists)
+    if not texts or len({len(v) for v in lists}) != 1:  # type: ignore[arg-type]
         raise ExportError(f"{where}payload of children.started must hold child, workflow, "
                           "workflow_id and policy: lists of as many non-empty strings")
 

@@ -135,7 +135,7 @@ def _to(p: dict[str, Any]) -> str:
 def _children(workflows: list[str], ids: list[str]) -> str:
     """A batch of starts in a line: how many, of which workflows, the first and last id."""
     names = ", ".join(sorted(set(workflows)))
-    shown = ids[0] if len(ids) == 1 else f"{ids[0]} .. {ids[-1]}" if ids else ""
+    shown = " .. ".join(dict.fromkeys(ids[:1] + ids[-1:]))  # the first, and the last
     return f"{len(ids)} children of {names}: {shown}"
 
 

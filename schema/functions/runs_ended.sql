@@ -30,6 +30,7 @@ DECLARE
     own_writable bit(4096);
     queued       bigint := 0;
     added        bigint;
+    parents      uuid[];
     r            record;
 BEGIN
     PERFORM pg_current_xact_id();
@@ -47,8 +48,8 @@ BEGIN
         ORDER BY m.here DESC, m.tenant
     LOOP
         IF r.here THEN
-            PERFORM shardq.lock_runs(ARRAY(SELECT DISTINCT unnest(r.parents)),
-                                     ARRAY(SELECT DISTINCT unnest(r.parents)));
+            parents := ARRAY(SELECT DISTINCT unnest(r.parents));
+            PERFORM shardq.lock_runs(parents, parents);
             PERFORM shardq.deliver_outcomes(r.tenant, r.parents, r.bodies, r.keys, NULL);
         ELSE
             INSERT INTO shardq.outbox (source_execution_id, source_position,

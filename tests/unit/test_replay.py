@@ -208,3 +208,10 @@ def test_code_that_stops_inside_a_batch_diverges_at_the_first_start_it_skipped()
     with pytest.raises(NonDeterminismError) as caught:
         replay.finish()
     assert caught.value.position == 1
+
+
+def test_the_explorer_says_a_batch_of_starts_in_one_line() -> None:
+    from shardq.bin.web.explorer import timeline
+
+    (batch,) = timeline([batch_of_starts(3, ["a", "b", "c"])])
+    assert (batch["call"], batch["summary"]) == ("children", "3 children of add: a .. c")
